@@ -1,0 +1,214 @@
+"""The one output contract every detector returns.
+
+A :class:`Detection` says *where* an answer is wrong (character spans into the answer, each with a
+probability), *how wrong* the whole response is (a label and a score), optionally *which units* were
+checked (sentences, claims, blocks with offsets and their own scores), *why* (a rationale) and,
+optionally, a corrected answer (``revision``).
+
+Because every detector speaks spans, any detector can be scored on Mu-SHROOM (soft and hard labels
+are derived here, deterministically), on response-level benchmarks (``label`` / ``score``), optimised
+by MIPROv2 and combined with the others.
+
+Conventions
+-----------
+* Offsets are Python string indices into ``answer`` (code points), ``end`` excluded, exactly like
+  Mu-SHROOM's ``hard_labels``.
+* Span probabilities are clamped to ``[0, 1]``; spans are clipped to ``[0, len(answer)]`` and empty
+  spans are dropped.
+* Overlapping spans combine by **maximum**: the probability of a character is the largest probability
+  of any span covering it. Soft labels are the maximal runs of equal, non-zero character probability.
+* Hard labels are the characters whose probability is ``> 0.5``, adjacent runs merged (the official
+  Mu-SHROOM rule).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import dspy
+
+__all__ = [
+    "Span",
+    "Unit",
+    "Detection",
+    "char_probs",
+    "soft_labels_from_spans",
+    "hard_labels_from_soft",
+    "to_prediction",
+]
+
+
+def clamp01(x: Any, default: float = 0.0) -> float:
+    """``x`` as a float in [0, 1]; NaN or non-numbers become ``default``."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return default
+    if math.isnan(v):
+        return default
+    return min(1.0, max(0.0, v))
+
+
+@dataclass(frozen=True)
+class Span:
+    """A character span ``answer[start:end]`` with the probability that it is hallucinated."""
+
+    start: int
+    end: int
+    prob: float = 1.0
+
+    def to_dict(self) -> dict:
+        return {"start": self.start, "end": self.end, "prob": self.prob}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A checked unit of the answer (a sentence, claim or block) with its own verdict.
+
+    ``label`` is program-specific ("accurate", "contradiction", "neutral", "hallucinated", ...);
+    ``score`` is the unit's probability of being hallucinated.
+    """
+
+    kind: str
+    start: int
+    end: int
+    text: str
+    label: str
+    score: float
+    rationale: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Detection:
+    """What a detector says about one answer. See the module docstring for the conventions."""
+
+    answer: str
+    spans: list[Span] = field(default_factory=list)
+    label: bool = False
+    score: float = 0.0
+    units: list[Unit] = field(default_factory=list)
+    rationale: str = ""
+    revision: str | None = None
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.spans = normalize_spans(self.spans, len(self.answer))
+        self.score = clamp01(self.score)
+
+    @property
+    def soft_labels(self) -> list[dict]:
+        return soft_labels_from_spans(self.spans, len(self.answer))
+
+    @property
+    def hard_labels(self) -> list[list[int]]:
+        return hard_labels_from_soft(self.soft_labels)
+
+    def to_dict(self) -> dict:
+        return {
+            "answer": self.answer,
+            "spans": [s.to_dict() for s in self.spans],
+            "soft_labels": self.soft_labels,
+            "hard_labels": self.hard_labels,
+            "label": self.label,
+            "score": self.score,
+            "units": [u.to_dict() for u in self.units],
+            "rationale": self.rationale,
+            "revision": self.revision,
+            "failures": dict(self.failures),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Detection":
+        return cls(
+            answer=d["answer"],
+            spans=[Span(s["start"], s["end"], s.get("prob", 1.0)) for s in d.get("spans", [])],
+            label=bool(d.get("label", False)),
+            score=d.get("score", 0.0),
+            units=[Unit(**u) for u in d.get("units", [])],
+            rationale=d.get("rationale", ""),
+            revision=d.get("revision"),
+            failures=dict(d.get("failures", {})),
+        )
+
+
+def normalize_spans(spans, text_len: int) -> list[Span]:
+    """Clip spans to ``[0, text_len]``, clamp probabilities, drop empty or zero spans, sort."""
+    out = []
+    for s in spans:
+        if not isinstance(s, Span):
+            s = Span(int(s[0]), int(s[1]), s[2] if len(s) > 2 else 1.0)
+        start, end = max(0, int(s.start)), min(text_len, int(s.end))
+        prob = clamp01(s.prob)
+        if end > start and prob > 0.0:
+            out.append(Span(start, end, prob))
+    return sorted(out, key=lambda s: (s.start, s.end, -s.prob))
+
+
+def char_probs(spans, text_len: int) -> list[float]:
+    """Per-character probability: the maximum over the spans covering each character."""
+    probs = [0.0] * text_len
+    for s in normalize_spans(spans, text_len):
+        for i in range(s.start, s.end):
+            if s.prob > probs[i]:
+                probs[i] = s.prob
+    return probs
+
+
+def soft_labels_from_spans(spans, text_len: int) -> list[dict]:
+    """Official soft-label format: maximal runs of equal non-zero character probability."""
+    probs = char_probs(spans, text_len)
+    out: list[dict] = []
+    i = 0
+    while i < text_len:
+        p = probs[i]
+        j = i + 1
+        while j < text_len and probs[j] == p:
+            j += 1
+        if p > 0.0:
+            out.append({"start": i, "end": j, "prob": p})
+        i = j
+    return out
+
+
+def hard_labels_from_soft(soft_labels, threshold: float = 0.5) -> list[list[int]]:
+    """Characters with probability ``> threshold``, adjacent runs merged (the official scorer's rule)."""
+    hard: list[list[int]] = []
+    prev_end = None
+    for lab in sorted(soft_labels, key=lambda x: (x["start"], x["end"])):
+        if lab["prob"] > threshold:
+            if prev_end is not None and lab["start"] <= prev_end and hard:
+                hard[-1][1] = max(hard[-1][1], lab["end"])
+            else:
+                hard.append([lab["start"], lab["end"]])
+            prev_end = hard[-1][1]
+    return hard
+
+
+def to_prediction(detection: Detection, **extra: Any) -> dspy.Prediction:
+    """Wrap a :class:`Detection` as a ``dspy.Prediction`` whose fields the metrics read.
+
+    Fields: ``detection``, ``spans``, ``soft_labels``, ``hard_labels``, ``label``, ``score``,
+    ``rationale``, ``revision``, ``units``, ``failures`` plus any ``extra`` (e.g. the raw model output).
+    """
+    return dspy.Prediction(
+        detection=detection,
+        spans=[s.to_dict() for s in detection.spans],
+        soft_labels=detection.soft_labels,
+        hard_labels=detection.hard_labels,
+        label=detection.label,
+        score=detection.score,
+        rationale=detection.rationale,
+        revision=detection.revision,
+        units=[u.to_dict() for u in detection.units],
+        failures=dict(detection.failures),
+        **extra,
+    )

@@ -1,0 +1,67 @@
+"""Registry of detector programs, so commands (evaluate, optimize, detect) find them by name.
+
+A program registers a :class:`ProgramSpec`; ``build(**options)`` returns a fresh ``dspy.Module`` whose
+``forward`` takes the common example inputs (``question``, ``answer``, ``lang``, ``context``, ``task``;
+unknown inputs are ignored) and returns :func:`halluscope.contract.to_prediction` of a ``Detection``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import dspy
+
+__all__ = ["ProgramSpec", "register", "get", "names", "REGISTRY"]
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    name: str
+    build: Callable[..., dspy.Module]
+    description: str
+    level: str = "span"  # "span": scored on Mu-SHROOM spans; "response": response-level label only
+    default_metric: str = "iou"
+    uses_lm: bool = True
+    options: dict = field(default_factory=dict)  # documented build options and their defaults
+
+
+REGISTRY: dict[str, ProgramSpec] = {}
+
+
+def register(spec: ProgramSpec) -> ProgramSpec:
+    REGISTRY[spec.name] = spec
+    return spec
+
+
+def names() -> list[str]:
+    _load_builtin()
+    return sorted(REGISTRY)
+
+
+def get(name: str) -> ProgramSpec:
+    _load_builtin()
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown program {name!r}; choose one of: {', '.join(sorted(REGISTRY))}") from None
+
+
+def _load_builtin() -> None:
+    """Import the built-in program modules; each registers itself on import."""
+    import importlib
+
+    for mod in _BUILTIN:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:  # a program module not written yet must not break the others
+            if e.name != mod:
+                raise
+
+
+_BUILTIN = [
+    "programs.span_detector",
+    "programs.baselines",
+    "programs.halluclean",
+    "programs.finch",
+]
