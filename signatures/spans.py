@@ -1,0 +1,28 @@
+"""Signatures for span-level detection (UCSC Mu-SHROOM style)."""
+
+from __future__ import annotations
+
+import dspy
+import pydantic
+
+__all__ = ["QuotedSpan", "ExtractSpans"]
+
+
+class QuotedSpan(pydantic.BaseModel):
+    """One incorrect part of the answer, quoted exactly, with the probability that it is wrong."""
+
+    text: str
+    probability: float
+
+
+class ExtractSpans(dspy.Signature):
+    """Find the parts of the answer that are factually wrong or unsupported.
+    Quote each wrong part exactly as it appears in the answer (a short phrase, a name, a number or a date),
+    in the order they appear, and give the probability (0 to 1) that it is wrong.
+    Use the context when it is given. Return an empty list if everything is correct."""
+
+    question: str = dspy.InputField(desc="the question the answer responds to")
+    answer: str = dspy.InputField(desc="the answer to check")
+    context: str = dspy.InputField(desc="reference text retrieved for the question; may be empty")
+    language: str = dspy.InputField(desc="language code of the answer, e.g. de")
+    spans: list[QuotedSpan] = dspy.OutputField(desc="the wrong parts, quoted exactly from the answer")
