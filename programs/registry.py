@@ -3,6 +3,11 @@
 A program registers a :class:`ProgramSpec`; ``build(**options)`` returns a fresh ``dspy.Module`` whose
 ``forward`` takes the common example inputs (``question``, ``answer``, ``lang``, ``context``, ``task``;
 unknown inputs are ignored) and returns :func:`halluscope.contract.to_prediction` of a ``Detection``.
+
+Common example schema (every loader): ``id``, ``task`` ("mushroom", "qa", "dialogue", "summarization",
+"mwp", "self_contradiction"), ``lang``, ``question``, ``answer``, ``context`` ("" when none) as inputs;
+gold ``hard_labels``/``soft_labels``/``annotations`` (span data) and ``label`` (bool, True = hallucinated;
+None when unknown), optional ``reference`` (a gold correct answer, for revision metrics).
 """
 
 from __future__ import annotations
@@ -24,6 +29,11 @@ class ProgramSpec:
     default_metric: str = "iou"
     uses_lm: bool = True
     options: dict = field(default_factory=dict)  # documented build options and their defaults
+    # Example fields passed to forward() besides the common inputs (e.g. the generating model's logits).
+    extra_inputs: tuple[str, ...] = ()
+    # Optional program-specific report after an evaluation: report(examples, predictions) -> {name: value}
+    # (e.g. HalluClean's revision metrics). Predictions of failed examples are None.
+    report: Callable[[list, list], dict] | None = None
 
 
 REGISTRY: dict[str, ProgramSpec] = {}
