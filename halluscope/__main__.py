@@ -1,0 +1,5 @@
+import sys
+
+from halluscope.cli import main
+
+sys.exit(main())

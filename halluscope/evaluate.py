@@ -1,0 +1,156 @@
+"""Run a program over examples and score it: predictions, metrics, failures, LM usage, time.
+
+:func:`run_eval` never stops on a bad example: an exception inside the program becomes a ``None``
+prediction counted under ``failures["error:<ExceptionType>"]``, and the failures a program records in its
+prediction (``parse``, ``unmatched``, ...) are summed. Failed examples score 0 on every metric.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import dspy
+from dspy.clients.base_lm import GLOBAL_HISTORY
+
+from halluscope.lm import LMUsage, usage_of
+from metrics.adapters import METRIC_LEVEL, aggregate
+from metrics.classification import classification_report
+
+__all__ = ["EvalResult", "run_eval", "score_predictions", "SPAN_METRICS", "RESPONSE_METRICS"]
+
+SPAN_METRICS = ("iou", "corr", "maxiou")
+RESPONSE_METRICS = ("accuracy", "precision", "recall", "f1", "balanced_accuracy")
+
+
+@dataclass
+class EvalResult:
+    """What one evaluation produced; ``predictions[i]`` belongs to ``examples[i]`` (None = failed)."""
+
+    n: int
+    scores: dict[str, float]
+    failures: dict[str, int]
+    usage: LMUsage
+    seconds: float
+    predictions: list[Any] = field(repr=False, default_factory=list)
+    errors: list[str] = field(repr=False, default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """Flat numbers for printing and MLflow: scores, failures, LM usage, per-item rates."""
+        out: dict[str, Any] = dict(self.scores)
+        out.update({f"failures_{k}": v for k, v in sorted(self.failures.items())})
+        out.update(self.usage.to_dict())
+        out["n"] = self.n
+        out["seconds"] = round(self.seconds, 3)
+        out["seconds_per_item"] = round(self.seconds / self.n, 3) if self.n else 0.0
+        out["lm_calls_per_item"] = round(self.usage.calls / self.n, 3) if self.n else 0.0
+        out.update({k: v for k, v in self.report.items() if isinstance(v, (int, float))})
+        return out
+
+
+def _has_span_gold(examples) -> bool:
+    return any("hard_labels" in ex and ex.get("hard_labels") is not None for ex in examples)
+
+
+def _has_label_gold(examples) -> bool:
+    return any(ex.get("label") is not None for ex in examples)
+
+
+def score_predictions(examples: Sequence[dspy.Example], predictions: Sequence[Any]) -> dict[str, float]:
+    """Every metric the gold data supports: span metrics when examples carry span labels, response-level
+    metrics when they carry a ``label`` (examples whose label is None are left out of those)."""
+    scores: dict[str, float] = {}
+    if not examples:
+        return scores
+    if _has_span_gold(examples):
+        for m in SPAN_METRICS:
+            scores[m] = aggregate(m, list(examples), list(predictions))
+    if _has_label_gold(examples):
+        pairs = [(bool(ex.label), p) for ex, p in zip(examples, predictions) if ex.get("label") is not None]
+        # A failed prediction counts as the opposite of the gold label (a miss or a false alarm).
+        y_true = [t for t, _ in pairs]
+        y_pred = [bool(p.label) if p is not None and hasattr(p, "label") else (not t) for t, p in pairs]
+        rep = classification_report(y_true, y_pred)
+        scores.update({m: rep[m] for m in RESPONSE_METRICS})
+    return scores
+
+
+def run_eval(
+    program: dspy.Module,
+    examples: Sequence[dspy.Example],
+    *,
+    threads: int = 1,
+    progress: bool = True,
+    extra_inputs: Sequence[str] = (),
+    report=None,
+) -> EvalResult:
+    """Run ``program`` on every example (``threads`` at a time) and score the predictions.
+
+    ``extra_inputs`` are example fields passed besides ``example.inputs()`` (see ``ProgramSpec``);
+    ``report(examples, predictions) -> dict`` adds a program-specific report (e.g. revision metrics).
+    LM usage is read from DSPy's global LM history for the calls made during the run (cache hits have
+    no usage and are counted apart).
+    """
+    examples = list(examples)
+    started = datetime.datetime.now().isoformat()
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def one(ex):
+        kwargs = dict(ex.inputs())
+        kwargs.update({k: ex.get(k) for k in extra_inputs})
+        try:
+            return program(**kwargs)
+        except Exception as e:  # the run goes on; this example is a counted failure
+            with lock:
+                errors.append(f"{ex.get('id', '?')}: {type(e).__name__}: {str(e)[:300]}")
+            return _Failure(type(e).__name__)
+
+    t0 = time.perf_counter()
+    if threads <= 1 or len(examples) <= 1:
+        iterator = examples
+        if progress:
+            from tqdm import tqdm
+
+            iterator = tqdm(examples, desc="evaluate", unit="item")
+        raw = [one(ex) for ex in iterator]
+    else:
+        from dspy.utils.parallelizer import ParallelExecutor
+
+        raw = ParallelExecutor(num_threads=threads, disable_progress_bar=not progress,
+                               max_errors=len(examples) + 1).execute(one, examples)
+    seconds = time.perf_counter() - t0
+
+    failures: dict[str, int] = {}
+    predictions: list[Any] = []
+    for p in raw:
+        if isinstance(p, _Failure) or p is None:
+            key = f"error:{p.kind}" if isinstance(p, _Failure) else "error:None"
+            failures[key] = failures.get(key, 0) + 1
+            predictions.append(None)
+            continue
+        for k, v in (p.get("failures") or {}).items():
+            failures[k] = failures.get(k, 0) + int(v)
+        predictions.append(p)
+
+    entries = [e for e in list(GLOBAL_HISTORY) if e.get("timestamp", "") >= started]
+    result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
+                        usage=usage_of(entries), seconds=seconds, predictions=predictions, errors=errors)
+    if report is not None:
+        try:
+            result.report = dict(report(examples, predictions) or {})
+        except Exception as e:  # a failing report must not lose the evaluation
+            result.report = {"report_error": f"{type(e).__name__}: {e}"}
+    return result
+
+
+@dataclass
+class _Failure:
+    kind: str
+
+
+assert set(SPAN_METRICS) <= set(METRIC_LEVEL)

@@ -1,0 +1,169 @@
+"""Detectors that need no language model: reference points for every benchmark.
+
+* ``mark-all``: the whole answer is hallucinated (probability 1).
+* ``logits``: tokens the *generating* model itself found unlikely. Mu-SHROOM ships each answer's tokens
+  (``model_output_tokens``) and their logits (``model_output_logits``); tokens are mapped to character
+  offsets of the answer (:func:`token_offsets`) and each gets ``p = Phi((mean - logit) / sd - shift)``,
+  the normal CDF of its negated z-score within the answer: an average token scores 0.5, one a standard
+  deviation below the mean 0.84. Hard labels (p > 0.5) are therefore the below-average tokens with
+  ``shift=0``; a positive ``shift`` marks fewer.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+
+import dspy
+
+from halluscope.contract import Detection, Span, to_prediction
+from programs.registry import ProgramSpec, register
+
+__all__ = ["MarkAll", "LogitBaseline", "token_bytes", "token_offsets"]
+
+
+class MarkAll(dspy.Module):
+    """Marks the whole (non-blank) answer with probability 1."""
+
+    def forward(self, answer: str = "", **_):
+        answer = answer or ""
+        if not answer.strip():
+            return to_prediction(Detection(answer=answer, rationale="empty answer"))
+        start = len(answer) - len(answer.lstrip())
+        end = len(answer.rstrip())
+        return to_prediction(Detection(answer=answer, spans=[Span(start, end, 1.0)], label=True, score=1.0,
+                                       rationale="mark-all baseline"))
+
+
+# -- tokens to offsets -----------------------------------------------------------------------------
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's bytes_to_unicode: byte-level BPE symbols back to bytes."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_BYTE_DECODER = _gpt2_byte_decoder()
+_SPECIAL = ("<|endoftext|>", "<|im_end|>", "<|im_start|>", "</s>", "<s>", "<|eot_id|>", "<|end|>", "<eos>", "<pad>")
+
+
+def token_bytes(token: str, byte_level: bool) -> bytes:
+    """The bytes a generating model's token stands for.
+
+    Handles GPT-2 style byte-level BPE (``Ġ`` = space, ``Ċ`` = newline, ``Ã`` + ``¤`` = one UTF-8
+    character split over two tokens), SentencePiece (``▁`` = space, ``<0x0A>`` byte tokens) and plain text.
+    Special tokens map to no bytes.
+    """
+    if token in _SPECIAL:
+        return b""
+    if token.startswith("<0x") and token.endswith(">") and len(token) == 6:
+        try:
+            return bytes([int(token[3:5], 16)])
+        except ValueError:
+            pass
+    if byte_level:
+        return bytes(_BYTE_DECODER[c] for c in token)
+    return token.replace("▁", " ").encode("utf-8")
+
+
+def token_offsets(answer: str, tokens: list[str]) -> list[tuple[int, int] | None]:
+    """Character offsets of each token in ``answer`` (None for tokens that are not in it).
+
+    Tokens are turned into bytes (:func:`token_bytes`) and matched greedily, in order, against the UTF-8
+    bytes of the answer, looking a few bytes ahead to skip text the tokens do not cover; a token that is
+    not found (a special token, a stripped prefix) maps to None. A token that covers only part of a
+    multi-byte character gets the whole character.
+    """
+    byte_level = bool(tokens) and all(all(c in _BYTE_DECODER for c in t) for t in tokens if t not in _SPECIAL)
+    data = answer.encode("utf-8")
+    char_of_byte = []
+    for ci, ch in enumerate(answer):
+        char_of_byte.extend([ci] * len(ch.encode("utf-8")))
+    out: list[tuple[int, int] | None] = []
+    pos = 0
+    for tok in tokens:
+        b = token_bytes(tok, byte_level)
+        if not b:
+            out.append(None)
+            continue
+        i = data.find(b, pos, pos + len(b) + 8)
+        if i == -1 and b.startswith(b" "):  # SentencePiece adds a space the text does not have
+            b = b[1:]
+            i = data.find(b, pos, pos + len(b) + 8) if b else -1
+        if i == -1:  # the answer may be in another Unicode normal form than the tokens (Devanagari nukta)
+            text = b.decode("utf-8", "ignore")
+            for form in ("NFC", "NFD"):
+                alt = unicodedata.normalize(form, text).encode("utf-8")
+                if alt and alt != b:
+                    i = data.find(alt, pos, pos + len(alt) + 8)
+                    if i != -1:
+                        b = alt
+                        break
+        if i == -1:
+            out.append(None)
+            continue
+        j = i + len(b)
+        out.append((char_of_byte[i], char_of_byte[j - 1] + 1))
+        pos = j
+    return out
+
+
+class LogitBaseline(dspy.Module):
+    """Marks tokens with low logits under the generating model (see the module docstring)."""
+
+    def __init__(self, shift: float = 0.0):
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, answer: str = "", model_output_tokens=None, model_output_logits=None, **_):
+        answer = answer or ""
+        tokens = list(model_output_tokens or [])
+        logits = [float(x) for x in (model_output_logits or [])]
+        if not answer.strip() or not tokens or len(tokens) != len(logits):
+            failures = {} if not answer.strip() else {"no_logits": 1}
+            return to_prediction(Detection(answer=answer, failures=failures,
+                                           rationale="no tokens/logits to score" if failures else "empty answer"))
+        offsets = token_offsets(answer, tokens)
+        pairs = [(o, lg) for o, lg in zip(offsets, logits) if o is not None and answer[o[0]:o[1]].strip()]
+        if not pairs:
+            return to_prediction(Detection(answer=answer, failures={"unmapped_tokens": len(tokens)}))
+        vals = [lg for _, lg in pairs]
+        mean = sum(vals) / len(vals)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals)) or 1.0
+        spans = []
+        for (s, e), lg in pairs:
+            while s < e and answer[s].isspace():
+                s += 1
+            p = 0.5 * (1.0 + math.erf(((mean - lg) / sd - self.shift) / math.sqrt(2.0)))
+            spans.append(Span(s, e, round(p, 6)))
+        score = max(s.prob for s in spans)
+        unmapped = sum(o is None for o in offsets) - sum(t in _SPECIAL for t in tokens)
+        return to_prediction(Detection(answer=answer, spans=spans, label=score > 0.5, score=score,
+                                       rationale="low-logit tokens of the generating model",
+                                       failures={"unmapped_tokens": unmapped} if unmapped > 0 else {}))
+
+
+register(ProgramSpec(
+    name="mark-all",
+    build=lambda **_: MarkAll(),
+    description="baseline: the whole answer is hallucinated",
+    level="span",
+    uses_lm=False,
+))
+
+register(ProgramSpec(
+    name="logits",
+    build=lambda shift=0.0, **_: LogitBaseline(shift=float(shift)),
+    description="baseline: low-logit tokens of the generating model (Mu-SHROOM model_output_logits)",
+    level="span",
+    uses_lm=False,
+    options={"shift": 0.0},
+    extra_inputs=("model_output_tokens", "model_output_logits"),
+))
