@@ -1,0 +1,305 @@
+"""Loaders for the five HalluClean evaluation sets (``../shared/data/halluclean``), in the common schema.
+
+Every case is a ``dspy.Example`` with ``id``, ``task``, ``lang`` ("en"), ``question``, ``answer``,
+``context`` (inputs: ``question, answer, lang, context, task``), gold ``label`` (bool, True =
+hallucinated) and ``reference`` (the gold correct text, for revision metrics; ``None`` when the task has
+none), plus metadata (``source_id``, ``variant``, ...).
+
+How each file maps onto the schema
+----------------------------------
+=================== ============== =============================== ===================== ==================
+task (file)          question       answer                          context               label / reference
+=================== ============== =============================== ===================== ==================
+qa (QA)              question       right / hallucinated answer     knowledge             variant / right_answer
+dialogue (DA)        dialogue hist. right / hallucinated response   knowledge             variant / right_response
+summarization (SUM)  "" (none)      right / hallucinated summary    document              variant / right_summary
+mwp (MWP)            the problem    "" (nothing to check but it)    ""                    unanswerable / None
+self_contradiction   prefix (the    ``orig``, the first sentence    ``alt``: *the other   tag == "strong" /
+(SC)                 text so far)                                   text* to compare with None
+=================== ============== =============================== ===================== ==================
+
+QA, DA and SUM items give two cases each (the right variant, label False, then the hallucinated one,
+label True). MWP and SC items are one case each; MWP's positive class is "unanswerable" (answering it
+would be a hallucination), SC's is "the two sentences contradict each other". For SC, ``context`` holds
+the *other sentence*, not reference knowledge, and the item's ``target`` prompt ("Please tell me about
+...") is kept as metadata (``target``); the routing of :mod:`programs.halluclean` shows it as such.
+
+``limit`` counts *cases* and keeps both classes: cases are interleaved right, hallucinated, right, ...
+(for QA/DA/SUM that is the item order; for MWP/SC negatives and positives alternate, in file order,
+the rest of the larger class following when the smaller runs out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import dspy
+
+__all__ = [
+    "HALLUCLEAN_TASKS",
+    "HALLUCLEAN_FILES",
+    "TASK_ALIASES",
+    "INPUT_FIELDS",
+    "HALLUCLEAN_DEMO_NOTICE",
+    "canonical_task",
+    "resolve_halluclean_dir",
+    "load_halluclean",
+    "halluclean_demo",
+    "load_halluclean_or_demo",
+]
+
+HALLUCLEAN_TASKS: tuple[str, ...] = ("qa", "dialogue", "summarization", "mwp", "self_contradiction")
+HALLUCLEAN_FILES: dict[str, str] = {
+    "qa": "QA",
+    "dialogue": "DA",
+    "summarization": "SUM",
+    "mwp": "MWP",
+    "self_contradiction": "SC",
+}  # file name = f"{HALLUCLEAN_FILES[task]}.{split}.json"
+TASK_ALIASES: dict[str, str] = {
+    "qa": "qa", "question_answering": "qa",
+    "da": "dialogue", "dialogue": "dialogue", "dialog": "dialogue",
+    "sum": "summarization", "summarization": "summarization", "summary": "summarization",
+    "mwp": "mwp", "math": "mwp", "umwp": "mwp",
+    "sc": "self_contradiction", "self_contradiction": "self_contradiction", "self-contradiction": "self_contradiction",
+    "contradiction": "self_contradiction",
+}
+INPUT_FIELDS = ("question", "answer", "lang", "context", "task")
+ENV_VAR = "HALLUSCOPE_DATA_DIR"
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+HALLUCLEAN_DEMO_NOTICE = (
+    "!! HalluClean data not found: using the BUILT-IN DEMO cases (2 hand-written cases per task). !!\n"
+    "!! Numbers on them only show that the pipeline runs. Pass --data-dir ../shared/data/halluclean. !!"
+)
+
+
+def canonical_task(task: str) -> str:
+    """``"qa"``, ``"DA"``, ``"sum"``, ``"SC"``... -> one of :data:`HALLUCLEAN_TASKS`; ``ValueError`` otherwise."""
+    key = str(task or "").strip().lower().replace(" ", "_")
+    if key in TASK_ALIASES:
+        return TASK_ALIASES[key]
+    raise ValueError(f"unknown HalluClean task {task!r}; choose one of: {', '.join(HALLUCLEAN_TASKS)}")
+
+
+def resolve_halluclean_dir(data_dir: str | Path | None = None) -> Path | None:
+    """The folder holding ``QA.dev.json`` etc.: ``data_dir`` (the folder itself or its parent with a
+    ``halluclean/`` subfolder), else ``$HALLUSCOPE_DATA_DIR`` likewise, else ``../shared/data/halluclean``
+    next to the project when it exists, else ``None``. A ``data_dir`` given but missing raises."""
+    if data_dir is not None:
+        p = Path(data_dir).expanduser()
+        if not p.is_dir():
+            raise FileNotFoundError(f"HalluClean data folder not found: {p}")
+        return p / "halluclean" if (p / "halluclean").is_dir() else p
+    for cand in (os.environ.get(ENV_VAR), _PROJECT_ROOT.parent / "shared" / "data"):
+        if cand:
+            p = Path(cand).expanduser()
+            for q in (p / "halluclean", p):
+                if any((q / f"{name}.dev.json").is_file() for name in HALLUCLEAN_FILES.values()):
+                    return q
+    return None
+
+
+# -- per-task record -> cases ---------------------------------------------------------------------
+
+def _need(rec: dict, keys: tuple[str, ...], where: str) -> None:
+    missing = [k for k in keys if k not in rec]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {missing}; has {sorted(rec)}")
+
+
+def _text(v) -> str:
+    return "" if v is None else str(v)
+
+
+def _pair_cases(task: str, rec: dict, where: str, q: str, ctx: str, right: str, hallu: str) -> list[dict]:
+    _need(rec, (right, hallu), where)
+    sid = rec.get("id", where)
+    base = {"task": task, "lang": "en", "question": _text(rec.get(q)) if q else "",
+            "context": _text(rec.get(ctx)), "reference": _text(rec[right]), "source_id": sid}
+    return [
+        {**base, "id": f"{task}-{sid}-right", "answer": _text(rec[right]), "label": False, "variant": "right"},
+        {**base, "id": f"{task}-{sid}-hallucinated", "answer": _text(rec[hallu]), "label": True,
+         "variant": "hallucinated"},
+    ]
+
+
+def _mwp_label(rec: dict, where: str) -> bool:
+    lab = rec.get("label")
+    if isinstance(lab, str) and lab.strip().lower() in ("yes", "no"):
+        return lab.strip().lower() == "yes"
+    if isinstance(rec.get("answerable"), bool):
+        return not rec["answerable"]
+    raise ValueError(f"{where}: needs label 'yes'/'no' or a boolean 'answerable'")
+
+
+def _cases(task: str, rec: dict, where: str) -> list[dict]:
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    if task == "qa":
+        _need(rec, ("question",), where)
+        return _pair_cases(task, rec, where, "question", "knowledge", "right_answer", "hallucinated_answer")
+    if task == "dialogue":
+        return _pair_cases(task, rec, where, "dialogue_history", "knowledge", "right_response",
+                           "hallucinated_response")
+    if task == "summarization":
+        _need(rec, ("document",), where)
+        return _pair_cases(task, rec, where, "", "document", "right_summary", "hallucinated_summary")
+    if task == "mwp":
+        _need(rec, ("question",), where)
+        sid = rec.get("id", where)
+        label = _mwp_label(rec, where)
+        return [{"id": f"mwp-{sid}", "task": task, "lang": "en", "question": _text(rec["question"]),
+                 "answer": "", "context": "", "label": label, "reference": None, "source_id": sid,
+                 "variant": "unanswerable" if label else "answerable",
+                 "source": rec.get("source"), "category": rec.get("category")}]
+    if task == "self_contradiction":
+        _need(rec, ("prefix", "orig", "alt", "tag"), where)
+        sid = rec.get("id", where)
+        label = str(rec["tag"]).strip().lower() == "strong"
+        return [{"id": f"sc-{sid}", "task": task, "lang": "en", "question": _text(rec["prefix"]),
+                 "answer": _text(rec["orig"]), "context": _text(rec["alt"]), "label": label,
+                 "reference": None, "source_id": sid, "variant": "contradiction" if label else "consistent",
+                 "target": _text(rec.get("target")), "link": rec.get("link")}]
+    raise AssertionError(task)
+
+
+def _interleave(cases: list[dict]) -> list[dict]:
+    neg = [c for c in cases if not c["label"]]
+    pos = [c for c in cases if c["label"]]
+    out = []
+    for i in range(max(len(neg), len(pos))):
+        if i < len(neg):
+            out.append(neg[i])
+        if i < len(pos):
+            out.append(pos[i])
+    return out
+
+
+def _to_examples(cases: list[dict], limit: int | None) -> list[dspy.Example]:
+    if limit is not None:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, not {limit}")
+        cases = cases[:limit]
+    return [dspy.Example(**c).with_inputs(*INPUT_FIELDS) for c in cases]
+
+
+def load_halluclean(
+    data_dir: str | Path,
+    task: str,
+    limit: int | None = None,
+    split: str = "dev",
+) -> list[dspy.Example]:
+    """The cases of one HalluClean task (see the module docstring), at most ``limit`` of them, balanced.
+
+    ``data_dir`` is the folder with the JSON files or its parent (``../shared/data``). A missing file
+    raises ``FileNotFoundError`` naming it; a malformed record raises ``ValueError`` naming file and item.
+    """
+    task = canonical_task(task)
+    root = Path(data_dir).expanduser()
+    if (root / "halluclean").is_dir():
+        root = root / "halluclean"
+    path = root / f"{HALLUCLEAN_FILES[task]}.{split}.json"
+    if not path.is_file():
+        have = sorted(p.name for p in root.glob("*.json")) if root.is_dir() else []
+        raise FileNotFoundError(
+            f"HalluClean {task!r} file not found: {path} (folder has: {', '.join(have) or 'nothing'})"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if isinstance(data, dict):  # SC: id -> record
+        records = [({"id": k, **v} if isinstance(v, dict) else v) for k, v in data.items()]
+    elif isinstance(data, list):
+        records = data
+    else:
+        raise ValueError(f"{path}: expected a JSON list or object, got {type(data).__name__}")
+    cases: list[dict] = []
+    for i, rec in enumerate(records):
+        cases.extend(_cases(task, rec, f"{path.name} item {i}"))
+    if task in ("mwp", "self_contradiction"):
+        cases = _interleave(cases)
+    return _to_examples(cases, limit)
+
+
+# -- the built-in demo ----------------------------------------------------------------------------
+
+_DEMO_RECORDS: dict[str, list[dict]] = {
+    "qa": [{
+        "id": "demo-1",
+        "knowledge": "Canberra is the capital city of Australia. It was chosen in 1908 as a compromise "
+                     "between Sydney and Melbourne.",
+        "question": "What is the capital of Australia?",
+        "right_answer": "Canberra",
+        "hallucinated_answer": "The capital of Australia is Sydney, chosen in 1908.",
+    }],
+    "dialogue": [{
+        "id": "demo-1",
+        "knowledge": "Inception is directed by Christopher Nolan. Inception stars Leonardo DiCaprio.",
+        "dialogue_history": "[Human]: Can you recommend a film with Leonardo DiCaprio? "
+                            "[Assistant]: Inception is a great one. [Human]: Who directed it?",
+        "right_response": "Inception was directed by Christopher Nolan.",
+        "hallucinated_response": "Inception was directed by Steven Spielberg in 1995.",
+    }],
+    "summarization": [{
+        "id": "demo-1",
+        "document": "The city council voted on Tuesday to build a new public library in the old market "
+                    "square. Construction will start next spring and is expected to take two years. "
+                    "The library will have a children's wing and a rooftop garden.",
+        "right_summary": "The council approved a new library in the old market square, to be built over "
+                         "two years from next spring.",
+        "hallucinated_summary": "The council approved a new library in the old market square, costing "
+                                "50 million dollars and opening next month.",
+    }],
+    "mwp": [
+        {"id": "demo-1", "question": "Anna has 3 apples and buys 5 more. How many apples does she have now?",
+         "answer": 8, "answerable": True, "label": "no"},
+        {"id": "demo-2", "question": "Tom buys some pencils for 2 dollars each. How much does he spend?",
+         "answer": None, "answerable": False, "label": "yes"},
+    ],
+    "self_contradiction": {
+        "demo-ok": {"target": "Please tell me about the Eiffel Tower.",
+                    "prefix": "The Eiffel Tower is a wrought-iron tower in Paris.",
+                    "orig": "It was completed in 1889 for the World's Fair.",
+                    "alt": "It opened to the public in 1889.", "tag": "ok"},
+        "demo-strong": {"target": "Please tell me about the Eiffel Tower.",
+                        "prefix": "The Eiffel Tower is a wrought-iron tower in Paris.",
+                        "orig": "It is about 330 metres tall.",
+                        "alt": "It is about 120 metres tall.", "tag": "strong"},
+    },
+}
+
+
+def halluclean_demo(task: str, limit: int | None = None, notice: bool = True) -> list[dspy.Example]:
+    """Two hand-written cases of ``task`` (one right, one hallucinated), in the same schema as the data.
+
+    Prints :data:`HALLUCLEAN_DEMO_NOTICE` to stderr unless ``notice=False``: demo numbers mean nothing.
+    """
+    task = canonical_task(task)
+    if notice:
+        print(HALLUCLEAN_DEMO_NOTICE, file=sys.stderr)
+    data = _DEMO_RECORDS[task]
+    records = [{"id": k, **v} for k, v in data.items()] if isinstance(data, dict) else data
+    cases: list[dict] = []
+    for i, rec in enumerate(records):
+        cases.extend(_cases(task, rec, f"demo item {i}"))
+    if task in ("mwp", "self_contradiction"):
+        cases = _interleave(cases)
+    out = _to_examples(cases, limit)
+    for ex in out:
+        ex["demo"] = True
+    return out
+
+
+def load_halluclean_or_demo(
+    data_dir: str | Path | None, task: str, limit: int | None = None
+) -> tuple[list[dspy.Example], bool]:
+    """``(examples, is_demo)``: the real data when :func:`resolve_halluclean_dir` finds it, else the demo."""
+    root = resolve_halluclean_dir(data_dir)
+    if root is None:
+        return halluclean_demo(task, limit), True
+    return load_halluclean(root, task, limit), False

@@ -1,0 +1,382 @@
+"""HalluClean (plan -> reason -> judge -> revise) with task routing, and the direct-ask baselines.
+
+Task routing
+------------
+:data:`TASKS` holds one :class:`TaskRoute` per task: a concise description of what counts as a
+hallucination there, and how the example's common fields (``question``, ``answer``, ``context``) are
+labelled in the ``input`` text. :func:`route_inputs` writes that text once; every stage of HalluClean and
+both baselines receive the same ``task`` + ``input`` (no stage has its own copy of a task prompt).
+
+==================== ========================================================================
+task                 ``input`` (parts in this order; empty parts are left out)
+==================== ========================================================================
+qa                   Knowledge (context) / Question / Answer
+dialogue             Knowledge (context) / Dialogue history (question) / Response (answer)
+summarization        Document (context) / Instruction (question, usually empty) / Summary (answer)
+mwp                  Problem (question) / Context / Proposed answer (answer, usually empty)
+self_contradiction   Text so far (question) / Sentence A (answer) / Sentence B (context)
+generic              Context / Prompt (question) / Response (answer) - any (prompt, response)
+==================== ========================================================================
+
+The *checked* part (Answer, Response, Summary, Problem, Sentence A) is always shown, as "(empty)" when
+empty, so a case with missing fields (no knowledge, empty history) still runs with what it has.
+The task comes from the ``task`` build option, else the example's ``task`` input (aliases such as "DA",
+"sum", "SC" accepted); unknown or missing tasks (e.g. "mushroom") use ``generic``.
+
+Outputs (the common contract)
+-----------------------------
+* verdict Yes -> ``label`` True, ``score`` 1.0; No -> False, 0.0; neither (see
+  :func:`signatures.halluclean.parse_verdict`) -> ``label`` False, ``score`` 0.5 and
+  ``failures["verdict"]``; a stage whose output does not parse counts ``failures["parse"]`` (HalluClean
+  goes on with an empty plan/analysis; a failed judge is undecided).
+* ``rationale`` = the analysis (HalluClean) or ""; extras: ``plan``, ``analysis``, ``verdict`` (raw),
+  ``decided`` (bool), ``route`` (the task used) and ``revision_status``.
+* Revision runs only when the judge says Yes, ``revise`` is on and the answer is non-empty (MWP cases
+  have no answer to revise: the checked thing is the problem itself; SC revises Sentence A).
+  ``revision_status`` is one of ``"revised"``, ``"no_change"`` (the revision equals the answer after
+  whitespace normalisation), ``"empty"`` (the model returned nothing), ``"failed"`` (did not parse),
+  ``"not_flagged"``, ``"not_revisable"`` (empty answer) or ``"disabled"``. Only ``"revised"`` sets
+  ``Detection.revision``; it stays ``None`` otherwise, so "no change" is never reported as a fix.
+* ``spans``: the parts of the answer the revision replaced or deleted (:func:`halluscope.text.diff_spans`,
+  word level, probability 1.0), so HalluClean can also be scored on Mu-SHROOM.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import dspy
+from dspy.utils.exceptions import AdapterParseError
+
+from halluscope.contract import Detection, to_prediction
+from halluscope.text import diff_spans
+from programs.registry import ProgramSpec, register
+from signatures.halluclean import DirectAsk as DirectAskSig
+from signatures.halluclean import Judge, Plan, Reason, Revise, parse_verdict
+
+__all__ = [
+    "TaskRoute",
+    "TASKS",
+    "DEFAULT_MAX_TOKENS",
+    "resolve_task",
+    "route_inputs",
+    "same_text",
+    "HalluClean",
+    "DirectAsk",
+    "halluclean_report",
+]
+
+
+@dataclass(frozen=True)
+class TaskRoute:
+    """How one task is described and how the common fields are labelled in the ``input`` text."""
+
+    name: str
+    description: str
+    parts: tuple[tuple[str, str], ...]  # (label, field) in display order; field in question/answer/context
+    checked: str  # the field that may hold the hallucination: always shown
+
+    def render(self, question: str = "", answer: str = "", context: str = "") -> str:
+        values = {"question": question or "", "answer": answer or "", "context": context or ""}
+        lines = []
+        for label, fld in self.parts:
+            value = values[fld].strip()
+            if value or fld == self.checked:
+                lines.append(f"{label}: {value or '(empty)'}")
+        return "\n".join(lines)
+
+
+TASKS: dict[str, TaskRoute] = {
+    "qa": TaskRoute(
+        "qa",
+        "Question answering: is the answer hallucinated - does it state anything false, not supported by "
+        "the knowledge (when given), or not answering the question?",
+        (("Knowledge", "context"), ("Question", "question"), ("Answer", "answer")),
+        "answer",
+    ),
+    "dialogue": TaskRoute(
+        "dialogue",
+        "Dialogue: is the response hallucinated - does it state anything false, or contradicted by or "
+        "unsupported by the knowledge and the dialogue history?",
+        (("Knowledge", "context"), ("Dialogue history", "question"), ("Response", "answer")),
+        "answer",
+    ),
+    "summarization": TaskRoute(
+        "summarization",
+        "Summarization: is the summary hallucinated - does it contain anything not supported by the "
+        "document or contradicting it?",
+        (("Document", "context"), ("Instruction", "question"), ("Summary", "answer")),
+        "answer",
+    ),
+    "mwp": TaskRoute(
+        "mwp",
+        "Math word problem: is the problem unanswerable - is a needed quantity or condition missing, or does "
+        "the question ask about something the problem does not define? (Answering an unanswerable problem "
+        "would be a hallucination, so Yes means unanswerable.)",
+        (("Problem", "question"), ("Context", "context"), ("Proposed answer", "answer")),
+        "question",
+    ),
+    "self_contradiction": TaskRoute(
+        "self_contradiction",
+        "Self-contradiction: do sentence A and sentence B, both written to continue the same text, "
+        "contradict each other (they cannot both be true)?",
+        (("Text so far", "question"), ("Sentence A", "answer"), ("Sentence B", "context")),
+        "answer",
+    ),
+    "generic": TaskRoute(
+        "generic",
+        "Is the response hallucinated - does it state anything false, not supported by the context (when "
+        "given), or not following from the prompt?",
+        (("Context", "context"), ("Prompt", "question"), ("Response", "answer")),
+        "answer",
+    ),
+}
+
+_ALIASES = {
+    "question_answering": "qa", "da": "dialogue", "dialog": "dialogue", "sum": "summarization",
+    "summary": "summarization", "math": "mwp", "umwp": "mwp", "sc": "self_contradiction",
+    "self-contradiction": "self_contradiction", "contradiction": "self_contradiction",
+}
+
+# Per-stage output budgets (tokens). Modest on purpose: the embedded model rambles until max_tokens, and
+# JSON output that runs out is repaired by the JSON adapter (a truncated analysis, not a failure).
+DEFAULT_MAX_TOKENS = {"plan": 128, "reason": 256, "judge": 16, "revise": 256}
+
+
+def _task_key(task: str | None) -> str | None:
+    key = str(task or "").strip().lower().replace(" ", "_")
+    key = _ALIASES.get(key, key)
+    return key if key in TASKS else None
+
+
+def resolve_task(option: str | None, example_task: str | None) -> TaskRoute:
+    """The route for a case: the build option if given, else the example's task, else ``generic``."""
+    return TASKS[_task_key(option) or _task_key(example_task) or "generic"]
+
+
+def route_inputs(route: TaskRoute, question: str = "", answer: str = "", context: str = "") -> dict:
+    """The stage inputs every stage shares: ``{"task": description, "input": labelled material}``."""
+    return {"task": route.description, "input": route.render(question, answer, context)}
+
+
+def same_text(a: str | None, b: str | None) -> bool:
+    """Equal after whitespace normalisation (runs of whitespace -> one space, ends stripped)."""
+    return " ".join((a or "").split()) == " ".join((b or "").split())
+
+
+def _check_task_option(task: str | None) -> str | None:
+    if task is None or str(task).strip() == "":
+        return None
+    key = _task_key(task)
+    if key is None:
+        raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+    return key
+
+
+def _predict(sig, max_tokens: dict | None, stage: str) -> dspy.Predict:
+    budget = (DEFAULT_MAX_TOKENS if max_tokens is None else {**DEFAULT_MAX_TOKENS, **max_tokens}).get(stage)
+    return dspy.Predict(sig, max_tokens=budget) if budget else dspy.Predict(sig)
+
+
+def _verdict_outcome(raw) -> tuple[bool, float, bool]:
+    """(label, score, decided) of a raw verdict."""
+    v = parse_verdict(raw)
+    if v is None:
+        return False, 0.5, False
+    return v, (1.0 if v else 0.0), True
+
+
+class HalluClean(dspy.Module):
+    """Plan -> Reason -> Judge (detection) -> Revise (only when judged hallucinated), task-routed.
+
+    ``plan``, ``reason`` and ``judge`` are the detection predictors MIPROv2 optimises; ``revise`` is a
+    predictor too (build with ``revise=False`` to optimise detection alone without paying for revisions).
+    """
+
+    def __init__(self, task: str | None = None, revise: bool = True, max_tokens: dict | None = None):
+        super().__init__()
+        self.task = _check_task_option(task)
+        self.do_revise = bool(revise)
+        self.plan = _predict(Plan, max_tokens, "plan")
+        self.reason = _predict(Reason, max_tokens, "reason")
+        self.judge = _predict(Judge, max_tokens, "judge")
+        self.revise = _predict(Revise, max_tokens, "revise")
+
+    def _stage(self, predictor, field: str, failures: dict, **kwargs) -> str | None:
+        try:
+            out = predictor(**kwargs)
+        except AdapterParseError:
+            failures["parse"] = failures.get("parse", 0) + 1
+            return None
+        value = getattr(out, field, None)
+        return "" if value is None else str(value)
+
+    def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "",
+                task: str | None = None, **_):
+        answer = answer or ""
+        route = resolve_task(self.task, task)
+        shared = route_inputs(route, question, answer, context)
+        failures: dict[str, int] = {}
+
+        plan = self._stage(self.plan, "plan", failures, **shared) or ""
+        analysis = self._stage(self.reason, "analysis", failures, **shared, plan=plan) or ""
+        raw = self._stage(self.judge, "verdict", failures, **shared, analysis=analysis)
+        label, score, decided = _verdict_outcome(raw)
+        if raw is not None and not decided:
+            failures["verdict"] = 1
+
+        revision, status, spans = None, "not_flagged", []
+        if label:
+            if not self.do_revise:
+                status = "disabled"
+            elif not answer.strip():
+                status = "not_revisable"
+            else:
+                text = self._stage(self.revise, "revision", failures, **shared, analysis=analysis, text=answer)
+                if text is None:
+                    status = "failed"
+                elif not text.strip():
+                    status = "empty"
+                elif same_text(text, answer):
+                    status = "no_change"
+                else:
+                    status, revision = "revised", text
+                    spans = diff_spans(answer, text, prob=1.0)
+        det = Detection(answer=answer, spans=spans, label=label, score=score, rationale=analysis,
+                        revision=revision, failures=failures)
+        return to_prediction(det, plan=plan, analysis=analysis, verdict=raw, decided=decided,
+                             route=route.name, revision_status=status)
+
+
+class DirectAsk(dspy.Module):
+    """One call: "is there a hallucination? Yes/No". ``routing=False`` (the paper's direct ask) always
+    uses the ``generic`` route; ``routing=True`` uses the task's description and labelled input."""
+
+    def __init__(self, routing: bool = False, task: str | None = None, max_tokens: dict | None = None):
+        super().__init__()
+        self.routing = bool(routing)
+        self.task = _check_task_option(task)
+        self.ask = _predict(DirectAskSig, max_tokens, "judge")
+
+    def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "",
+                task: str | None = None, **_):
+        answer = answer or ""
+        route = resolve_task(self.task, task) if self.routing else TASKS["generic"]
+        failures: dict[str, int] = {}
+        try:
+            raw = self.ask(**route_inputs(route, question, answer, context)).verdict
+            raw = "" if raw is None else str(raw)
+        except AdapterParseError:
+            raw = None
+            failures["parse"] = 1
+        label, score, decided = _verdict_outcome(raw)
+        if raw is not None and not decided:
+            failures["verdict"] = 1
+        det = Detection(answer=answer, label=label, score=score, failures=failures)
+        return to_prediction(det, verdict=raw, decided=decided, route=route.name, revision_status="disabled")
+
+
+# -- the report hook: revision metrics of an evaluation ------------------------------------------------
+
+JUDGE_PROGRAM_ENV = "HALLUSCOPE_JUDGE_PROGRAM"  # registry name of the re-judging program (default halluclean)
+JUDGE_LM_ENV = "HALLUSCOPE_JUDGE_LM"  # LM spec for re-judging (default: the configured LM)
+
+
+def _default_judge():
+    name = os.environ.get(JUDGE_PROGRAM_ENV) or "halluclean"
+    if name == "halluclean":
+        return name, HalluClean(revise=False)
+    from programs.registry import get
+
+    return name, get(name).build()
+
+
+def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=None) -> dict:
+    """Revision metrics of a HalluClean evaluation (``ProgramSpec.report``).
+
+    * counts of ``revision_status`` values;
+    * ``R`` (:func:`metrics.revision.hallucination_reduction_rate`): re-judged by ``judge`` (default: the
+      program named by ``$HALLUSCOPE_JUDGE_PROGRAM``, else HalluClean's detection stages without
+      revision, routed by each case's task) under ``judge_lm`` (default: ``$HALLUSCOPE_JUDGE_LM`` if set,
+      else the configured LM). Skipped (``None``, with ``R_skipped``) when no LM is available;
+    * ``Q`` (:func:`metrics.revision.revision_success_rate`): over true positives (gold hallucinated,
+      flagged) that have a reference and a revisable answer; no change / failed revisions count as
+      failures. ``Q_unrevised``: the same rate for their original (hallucinated) answers.
+    """
+    from metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
+
+    statuses: dict[str, int] = {}
+    for p in predictions:
+        if p is not None:
+            s = getattr(p, "revision_status", None) or "unknown"
+            statuses[s] = statuses.get(s, 0) + 1
+    out: dict = {f"revision_{k}": v for k, v in sorted(statuses.items())}
+
+    revs, refs, origs = [], [], []
+    for ex, p in zip(examples, predictions):
+        if p is None or getattr(p, "label", None) is not True or ex.get("label") is not True:
+            continue
+        if ex.get("reference") is None or not (ex.get("answer") or "").strip():
+            continue
+        if getattr(p, "revision_status", None) == "disabled":
+            continue
+        revs.append(getattr(p, "revision", None))
+        refs.append(ex.get("reference"))
+        origs.append(ex.get("answer"))
+    out["Q"] = revision_success_rate(revs, refs)
+    out["Q_unrevised"] = revision_success_rate(origs, refs)
+    out["Q_n"] = len(refs)
+    out["Q_threshold"] = SUCCESS_THRESHOLD
+
+    if judge_lm is None and os.environ.get(JUDGE_LM_ENV):
+        from halluscope.lm import make_lm
+
+        judge_lm = make_lm(os.environ[JUDGE_LM_ENV])
+    if judge is None:
+        judge_name, judge = _default_judge()
+    else:
+        judge_name = getattr(judge, "__name__", type(judge).__name__)
+    if judge_lm is None and dspy.settings.lm is None:
+        out["R"] = None
+        out["R_skipped"] = "no LM configured for the re-judge"
+        return out
+    r = hallucination_reduction_rate(examples, predictions, judge, lm=judge_lm)
+    out["R"] = r.pop("rate")
+    out.update({f"R_{k}": v for k, v in r.items()})
+    out["R_judge"] = judge_name
+    return out
+
+
+_OPTIONS_DOC = {"task": None, "revise": True, "max_tokens": dict(DEFAULT_MAX_TOKENS)}
+
+register(ProgramSpec(
+    name="halluclean",
+    build=lambda task=None, revise=True, max_tokens=None, **_: HalluClean(task=task, revise=revise,
+                                                                          max_tokens=max_tokens),
+    description="HalluClean: plan -> reason -> judge, revise when judged hallucinated; task-routed "
+                "(qa, dialogue, summarization, mwp, self_contradiction, generic); spans = diff of the revision",
+    level="response",
+    default_metric="f1",
+    options=_OPTIONS_DOC,
+    report=halluclean_report,
+))
+
+register(ProgramSpec(
+    name="direct",
+    build=lambda max_tokens=None, **_: DirectAsk(routing=False, max_tokens=max_tokens),
+    description="Direct ask baseline: one call, 'is there a hallucination? Yes/No', generic prompt for every task",
+    level="response",
+    default_metric="f1",
+    options={"max_tokens": {"judge": DEFAULT_MAX_TOKENS["judge"]}},
+))
+
+register(ProgramSpec(
+    name="direct+routing",
+    build=lambda task=None, max_tokens=None, **_: DirectAsk(routing=True, task=task, max_tokens=max_tokens),
+    description="Direct ask + task routing (the HalluClean paper's ablation): one Yes/No call with the task's "
+                "description and labelled input",
+    level="response",
+    default_metric="f1",
+    options={"task": None, "max_tokens": {"judge": DEFAULT_MAX_TOKENS["judge"]}},
+))
