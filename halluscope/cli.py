@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -128,7 +128,8 @@ def cmd_evaluate(args) -> int:
     summary = result.summary()
     if lm is not None and hasattr(lm.engine, "stats"):
         summary["engine_truncated_prompts"] = lm.engine.stats.truncated
-    out_dir = Path(args.out_dir) / time.strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    out_dir = Path(args.out_dir) / f"{spec.name}-{source.replace('/', '_').replace('=', '-')}-{stamp}"
     files = write_outputs(out_dir, spec.name, examples, result, args.dataset)
     print_summary(spec.name, source, summary, result)
     print(f"predictions: {', '.join(str(f) for f in files)}")

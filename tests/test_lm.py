@@ -1,0 +1,207 @@
+"""The LM layer: the llama.cpp engine (with a fake model), schema limiting, LM specs, cache folders."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import dspy
+import pytest
+
+from halluscope import lm as lmmod
+from halluscope.lm import LlamaCppEngine, _response_schema, configure, limit_schema, make_lm, usage_of
+
+
+class FakeLlama:
+    """Tokenizes one token per character; records every completion request."""
+
+    def __init__(self, reply='{"answer": "4"}', finish="stop"):
+        self.reply = reply
+        self.finish = finish
+        self.requests = []
+        self.active = 0
+        self.max_active = 0
+        self._lock = threading.Lock()
+
+    def tokenize(self, data: bytes, add_bos=False, special=False):
+        return list(data.decode("utf-8", "ignore"))
+
+    def detokenize(self, toks):
+        return "".join(toks).encode("utf-8")
+
+    def create_chat_completion(self, messages, **kwargs):
+        with self._lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        import time
+
+        time.sleep(0.01)
+        self.requests.append({"messages": messages, **kwargs})
+        with self._lock:
+            self.active -= 1
+        n_in = sum(len(m["content"]) for m in messages)
+        return {
+            "id": "x",
+            "choices": [{"message": {"content": self.reply}, "finish_reason": self.finish}],
+            "usage": {"prompt_tokens": n_in, "completion_tokens": 3, "total_tokens": n_in + 3},
+        }
+
+
+@pytest.fixture
+def gguf(tmp_path) -> Path:
+    p = tmp_path / "tiny.gguf"
+    p.write_bytes(b"GGUF-not-really")
+    return p
+
+
+def engine_with(gguf, fake, **kw) -> LlamaCppEngine:
+    eng = LlamaCppEngine(gguf, **kw)
+    eng._llm = fake
+    return eng
+
+
+def test_engine_passes_sampling_params_and_reports_usage(gguf):
+    fake = FakeLlama()
+    eng = engine_with(gguf, fake, n_ctx=4096)
+    lm = dspy.LM("llamacpp/test-params", engine=eng, cache=False, temperature=0.7, max_tokens=64)
+    out = lm("What is 2+2?", stop=["\n\n"], seed=5, top_p=0.9)
+    assert out == ['{"answer": "4"}']
+    req = fake.requests[-1]
+    assert req["temperature"] == 0.7 and req["max_tokens"] == 64
+    assert req["stop"] == ["\n\n"] and req["seed"] == 5 and req["top_p"] == 0.9
+    assert req["messages"][-1] == {"role": "user", "content": "What is 2+2?"}
+    assert eng.stats.calls == 1 and eng.stats.output_tokens == 3
+    assert eng.stats.input_tokens == len("What is 2+2?")
+    assert lm.history[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_engine_constrains_json_adapter_output_to_the_signature_schema(gguf):
+    fake = FakeLlama(reply='{"answer": "4"}')
+    eng = engine_with(gguf, fake)
+    lm = dspy.LM("llamacpp/test-schema", engine=eng, cache=False)
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        pred = dspy.Predict("question -> answer")(question="2+2?")
+    assert pred.answer == "4"
+    rf = fake.requests[-1]["response_format"]
+    assert rf["type"] == "json_object"
+    assert rf["schema"]["properties"]["answer"]["type"] == "string"
+    assert rf["schema"]["required"] == ["answer"]
+
+
+def test_engine_truncates_overlong_prompts_deliberately_and_counts_them(gguf):
+    fake = FakeLlama()
+    eng = engine_with(gguf, fake, n_ctx=400)
+    lm = dspy.LM("llamacpp/test-trunc", engine=eng, cache=False, max_tokens=100)
+    long = "A" * 150 + "B" * 1000 + "C" * 150
+    lm(long)
+    sent = fake.requests[-1]["messages"][-1]["content"]
+    assert eng.stats.truncated == 1
+    assert "[... truncated ...]" in sent
+    assert sent.startswith("A" * 100) and sent.endswith("C" * 100)  # head and tail kept
+    # prompt + max_tokens fit the context (the fake counts one token per character)
+    assert len(sent) + 100 <= 400
+    lm("short")
+    assert eng.stats.truncated == 1
+
+
+def test_engine_serialises_calls_with_one_lock(gguf):
+    fake = FakeLlama()
+    eng = engine_with(gguf, fake)
+    lm = dspy.LM("llamacpp/test-lock", engine=eng, cache=False)
+    threads = [threading.Thread(target=lm, args=(f"q{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert eng.stats.calls == 6
+    assert fake.max_active == 1
+
+
+def test_engine_maps_unknown_finish_reasons_and_counts_errors(gguf):
+    fake = FakeLlama(finish="weird")
+    eng = engine_with(gguf, fake)
+    lm = dspy.LM("llamacpp/test-finish", engine=eng, cache=False)
+    assert lm("x") == ['{"answer": "4"}']
+
+    def boom(messages, **kw):
+        raise RuntimeError("llama failed")
+
+    fake.create_chat_completion = boom
+    with pytest.raises(Exception):
+        lm("y")
+    assert eng.stats.errors == 1
+
+
+def test_limit_schema_bounds_arrays_and_nested_strings_only():
+    schema = {
+        "type": "object",
+        "properties": {
+            "reasoning": {"type": "string"},
+            "label": {"type": "string", "enum": ["Yes", "No"]},
+            "spans": {"type": "array", "items": {"$ref": "#/$defs/Q"}},
+        },
+        "$defs": {"Q": {"type": "object", "properties": {"text": {"type": "string"}, "p": {"type": "number"}}}},
+    }
+    out = limit_schema(schema, 3, 50)
+    assert out["properties"]["spans"]["maxItems"] == 3
+    assert "maxLength" not in out["properties"]["reasoning"]  # top-level text is bounded by max_tokens
+    assert "maxLength" not in out["properties"]["label"]
+    assert out["$defs"]["Q"]["properties"]["text"]["maxLength"] == 50
+    assert "maxItems" not in schema["properties"]["spans"]  # the input is not modified
+
+
+def test_response_schema_shapes():
+    s = {"type": "object"}
+    assert _response_schema(None) is None
+    assert _response_schema({"type": "text"}) is None
+    assert _response_schema({"type": "json_object"}) == {"type": "json_object"}
+    assert _response_schema({"type": "json_schema", "json_schema": {"name": "X", "schema": s}}) == {
+        "type": "json_object", "schema": s}
+    assert _response_schema({"type": "json_schema", "schema": s, "name": "X"}) == {"type": "json_object", "schema": s}
+
+
+def test_make_lm_local_path_errors_and_model_identity(gguf, tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.gguf"):
+        make_lm(f"local:{tmp_path / 'missing.gguf'}")
+    lm = make_lm(f"local:{gguf}", n_ctx=1024)
+    assert lm.model.startswith("llamacpp/tiny@") and lm.model.endswith("-ctx1024")
+    assert lmmod.file_sha256(gguf)[:12] in lm.model
+    # the same file shares one engine (one model, one lock); another context size does not
+    assert make_lm(f"local:{gguf}", n_ctx=1024).engine is lm.engine
+    assert make_lm(f"local:{gguf}", n_ctx=2048).engine is not lm.engine
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"different bytes")
+    assert make_lm(f"local:{other}", n_ctx=1024).model.split("@")[1] != lm.model.split("@")[1]
+    with pytest.raises(ValueError):
+        make_lm("")
+
+
+def test_make_lm_remote_spec_and_api_base():
+    lm = make_lm("openai/some-model", api_base="http://127.0.0.1:9/v1")
+    assert lm.model == "openai/some-model"
+    assert lm.kwargs["api_base"] == "http://127.0.0.1:9/v1"
+    assert lm.kwargs["api_key"] == "not-needed"  # the OpenAI client insists on a key even for local servers
+
+
+def test_configure_picks_adapter_and_cache_folder_per_server(gguf, tmp_path, monkeypatch):
+    lm = configure(f"local:{gguf}", cache_dir=tmp_path / "c1", n_ctx=1024)
+    assert isinstance(dspy.settings.adapter, dspy.JSONAdapter)
+    assert dspy.settings.lm is lm
+    configure("openai/x", cache_dir=tmp_path / "c2", api_base="http://127.0.0.1:9/v1")
+    assert isinstance(dspy.settings.adapter, dspy.ChatAdapter)
+    made = [p.name for p in (tmp_path / "c2").iterdir()]
+    assert len(made) == 1 and made[0].startswith("server-")
+    with pytest.raises(ValueError, match="adapter"):
+        configure(lm, cache_dir=tmp_path / "c3", adapter="xml")
+
+
+def test_usage_of_counts_cache_hits_apart():
+    entries = [
+        {"usage": {"prompt_tokens": 10, "completion_tokens": 2}, "model": "a"},
+        {"usage": {}, "model": "a"},
+        {"usage": {"input_tokens": 5, "output_tokens": 1}, "model": "b"},
+    ]
+    u = usage_of(entries)
+    assert (u.calls, u.cache_hits, u.input_tokens, u.output_tokens) == (3, 1, 15, 3)
+    assert u.by_model == {"a": 2, "b": 1}
+    assert u.to_dict()["lm_cache_hits"] == 1
