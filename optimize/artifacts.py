@@ -1,0 +1,480 @@
+"""Versioned compiled-program artifacts: write once, verify on load, never unpickle.
+
+Layout (``root`` defaults to ``<project>/compiled``)::
+
+    compiled/<program>/<lang>/<metric>/v0001/program.json    # DSPy per-predictor state (JSON, no pickle)
+    compiled/<program>/<lang>/<metric>/v0001/manifest.json   # what it is, how it was made, how good it is
+
+Writing (:func:`write_artifact`) builds both files in a hidden temp folder beside the versions and renames
+the folder to the next free ``vNNNN`` in one ``os.rename``: a version is complete or absent, and an existing
+version is never overwritten (renaming onto a non-empty folder fails; the writer then takes the next number).
+
+``manifest["content_hash"]`` is the SHA-256 of ``program.json``'s bytes followed by the canonical JSON of the
+manifest without ``content_hash``; :func:`load_artifact` recomputes it and refuses a mismatch
+(:class:`ArtifactIntegrityError`). It then rebuilds the program from the registry with the recorded build
+options and checks that every predictor's input/output field names equal the manifest's — DSPy itself loads
+fields *by position* and would silently accept a renamed field — refusing a mismatch
+(:class:`ArtifactMismatchError`). State is parsed with ``json`` and applied with ``load_state``: no pickle
+is ever read, and an LM stored inside a predictor's state is refused.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+__all__ = [
+    "ARTIFACT_FORMAT",
+    "DEFAULT_ROOT",
+    "ArtifactError",
+    "ArtifactNotFoundError",
+    "ArtifactIntegrityError",
+    "ArtifactMismatchError",
+    "Artifact",
+    "VersionInfo",
+    "signature_fields",
+    "content_hash",
+    "write_artifact",
+    "list_versions",
+    "load_artifact",
+    "load_compiled",
+    "verify_artifact",
+    "git_commit",
+    "selection_score",
+]
+
+ARTIFACT_FORMAT = "halluscope-compiled/1"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_ROOT = PROJECT_ROOT / "compiled"
+PROGRAM_FILE = "program.json"
+MANIFEST_FILE = "manifest.json"
+_VERSION_RE = re.compile(r"^v(\d{4,})$")
+
+
+class ArtifactError(Exception):
+    """Base class of artifact problems."""
+
+
+class ArtifactNotFoundError(ArtifactError, FileNotFoundError):
+    """No (such) version."""
+
+
+class ArtifactIntegrityError(ArtifactError):
+    """The files do not match their content hash (tampered, truncated or hand-edited)."""
+
+
+class ArtifactMismatchError(ArtifactError):
+    """The artifact does not fit the program the code builds today (fields, predictors, program)."""
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    version: int
+    path: Path
+    created_at: str | None
+    score: float | None  # selection score: cross-validated compiled mean of the artifact's metric
+    manifest: dict | None  # None when manifest.json is unreadable
+
+    @property
+    def name(self) -> str:
+        return f"v{self.version:04d}"
+
+
+@dataclass
+class Artifact:
+    program: dspy.Module
+    manifest: dict
+    path: Path
+
+    @property
+    def version(self) -> int:
+        return int(self.manifest["version"])
+
+
+# ------------------------------------------------------------------------------------------------------
+# Hashing and signatures
+# ------------------------------------------------------------------------------------------------------
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def content_hash(program_bytes: bytes, manifest: dict) -> str:
+    """SHA-256 over ``program.json``'s bytes and the canonical manifest without ``content_hash``."""
+    body = {k: v for k, v in manifest.items() if k != "content_hash"}
+    h = hashlib.sha256()
+    h.update(program_bytes)
+    h.update(b"\0")
+    h.update(canonical_json(body))
+    return h.hexdigest()
+
+
+def signature_fields(program: dspy.Module) -> dict[str, dict]:
+    """``{predictor_name: {"signature", "inputs", "outputs"}}`` — the field names, in order, of each predictor."""
+    out = {}
+    for name, pred in program.named_predictors():
+        sig = pred.signature
+        out[name] = {
+            "signature": getattr(sig, "__name__", type(sig).__name__),
+            "inputs": list(sig.input_fields.keys()),
+            "outputs": list(sig.output_fields.keys()),
+        }
+    return out
+
+
+def selection_score(manifest: dict) -> float | None:
+    """The score :func:`load_compiled` ranks versions by: the cross-validated compiled mean of the manifest's
+    metric (None when the version was compiled without cross-validation)."""
+    try:
+        v = manifest["cv"]["mean"]["compiled"][manifest["metric"]]["mean"]
+    except (KeyError, TypeError):
+        return None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def git_commit(cwd: Path = PROJECT_ROOT) -> dict:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the project checkout."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10).stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
+        return {"commit": sha, "dirty": dirty if sha else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+# ------------------------------------------------------------------------------------------------------
+# Paths
+# ------------------------------------------------------------------------------------------------------
+
+
+def _safe_part(s: str, what: str) -> str:
+    s = str(s)
+    if not s or s in (".", "..") or "/" in s or "\\" in s or s.startswith("."):
+        raise ValueError(f"invalid {what} for an artifact path: {s!r}")
+    return s
+
+
+def artifact_dir(program: str, lang: str, metric: str, root: str | os.PathLike | None = None) -> Path:
+    root = Path(root) if root is not None else DEFAULT_ROOT
+    return root / _safe_part(program, "program") / _safe_part(lang, "language") / _safe_part(metric, "metric")
+
+
+def _parse_version(version: int | str) -> int:
+    if isinstance(version, bool):
+        raise ValueError(f"invalid version {version!r}")
+    if isinstance(version, int):
+        if version < 1:
+            raise ValueError(f"versions start at 1, not {version}")
+        return version
+    m = re.fullmatch(r"v?(\d+)", str(version).strip())
+    if not m or int(m.group(1)) < 1:
+        raise ValueError(f"invalid version {version!r}: use a number like 3 or 'v0003'")
+    return int(m.group(1))
+
+
+# ------------------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------------------
+
+
+def _program_bytes(program: dspy.Module) -> bytes:
+    """DSPy's ``program.save(x.json)`` format (per-predictor state + dependency versions), with any LM a
+    predictor carries removed: production configures its own LM, and an LM state is no place for keys."""
+    import orjson
+    from dspy.utils.saving import get_dependency_versions
+
+    state = program.dump_state()
+    for value in state.values():
+        if isinstance(value, dict) and value.get("lm") is not None:
+            value["lm"] = None
+    state["metadata"] = {"dependency_versions": get_dependency_versions()}
+    return orjson.dumps(state, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_artifact(
+    program: dspy.Module,
+    manifest: dict,
+    *,
+    program_name: str,
+    lang: str,
+    metric: str,
+    root: str | os.PathLike | None = None,
+) -> Artifact:
+    """Write ``program``'s state and ``manifest`` as the next version; return the written :class:`Artifact`.
+
+    ``manifest`` is completed here with ``format``, ``program``, ``lang``, ``metric``, ``version``,
+    ``predictors`` (signature field names), ``program_file``, ``program_sha256``, ``created_at`` (if absent)
+    and ``content_hash``. The caller's dict is not modified.
+    """
+    base = artifact_dir(program_name, lang, metric, root)
+    base.mkdir(parents=True, exist_ok=True)
+    data = _program_bytes(program)
+    m = dict(manifest)
+    m.update(format=ARTIFACT_FORMAT, program=program_name, lang=lang, metric=metric,
+             predictors=signature_fields(program), program_file=PROGRAM_FILE,
+             program_sha256=hashlib.sha256(data).hexdigest())
+    m.setdefault("created_at", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    tmp = base / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        _write_file(tmp / PROGRAM_FILE, data)
+        version = 0
+        for _ in range(1000):
+            listed = max((v.version for v in list_versions(program_name, lang, metric, root=root,
+                                                           include_invalid=True)), default=0)
+            version = max(listed, version) + 1
+            m["version"] = version
+            m.pop("content_hash", None)
+            m["content_hash"] = content_hash(data, m)
+            man_path = tmp / MANIFEST_FILE
+            if man_path.exists():
+                man_path.unlink()
+            _write_file(man_path, json.dumps(m, indent=2, ensure_ascii=False, allow_nan=False).encode() + b"\n")
+            target = base / f"v{version:04d}"
+            if target.exists():
+                continue
+            try:
+                os.rename(tmp, target)  # atomic; fails if a concurrent writer took this number
+            except OSError:
+                if target.exists():
+                    continue
+                raise
+            _fsync_dir(base)
+            return Artifact(program=program, manifest=m, path=target)
+        raise ArtifactError(f"could not find a free version number under {base}")
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Listing and loading
+# ------------------------------------------------------------------------------------------------------
+
+
+def _read_manifest(path: Path) -> dict | None:
+    try:
+        m = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) else None
+
+
+def list_versions(program: str, lang: str, metric: str, *, root: str | os.PathLike | None = None,
+                  include_invalid: bool = False) -> list[VersionInfo]:
+    """The versions under ``compiled/<program>/<lang>/<metric>``, oldest first.
+
+    Folders whose manifest cannot be read are listed only with ``include_invalid`` (their ``manifest`` is
+    None). Nothing is verified here: :func:`load_artifact` verifies what it loads.
+    """
+    base = artifact_dir(program, lang, metric, root)
+    if not base.is_dir():
+        return []
+    out = []
+    for p in base.iterdir():
+        m_ver = _VERSION_RE.match(p.name)
+        if not m_ver or not p.is_dir():
+            continue
+        man = _read_manifest(p)
+        if man is None and not include_invalid:
+            continue
+        out.append(VersionInfo(version=int(m_ver.group(1)), path=p,
+                               created_at=(man or {}).get("created_at"),
+                               score=selection_score(man) if man else None, manifest=man))
+    return sorted(out, key=lambda v: v.version)
+
+
+def best_version(versions: list[VersionInfo]) -> VersionInfo | None:
+    """Highest selection score, newest on ties; if no version has a score, the newest."""
+    scored = [v for v in versions if v.score is not None]
+    if scored:
+        return max(scored, key=lambda v: (v.score, v.version))
+    return versions[-1] if versions else None
+
+
+def verify_artifact(path: str | os.PathLike) -> tuple[dict, bytes]:
+    """Check one version folder's content hash; return ``(manifest, program_bytes)``.
+
+    Raises :class:`ArtifactIntegrityError` when a file is missing, unreadable or does not match the hash.
+    """
+    path = Path(path)
+    man_file, prog_file = path / MANIFEST_FILE, path / PROGRAM_FILE
+    if not man_file.is_file() or not prog_file.is_file():
+        raise ArtifactIntegrityError(f"{path} is not a complete artifact (needs {MANIFEST_FILE} and {PROGRAM_FILE})")
+    try:
+        manifest = json.loads(man_file.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ArtifactIntegrityError(f"{man_file} is not valid JSON ({e}); refusing to load") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != ARTIFACT_FORMAT:
+        raise ArtifactIntegrityError(
+            f"{man_file}: unknown artifact format {manifest.get('format') if isinstance(manifest, dict) else None!r}"
+            f" (expected {ARTIFACT_FORMAT!r}); refusing to load")
+    if manifest.get("program_file", PROGRAM_FILE) != PROGRAM_FILE:
+        raise ArtifactIntegrityError(f"{man_file}: program_file must be {PROGRAM_FILE!r}; refusing to load")
+    data = prog_file.read_bytes()
+    expected = manifest.get("content_hash")
+    actual = content_hash(data, manifest)
+    if not expected or expected != actual:
+        raise ArtifactIntegrityError(
+            f"content hash mismatch in {path}: the manifest says {str(expected)[:16]}…, the files hash to "
+            f"{actual[:16]}…. The artifact was modified after it was written (or is corrupt); refusing to load. "
+            f"Recompile, or load another version.")
+    return manifest, data
+
+
+def check_compatible(program: dspy.Module, manifest: dict, state: dict, where: Path) -> None:
+    """Refuse (:class:`ArtifactMismatchError`) unless the code's predictors and field names equal the manifest's."""
+    code = signature_fields(program)
+    saved = manifest.get("predictors") or {}
+    problems = []
+    if set(code) != set(saved):
+        problems.append(f"predictors differ: artifact has {sorted(saved)}, the code builds {sorted(code)}")
+    for name in sorted(set(code) & set(saved)):
+        for kind in ("inputs", "outputs"):
+            if list(saved[name].get(kind, [])) != code[name][kind]:
+                problems.append(f"{name}: {kind[:-1]} fields were {saved[name].get(kind)} when compiled, "
+                                f"the code now has {code[name][kind]}")
+    for name in code:
+        st = state.get(name)
+        if not isinstance(st, dict):
+            problems.append(f"{name}: no state in {PROGRAM_FILE}")
+            continue
+        n_fields = len(code[name]["inputs"]) + len(code[name]["outputs"])
+        saved_fields = (st.get("signature") or {}).get("fields") or []
+        if len(saved_fields) != n_fields:
+            problems.append(f"{name}: {PROGRAM_FILE} holds {len(saved_fields)} fields, the signature has {n_fields}")
+        if st.get("lm") is not None:
+            problems.append(f"{name}: {PROGRAM_FILE} carries an LM; artifacts never do (refusing to load it)")
+    extra = sorted(k for k in state if k != "metadata" and k not in code)
+    if extra:
+        problems.append(f"{PROGRAM_FILE} has state for predictors the code does not build: {extra}")
+    if problems:
+        raise ArtifactMismatchError(
+            f"artifact {where} does not match the current code ({manifest.get('program')}):\n  - "
+            + "\n  - ".join(problems) + "\nRecompile with optimize.py for the current code.")
+
+
+def load_artifact(
+    program: str,
+    *,
+    lang: str,
+    metric: str,
+    version: int | str | None = None,
+    root: str | os.PathLike | None = None,
+) -> Artifact:
+    """Load the best (or the pinned ``version``) compiled ``program`` for ``lang``/``metric``, verified.
+
+    Raises :class:`ArtifactNotFoundError`, :class:`ArtifactIntegrityError` (hash),
+    :class:`ArtifactMismatchError` (signature/program) — never loads anything unverified.
+    """
+    from programs.registry import get
+
+    base = artifact_dir(program, lang, metric, root)
+    versions = list_versions(program, lang, metric, root=root, include_invalid=True)
+    if version is not None:
+        wanted = _parse_version(version)
+        chosen = next((v for v in versions if v.version == wanted), None)
+        if chosen is None:
+            have = ", ".join(v.name for v in versions) or "none"
+            raise ArtifactNotFoundError(f"no version v{wanted:04d} under {base} (versions: {have})")
+    else:
+        chosen = best_version([v for v in versions if v.manifest is not None])
+        if chosen is None:
+            raise ArtifactNotFoundError(
+                f"no compiled {program!r} for lang={lang!r}, metric={metric!r} under {base}; "
+                f"run: python optimize.py --program {program} --lang {lang} --metric {metric}")
+    manifest, data = verify_artifact(chosen.path)
+    for key, want in (("program", program), ("lang", lang), ("metric", metric), ("version", chosen.version)):
+        if manifest.get(key) != want:
+            raise ArtifactMismatchError(f"{chosen.path}: manifest says {key}={manifest.get(key)!r}, "
+                                        f"expected {want!r}; refusing to load")
+    try:
+        spec = get(program)
+    except KeyError as e:
+        raise ArtifactMismatchError(str(e)) from None
+    options = manifest.get("program_options") or {}
+    try:
+        module = spec.build(**options)
+    except TypeError as e:
+        raise ArtifactMismatchError(f"{chosen.path}: the code no longer accepts the build options {options}: {e}") from None
+    try:
+        state = json.loads(data)
+    except ValueError as e:
+        raise ArtifactIntegrityError(f"{chosen.path / PROGRAM_FILE} is not valid JSON: {e}") from None
+    if not isinstance(state, dict):
+        raise ArtifactIntegrityError(f"{chosen.path / PROGRAM_FILE} is not a JSON object")
+    check_compatible(module, manifest, state, chosen.path)
+    _warn_versions(state, chosen.path)
+    module.load_state({k: v for k, v in state.items() if k != "metadata"})
+    return Artifact(program=module, manifest=manifest, path=chosen.path)
+
+
+def _warn_versions(state: dict, where: Path) -> None:
+    from dspy.utils.saving import get_dependency_versions
+
+    saved = ((state.get("metadata") or {}).get("dependency_versions")) or {}
+    now = get_dependency_versions()
+    diff = {k: (v, now.get(k)) for k, v in saved.items() if now.get(k) != v}
+    if diff:
+        print(f"warning: {where} was compiled with " + ", ".join(f"{k}=={a}" for k, (a, _) in diff.items())
+              + "; running with " + ", ".join(f"{k}=={b}" for k, (_, b) in diff.items()), file=sys.stderr)
+
+
+def load_compiled(
+    program: str = "spans",
+    *,
+    lang: str,
+    metric: str = "iou",
+    version: int | str | None = None,
+    root: str | os.PathLike | None = None,
+) -> dspy.Module:
+    """A ready, verified compiled program (the best version, or ``version``). Configure an LM
+    (``halluscope.lm.configure``) before calling it. The manifest is on ``program.artifact_manifest``.
+
+    Example::
+
+        from halluscope.lm import configure
+        from optimize import load_compiled
+        configure("local")
+        detector = load_compiled("spans", lang="de", metric="iou")
+        pred = detector(question="...", answer="...", lang="de", context="")
+    """
+    art = load_artifact(program, lang=lang, metric=metric, version=version, root=root)
+    object.__setattr__(art.program, "artifact_manifest", art.manifest)
+    object.__setattr__(art.program, "artifact_path", str(art.path))
+    return art.program

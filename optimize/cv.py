@@ -1,0 +1,442 @@
+"""Cross-validated optimisation: deterministic folds, one compile per fold, zero-shot vs compiled scores.
+
+The loop (:func:`cross_validate`):
+
+1. :func:`make_folds` splits the examples into ``k`` folds — seeded, and stratified by whether an item has a
+   hallucination (gold ``label``) whenever both classes occur, so every fold sees both kinds.
+2. For each fold: the *zero-shot* program (the registry's program as built, default instructions, no demos)
+   and the program *compiled* on the other folds are both scored on the held-out fold with every metric
+   the gold data supports (:func:`halluscope.evaluate.run_eval`). The held-out fold is never used for
+   tuning: MIPROv2's validation set is a seeded split of the training folds (:func:`train_val_split`).
+3. The caller compiles once more on the whole split to make the artifact.
+
+:func:`compile_program` runs the optimizer (``mipro`` = ``dspy.MIPROv2``, ``bootstrap`` =
+``dspy.BootstrapFewShot``) and :func:`check_fold_sizes` refuses sizes the optimizer cannot work with, naming
+the smallest workable setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import dspy
+from dspy.utils.callback import BaseCallback
+
+__all__ = [
+    "OptimizerConfig",
+    "FoldResult",
+    "CVResult",
+    "FoldSizeError",
+    "CompileError",
+    "make_folds",
+    "train_val_split",
+    "min_compile_items",
+    "check_fold_sizes",
+    "compile_program",
+    "cross_validate",
+    "mean_sd",
+    "slim_examples",
+    "FailureCounter",
+]
+
+OPTIMIZERS = ("mipro", "bootstrap")
+# Fields every example keeps for compiling and scoring (inputs + gold); the rest (logits, tokens, URLs) is
+# dropped so demos stored in the artifact stay small. Programs ask for more through ProgramSpec.extra_inputs.
+KEEP_FIELDS = ("id", "task", "lang", "question", "answer", "context", "hard_labels", "soft_labels",
+               "annotations", "label", "reference")
+
+
+class FoldSizeError(ValueError):
+    """The data is too small for the requested folds/optimizer; the message names a workable setting."""
+
+
+class CompileError(RuntimeError):
+    """The optimizer failed (for example the LM failed mid-run); nothing was written."""
+
+
+@dataclass
+class OptimizerConfig:
+    """What the optimizer is asked to do. ``auto`` and ``candidates``/``trials`` are mutually exclusive."""
+
+    name: str = "mipro"
+    auto: str | None = "light"
+    candidates: int | None = None
+    trials: int | None = None
+    max_bootstrapped_demos: int = 2
+    max_labeled_demos: int = 0
+    val_fraction: float = 0.5
+    seed: int = 0
+    threads: int = 1
+    max_errors: int | None = None
+    init_temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+        if self.candidates is not None or self.trials is not None:
+            if self.candidates is None or self.trials is None:
+                raise ValueError("--candidates and --trials go together (they replace --auto)")
+            self.auto = None
+        if self.auto not in (None, "light", "medium", "heavy"):
+            raise ValueError(f"auto must be light, medium or heavy, not {self.auto!r}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be between 0 and 1, not {self.val_fraction}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if self.name == "bootstrap":  # settings MIPROv2 alone uses would only confuse the record
+            for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature"):
+                d.pop(k)
+        return d
+
+    def describe(self) -> str:
+        if self.name == "bootstrap":
+            return (f"BootstrapFewShot(max_bootstrapped_demos={self.max_bootstrapped_demos}, "
+                    f"max_labeled_demos={self.max_labeled_demos})")
+        budget = f"auto={self.auto}" if self.auto else f"candidates={self.candidates}, trials={self.trials}"
+        return (f"MIPROv2({budget}, max_bootstrapped_demos={self.max_bootstrapped_demos}, "
+                f"max_labeled_demos={self.max_labeled_demos}, seed={self.seed})")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Folds
+# ------------------------------------------------------------------------------------------------------
+
+
+def _has_hallucination(ex: Any) -> bool | None:
+    label = ex.get("label") if hasattr(ex, "get") else None
+    if label is not None:
+        return bool(label)
+    hard = ex.get("hard_labels") if hasattr(ex, "get") else None
+    return None if hard is None else bool(hard)
+
+
+def make_folds(examples: Sequence[Any], k: int = 2, seed: int = 0, stratify: bool = True) -> list[list[int]]:
+    """``k`` disjoint lists of example indices covering every example, sizes differing by at most one.
+
+    Deterministic for a given ``seed`` and example order. Stratified by whether an item has a hallucination
+    when ``stratify`` and both classes occur: each class is shuffled and dealt round-robin, continuing where
+    the previous class stopped, so class shares and fold sizes are both balanced. Indices within a fold are
+    sorted (the file order).
+    """
+    n = len(examples)
+    if k < 2:
+        raise ValueError(f"need at least 2 folds to cross-validate, not {k}")
+    if n < k:
+        raise FoldSizeError(f"{n} items cannot make {k} folds (each fold needs at least one item)")
+    rng = random.Random(seed)
+    groups: list[list[int]]
+    classes = [_has_hallucination(ex) for ex in examples]
+    if stratify and True in classes and False in classes:
+        groups = [[i for i, c in enumerate(classes) if c is True],
+                  [i for i, c in enumerate(classes) if c is not True]]
+    else:
+        groups = [list(range(n))]
+    folds: list[list[int]] = [[] for _ in range(k)]
+    pos = 0
+    for g in groups:
+        rng.shuffle(g)
+        for i in g:
+            folds[pos % k].append(i)
+            pos += 1
+    return [sorted(f) for f in folds]
+
+
+def train_val_split(examples: Sequence[Any], val_fraction: float = 0.5, seed: int = 0) -> tuple[list, list]:
+    """A seeded split of training examples into (train, val) for MIPROv2; both non-empty when len >= 2.
+
+    Stratified like :func:`make_folds` (val gets its share of each class). Order within each part follows
+    the input order, so the split is deterministic.
+    """
+    examples = list(examples)
+    n = len(examples)
+    if n < 2:
+        return examples, []
+    n_val = min(n - 1, max(1, round(n * val_fraction)))
+    rng = random.Random(seed + 7919)
+    classes = [_has_hallucination(ex) for ex in examples]
+    groups = [[i for i, c in enumerate(classes) if c is True], [i for i, c in enumerate(classes) if c is not True]]
+    for g in groups:
+        rng.shuffle(g)
+    # Each class gives val its proportional share; the total is n_val.
+    quota = [round(len(groups[0]) * n_val / n), 0]
+    quota[1] = n_val - quota[0]
+    if quota[1] > len(groups[1]):
+        quota = [n_val - len(groups[1]), len(groups[1])]
+    if quota[0] > len(groups[0]):
+        quota = [len(groups[0]), n_val - len(groups[0])]
+    val_idx: set[int] = set()
+    val_idx.update(groups[0][: quota[0]])
+    val_idx.update(groups[1][: quota[1]])
+    train = [ex for i, ex in enumerate(examples) if i not in val_idx]
+    val = [ex for i, ex in enumerate(examples) if i in val_idx]
+    return train, val
+
+
+def min_compile_items(cfg: OptimizerConfig) -> int:
+    """The fewest examples one compile can work with: MIPROv2 needs one to bootstrap demos from and one to
+    validate on; BootstrapFewShot needs one."""
+    return 2 if cfg.name == "mipro" else 1
+
+
+def check_fold_sizes(n: int, folds: int, cfg: OptimizerConfig) -> None:
+    """Raise :class:`FoldSizeError` with the smallest workable setting when ``n`` items are too few."""
+    need = min_compile_items(cfg)
+    opt = "MIPROv2" if cfg.name == "mipro" else "BootstrapFewShot"
+    why = ("one training item to bootstrap demos from and one validation item to score candidates on"
+           if cfg.name == "mipro" else "one training item")
+    if n < need:
+        raise FoldSizeError(
+            f"{n} item(s) are too few for {opt}, which needs at least {need} ({why}). "
+            f"Use more data (--limit {need} or more), or --optimizer bootstrap.")
+    if folds <= 1:
+        return
+    if n < folds:
+        raise FoldSizeError(f"{n} items cannot make {folds} folds. Smallest workable setting: --folds 1 "
+                            f"(no cross-validation) or at least --limit {folds * max(need, 1)}.")
+    smallest_train = n - math.ceil(n / folds)  # the largest held-out fold leaves this many to compile on
+    if smallest_train < need:
+        min_n = next(m for m in range(need, 10_000) if m - math.ceil(m / 2) >= need)
+        raise FoldSizeError(
+            f"with {n} items and --folds {folds}, a fold compiles on only {smallest_train} item(s); {opt} needs "
+            f"at least {need} ({why}). Smallest workable setting: --folds 2 with at least {min_n} items "
+            f"(--limit {min_n} or more), or --folds 1 to skip cross-validation"
+            + ("" if cfg.name == "bootstrap" else ", or --optimizer bootstrap") + ".")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Compiling
+# ------------------------------------------------------------------------------------------------------
+
+
+def slim_examples(examples: Sequence[dspy.Example], extra: Sequence[str] = ()) -> list[dspy.Example]:
+    """Copies keeping only inputs, gold fields and ``extra`` fields (so stored demos stay small)."""
+    out = []
+    for ex in examples:
+        keep = {k: ex.get(k) for k in (*KEEP_FIELDS, *extra) if k in ex}
+        inputs = list(ex.inputs().keys()) if ex._input_keys else []
+        out.append(dspy.Example(**keep).with_inputs(*[k for k in inputs if k in keep]))
+    return out
+
+
+class FailureCounter(BaseCallback):
+    """Counts LM calls that raised and module calls that raised, while an optimizer runs (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.lm_errors = 0
+        self.module_errors = 0
+        self.last_error = ""
+
+    def on_lm_end(self, call_id, outputs, exception=None):
+        if exception is not None:
+            with self._lock:
+                self.lm_errors += 1
+                self.last_error = f"{type(exception).__name__}: {str(exception)[:300]}"
+
+    def on_module_end(self, call_id, outputs, exception=None):
+        if exception is not None:
+            with self._lock:
+                self.module_errors += 1
+                self.last_error = self.last_error or f"{type(exception).__name__}: {str(exception)[:300]}"
+
+    def to_dict(self) -> dict:
+        return {"lm_errors": self.lm_errors, "module_errors": self.module_errors}
+
+
+def compile_program(
+    student: dspy.Module,
+    trainset: Sequence[dspy.Example],
+    metric: Callable,
+    cfg: OptimizerConfig,
+    *,
+    task_lm: dspy.LM | None = None,
+    prompt_lm: dspy.LM | None = None,
+    failures: FailureCounter | None = None,
+) -> tuple[dspy.Module, dict]:
+    """Compile ``student`` on ``trainset`` and return ``(program, info)``.
+
+    ``info`` holds the train/val sizes and, for MIPROv2, the best validation score. Any exception inside the
+    optimizer becomes a :class:`CompileError` (the caller then writes no artifact).
+    """
+    trainset = list(trainset)
+    need = min_compile_items(cfg)
+    if len(trainset) < need:
+        raise FoldSizeError(f"{len(trainset)} training item(s); {cfg.name} needs at least {need}")
+    task_lm = task_lm or dspy.settings.lm
+    info: dict[str, Any] = {}
+    callbacks = list(dspy.settings.get("callbacks") or []) + ([failures] if failures is not None else [])
+    try:
+        # DSPy's optimizers print progress (and signature source) to stdout: keep stdout for results.
+        with contextlib.redirect_stdout(sys.stderr), dspy.context(lm=task_lm, callbacks=callbacks):
+            if cfg.name == "bootstrap":
+                opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
+                                            max_labeled_demos=cfg.max_labeled_demos,
+                                            max_errors=cfg.max_errors)
+                program = opt.compile(student, trainset=trainset)
+                info.update(n_train=len(trainset), n_val=0)
+            else:
+                train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
+                opt = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm or task_lm, task_model=task_lm,
+                                   max_bootstrapped_demos=cfg.max_bootstrapped_demos,
+                                   max_labeled_demos=cfg.max_labeled_demos, auto=cfg.auto,
+                                   num_candidates=cfg.candidates, num_threads=cfg.threads,
+                                   max_errors=cfg.max_errors, seed=cfg.seed, init_temperature=cfg.init_temperature,
+                                   verbose=False)
+                kwargs: dict[str, Any] = {}
+                if cfg.auto is None:
+                    kwargs.update(num_trials=cfg.trials, minibatch=len(val) > 50)
+                program = opt.compile(student, trainset=train, valset=val, seed=cfg.seed, **kwargs)
+                info.update(n_train=len(train), n_val=len(val))
+                score = getattr(program, "score", None)
+                if isinstance(score, (int, float)):
+                    info["val_score"] = float(score) / 100.0  # DSPy reports percent
+    except (FoldSizeError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        raise CompileError(f"{cfg.name} failed: {type(e).__name__}: {str(e)[:500]}") from e
+    if program is None:
+        raise CompileError(f"{cfg.name} returned no program")
+    return _strip_run_state(program), info
+
+
+def _strip_run_state(program: dspy.Module) -> dspy.Module:
+    """Drop the optimizer's bookkeeping (trial logs with whole candidate programs) from the result."""
+    for attr in ("trial_logs", "candidate_programs", "mb_candidate_programs", "prompt_model_total_calls",
+                 "total_calls"):
+        if attr in program.__dict__:
+            del program.__dict__[attr]
+    return program
+
+
+# ------------------------------------------------------------------------------------------------------
+# Cross-validation
+# ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FoldResult:
+    fold: int
+    n_train: int
+    n_heldout: int
+    heldout_ids: list[str]
+    zero_shot: dict[str, float]
+    compiled: dict[str, float]
+    zero_shot_failures: dict[str, int] = field(default_factory=dict)
+    compiled_failures: dict[str, int] = field(default_factory=dict)
+    compile_info: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CVResult:
+    folds: list[FoldResult]
+    metrics: list[str]
+    error: str | None = None  # set when the run stopped early (the folds done are kept)
+
+    def mean(self, which: str) -> dict[str, dict[str, float]]:
+        """``{metric: {"mean": m, "sd": s}}`` over the folds done for ``which`` ("zero_shot" or "compiled")."""
+        out = {}
+        for m in self.metrics:
+            vals = [getattr(f, which)[m] for f in self.folds if m in getattr(f, which)]
+            if vals:
+                out[m] = mean_sd(vals)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"folds": [f.to_dict() for f in self.folds], "mean": {"zero_shot": self.mean("zero_shot"),
+                "compiled": self.mean("compiled")}, "metrics": self.metrics, "error": self.error}
+
+
+def mean_sd(values: Sequence[float]) -> dict[str, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    values = [float(v) for v in values]
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def score_all(examples, predictions, metric_name: str) -> dict[str, float]:
+    """Every metric the gold data supports, plus the optimised metric if it is not among them."""
+    from halluscope.evaluate import score_predictions
+    from metrics.adapters import aggregate
+
+    scores = dict(score_predictions(examples, predictions))
+    if metric_name not in scores and examples:
+        scores[metric_name] = aggregate(metric_name, list(examples), list(predictions))
+    return scores
+
+
+def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, extra_inputs=(),
+                     progress: bool = False):
+    """``(scores, failures)`` of ``program`` on ``examples`` (failed items score 0, never raise)."""
+    from halluscope.evaluate import run_eval
+
+    res = run_eval(program, examples, threads=threads, progress=progress, extra_inputs=extra_inputs)
+    return score_all(examples, res.predictions, metric_name), res.failures
+
+
+def cross_validate(
+    build: Callable[[], dspy.Module],
+    examples: Sequence[dspy.Example],
+    metric_name: str,
+    cfg: OptimizerConfig,
+    *,
+    k: int = 2,
+    task_lm: dspy.LM | None = None,
+    prompt_lm: dspy.LM | None = None,
+    extra_inputs: Sequence[str] = (),
+    failures: FailureCounter | None = None,
+    log: Callable[[str], None] | None = None,
+    on_fold: Callable[[FoldResult], None] | None = None,
+) -> CVResult:
+    """Compile on ``k-1`` folds, score zero-shot and compiled on the held-out fold, for every fold.
+
+    A fold whose compile fails stops the loop: the result keeps the folds done and ``error`` says why.
+    """
+    from metrics.adapters import get_metric
+
+    log = log or (lambda s: print(s, file=sys.stderr))
+    examples = list(examples)
+    metric = get_metric(metric_name)
+    check_fold_sizes(len(examples), k, cfg)
+    folds = make_folds(examples, k, cfg.seed)
+    result = CVResult(folds=[], metrics=[])
+    for i, held in enumerate(folds, start=1):
+        t0 = time.perf_counter()
+        held_set = set(held)
+        train = [ex for j, ex in enumerate(examples) if j not in held_set]
+        test = [examples[j] for j in held]
+        log(f"-- fold {i}/{k}: compile on {len(train)} items, score on {len(test)} held-out items")
+        zs_scores, zs_fail = evaluate_program(build(), test, metric_name, threads=cfg.threads,
+                                              extra_inputs=extra_inputs)
+        try:
+            compiled, info = compile_program(build(), train, metric, cfg, task_lm=task_lm, prompt_lm=prompt_lm,
+                                             failures=failures)
+        except CompileError as e:
+            result.error = f"fold {i}: {e}"
+            log(f"!! {result.error} — stopping; the {len(result.folds)} fold(s) done are kept")
+            break
+        c_scores, c_fail = evaluate_program(compiled, test, metric_name, threads=cfg.threads,
+                                            extra_inputs=extra_inputs)
+        fr = FoldResult(fold=i, n_train=len(train), n_heldout=len(test),
+                        heldout_ids=[str(ex.get("id", j)) for j, ex in zip(held, test)],
+                        zero_shot=zs_scores, compiled=c_scores, zero_shot_failures=zs_fail,
+                        compiled_failures=c_fail, compile_info=info, seconds=round(time.perf_counter() - t0, 2))
+        result.folds.append(fr)
+        if not result.metrics:
+            result.metrics = list(zs_scores)
+        log(f"   fold {i}: zero-shot {metric_name}={zs_scores.get(metric_name, float('nan')):.4f}  "
+            f"compiled {metric_name}={c_scores.get(metric_name, float('nan')):.4f}  ({fr.seconds:.0f} s)")
+        if on_fold is not None:
+            on_fold(fr)
+    return result

@@ -1,0 +1,419 @@
+"""MLflow tracking for optimize and evaluate runs, and the run table behind ``halluscope compare``.
+
+Where runs go
+-------------
+``--tracking-uri`` (the ``tracking_uri`` argument), else ``$MLFLOW_TRACKING_URI``, else the embedded
+default: a SQLite store ``<project>/mlruns/mlflow.db`` whose experiments keep their artifacts in
+``<project>/mlruns/artifacts`` (``mlruns/`` is git-ignored). ``mlflow ui --backend-store-uri
+sqlite:///<project>/mlruns/mlflow.db`` shows them. One experiment per program and language:
+``halluscope/<program>/<lang>``.
+
+What is logged
+--------------
+Params (strings, redacted), metrics (numbers; per-fold ones also as steps), tags (kind, program, lang,
+git commit) and artifact *files* (our JSON/JSONL outputs). Never a pickled program (``mlflow.dspy`` is not
+used: it pickles the program and the LM with its API key). Anything that looks like a secret — a param
+whose name says key/token/secret/password, a value shaped like a known API key, or the literal value of
+any ``*API_KEY*``/``*TOKEN*`` environment variable — is replaced by ``***``; an artifact file containing
+such a literal is not logged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+__all__ = [
+    "DEFAULT_TRACKING_DIR",
+    "default_tracking_uri",
+    "resolve_tracking_uri",
+    "experiment_name",
+    "redact",
+    "redact_params",
+    "metric_key",
+    "track_run",
+    "runs_table",
+    "plot_scores",
+]
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TRACKING_DIR = PROJECT_ROOT / "mlruns"
+REDACTED = "***"
+
+_SECRET_NAME = re.compile(r"(api[_-]?key|apikey|token|secret|passw(or)?d|authorization|credential)", re.I)
+_SECRET_VALUE = re.compile(
+    r"(sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}"  # OpenAI / Anthropic
+    r"|AKIA[0-9A-Z]{16}"  # AWS access key id
+    r"|hf_[A-Za-z0-9]{20,}"  # Hugging Face
+    r"|gh[pousr]_[A-Za-z0-9]{20,}"  # GitHub
+    r"|xox[abprs]-[A-Za-z0-9\-]{10,}"  # Slack
+    r"|AIza[0-9A-Za-z_\-]{30,}"  # Google
+    r"|gsk_[A-Za-z0-9]{20,})"  # Groq
+)
+_SECRET_ASSIGN = re.compile(
+    r"""(["']?(?:api[_-]?key|apikey|token|secret|password|authorization)["']?\s*[:=]\s*["']?)([^"',\s}]+)""", re.I)
+
+
+def default_tracking_uri() -> str:
+    DEFAULT_TRACKING_DIR.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{DEFAULT_TRACKING_DIR / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
+    """``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else the project's SQLite store."""
+    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+def experiment_name(program: str, lang: str | None) -> str:
+    return f"halluscope/{program}/{lang or 'all'}"
+
+
+# ------------------------------------------------------------------------------------------------------
+# Redaction
+# ------------------------------------------------------------------------------------------------------
+
+
+def _env_secrets() -> list[str]:
+    out = []
+    for k, v in os.environ.items():
+        if v and len(v) >= 8 and _SECRET_NAME.search(k) and v.lower() not in ("true", "false", "not-needed"):
+            out.append(v)
+    return out
+
+
+def redact(value: Any, extra_secrets: Sequence[str] = ()) -> str:
+    """``value`` as a string with anything secret-looking replaced by ``***``."""
+    s = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    for secret in (*extra_secrets, *_env_secrets()):
+        if secret and len(secret) >= 8:
+            s = s.replace(secret, REDACTED)
+    s = _SECRET_VALUE.sub(REDACTED, s)
+    s = _SECRET_ASSIGN.sub(lambda m: m.group(1) + REDACTED, s)
+    return s
+
+
+def redact_params(params: Mapping[str, Any], extra_secrets: Sequence[str] = ()) -> dict[str, str]:
+    """Params as MLflow strings: secret-named keys fully redacted, values scrubbed, None -> "None"."""
+    out = {}
+    for k, v in params.items():
+        key = _clean_key(str(k))
+        if _SECRET_NAME.search(str(k)) and v not in (None, "", False):
+            out[key] = REDACTED
+        else:
+            out[key] = redact(v if isinstance(v, str) else ("None" if v is None else v), extra_secrets)[:6000]
+    return out
+
+
+def _file_has_secret(path: Path, extra_secrets: Sequence[str] = ()) -> bool:
+    secrets = [s for s in (*extra_secrets, *_env_secrets()) if s and len(s) >= 8]
+    if not secrets:
+        return False
+    try:
+        if path.stat().st_size > 50_000_000:
+            return False
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return any(s.encode() in data for s in secrets)
+
+
+def _clean_key(name: str) -> str:
+    name = name.replace("+", "_plus_")
+    name = re.sub(r"[^/\w.\- ]", "_", name)
+    return name.strip("/")[:250] or "_"
+
+
+def metric_key(*parts: str) -> str:
+    """An MLflow-safe metric name from parts: ``metric_key("cv", "compiled", "iou+corr")`` -> ``cv/compiled/iou_plus_corr``."""
+    return "/".join(_clean_key(str(p)) for p in parts if p != "")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Logging a run
+# ------------------------------------------------------------------------------------------------------
+
+
+def _client(tracking_uri: str | None):
+    import mlflow  # noqa: F401  (about 2 s; only when tracking)
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_tracking_uri(tracking_uri)
+    return MlflowClient(tracking_uri=uri), uri
+
+
+def _experiment_id(client, name: str, uri: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    location = None
+    if uri == default_tracking_uri():
+        art = DEFAULT_TRACKING_DIR / "artifacts"
+        art.mkdir(parents=True, exist_ok=True)
+        location = art.as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException:  # created meanwhile by a concurrent run
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def track_run(
+    kind: str,
+    program: str,
+    lang: str | None,
+    params: Mapping[str, Any],
+    metrics: Mapping[str, float],
+    artifacts: Iterable[str | os.PathLike] = (),
+    tracking_uri: str | None = None,
+    step_metrics: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+    *,
+    tags: Mapping[str, Any] | None = None,
+    artifact_dirs: Mapping[str, Iterable[str | os.PathLike]] | None = None,
+    status: str = "FINISHED",
+    run_name: str | None = None,
+    strict: bool = False,
+) -> str | None:
+    """Record one finished run in MLflow and return its run id.
+
+    ``kind`` is "optimize" or "evaluate"; ``metrics`` are logged once (non-numbers and NaN are skipped);
+    ``step_metrics`` maps a name to ``[(step, value), ...]`` (e.g. per-fold scores); ``artifacts`` are files
+    logged at the root, ``artifact_dirs`` maps a folder name inside the run to files. ``status`` is FINISHED,
+    FAILED or KILLED. Tracking never takes a run down: with ``strict=False`` (the default) an MLflow error is
+    printed and None returned.
+    """
+    try:
+        return _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_metrics, tags,
+                      artifact_dirs, status, run_name)
+    except Exception as e:
+        if strict:
+            raise
+        print(f"warning: MLflow tracking failed ({type(e).__name__}: {str(e)[:300]}); the run's files are "
+              f"still on disk", file=sys.stderr)
+        return None
+
+
+def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_metrics, tags, artifact_dirs,
+           status, run_name) -> str:
+    import math
+
+    from mlflow.entities import Metric, Param, RunTag
+
+    client, uri = _client(tracking_uri)
+    exp_id = _experiment_id(client, experiment_name(program, lang), uri)
+    from optimize.artifacts import git_commit
+
+    git = git_commit()
+    all_tags = {"halluscope.kind": kind, "halluscope.program": program, "halluscope.lang": lang or "all",
+                "git.commit": git.get("commit") or "unknown", "git.dirty": str(git.get("dirty")),
+                **{k: v for k, v in (tags or {}).items()}}
+    run = client.create_run(exp_id, run_name=run_name or f"{kind}-{program}-{lang}-{time.strftime('%Y%m%d-%H%M%S')}",
+                            tags={k: redact(v)[:5000] for k, v in all_tags.items()})
+    run_id = run.info.run_id
+    try:
+        now = int(time.time() * 1000)
+        p = redact_params(params)
+        plist = [Param(k, v) for k, v in p.items()]
+        for i in range(0, len(plist), 100):
+            client.log_batch(run_id, params=plist[i:i + 100])
+        mlist = []
+        for k, v in metrics.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+                continue
+            mlist.append(Metric(_clean_key(str(k)), float(v), now, 0))
+        for k, series in (step_metrics or {}).items():
+            for step, v in series:
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+                    mlist.append(Metric(_clean_key(str(k)), float(v), now, int(step)))
+        for i in range(0, len(mlist), 1000):
+            client.log_batch(run_id, metrics=mlist[i:i + 1000])
+        groups: dict[str | None, list] = {None: list(artifacts or [])}
+        for folder, files in (artifact_dirs or {}).items():
+            groups.setdefault(folder, []).extend(files)
+        for folder, files in groups.items():
+            for f in files:
+                f = Path(f)
+                if not f.is_file():
+                    continue
+                if _file_has_secret(f):
+                    print(f"warning: not logging {f} to MLflow: it contains an API key or token", file=sys.stderr)
+                    continue
+                client.log_artifact(run_id, str(f), artifact_path=folder)
+    except Exception:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, status)
+    return run_id
+
+
+# ------------------------------------------------------------------------------------------------------
+# Reading runs back: the compare table and plot
+# ------------------------------------------------------------------------------------------------------
+
+
+def _short_lm(model: str | None) -> str:
+    if not model or model == "None":
+        return "-"
+    try:  # optimize logs a JSON description
+        d = json.loads(model)
+        if isinstance(d, dict):
+            model = d.get("model") or model
+    except (ValueError, TypeError):
+        pass
+    s = str(model).rsplit("/", 1)[-1]
+    return s.split("@", 1)[0]
+
+
+def runs_table(
+    tracking_uri: str | None = None,
+    *,
+    metric: str = "iou",
+    program: str | None = None,
+    lang: str | None = None,
+    kind: str | None = None,
+    max_runs: int = 5000,
+) -> list[dict]:
+    """One row per halluscope run (newest first): kind, program, lang, optimizer, LM, the score on
+    ``metric`` (for optimize runs the cross-validated compiled mean, with its sd and the zero-shot mean;
+    for evaluate runs the score on the data), test score, LM calls, wall time, run id."""
+    client, _ = _client(tracking_uri)
+    name_filter = "name LIKE 'halluscope/%'"
+    exps = client.search_experiments(filter_string=name_filter, max_results=1000)
+    exps = [e for e in exps if (program is None or e.name.split("/")[1:2] == [program])
+            and (lang is None or e.name.split("/")[2:3] == [lang])]
+    if not exps:
+        return []
+    rows = []
+    token = None
+    mk = metric_key(metric)
+    while True:
+        page = client.search_runs([e.experiment_id for e in exps], max_results=min(1000, max_runs),
+                                  order_by=["attributes.start_time DESC"], page_token=token)
+        for r in page:
+            t = r.data.tags
+            k = t.get("halluscope.kind", "?")
+            if kind is not None and k != kind:
+                continue
+            p, m = r.data.params, r.data.metrics
+            if k == "optimize":
+                score, sd = m.get(f"cv/compiled/{mk}"), m.get(f"cv/compiled/{mk}.sd")
+                zero = m.get(f"cv/zero_shot/{mk}")
+                if score is None:  # no cross-validation: the final program's validation score
+                    score = m.get(f"final/val_score") if p.get("metric") == metric else None
+            else:
+                score, sd, zero = m.get(mk), None, None
+            rows.append({
+                "run_id": r.info.run_id,
+                "start": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
+                "status": r.info.status,
+                "kind": k,
+                "program": t.get("halluscope.program", p.get("program", "?")),
+                "lang": t.get("halluscope.lang", "?"),
+                "optimizer": p.get("optimizer_desc") or p.get("optimizer") or ("-" if k != "optimize" else "?"),
+                "opt_metric": p.get("metric", "-"),
+                "lm": _short_lm(p.get("lm") or p.get("task_lm")),
+                "source": p.get("source", "-"),
+                "n": m.get("n"),
+                "score": score,
+                "sd": sd,
+                "zero_shot": zero,
+                "test": m.get(f"test/{mk}"),
+                "lm_calls": m.get("lm_calls"),
+                "lm_cache_hits": m.get("lm_cache_hits"),
+                "seconds": m.get("seconds"),
+            })
+        token = page.token
+        if not token or len(rows) >= max_runs:
+            break
+    return rows
+
+
+def format_table(rows: list[dict], metric: str) -> str:
+    def f(v, nd=4):
+        return "-" if v is None else f"{v:.{nd}f}"
+
+    head = ["start", "kind", "program", "lang", "optimizer", "LM", "n", f"{metric}", "± sd", "zero-shot", "test",
+            "LM calls (cached)", "seconds", "run"]
+    body = []
+    for r in rows:
+        calls = "-" if r["lm_calls"] is None else f"{int(r['lm_calls'])} ({int(r['lm_cache_hits'] or 0)})"
+        body.append([r["start"], r["kind"], r["program"], r["lang"], _short_opt(r["optimizer"]), r["lm"],
+                     "-" if r["n"] is None else str(int(r["n"])), f(r["score"]), f(r["sd"], 3), f(r["zero_shot"]),
+                     f(r["test"]), calls, "-" if r["seconds"] is None else f"{r['seconds']:.0f}", r["run_id"][:8]])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(head, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in body]
+    return "\n".join(lines)
+
+
+def _short_opt(desc: str) -> str:
+    return desc if len(desc) <= 48 else desc[:45] + "..."
+
+
+def plot_scores(rows: list[dict], metric: str, path: str | os.PathLike) -> Path | None:
+    """A grouped bar chart of ``metric`` by language (latest run per series and language) saved as PNG.
+
+    Series: each evaluated program+LM, and for optimize runs the zero-shot and compiled CV means (error bars:
+    the sd over folds). Returns the path, or None when no run has a score.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points: dict[tuple[str, str], tuple[float, float | None]] = {}
+    for r in rows:  # newest first: keep the first seen
+        if r["status"] != "FINISHED":
+            continue
+        if r["kind"] == "optimize":
+            if r["score"] is not None:
+                label = f"{r['program']} {_opt_name(r['optimizer'])} [{r['opt_metric']}] ({r['lm']})"
+                points.setdefault((label, r["lang"]), (r["score"], r["sd"]))
+            if r["zero_shot"] is not None:
+                points.setdefault((f"{r['program']} zero-shot CV ({r['lm']})", r["lang"]), (r["zero_shot"], None))
+        elif r["score"] is not None:
+            points.setdefault((f"{r['program']} evaluate ({r['lm']})", r["lang"]), (r["score"], None))
+    if not points:
+        return None
+    langs = sorted({lang for _, lang in points})
+    series = sorted({label for label, _ in points})
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(langs) * max(1, len(series)) / 2 + 3), 4.5))
+    width = 0.8 / len(series)
+    for i, s in enumerate(series):
+        xs, ys, errs = [], [], []
+        for j, lang in enumerate(langs):
+            if (s, lang) in points:
+                v, sd = points[(s, lang)]
+                xs.append(j + (i - (len(series) - 1) / 2) * width)
+                ys.append(v)
+                errs.append(sd or 0.0)
+        ax.bar(xs, ys, width=width, yerr=errs, capsize=3, label=s)
+    ax.set_xticks(range(len(langs)))
+    ax.set_xticklabels(langs)
+    ax.set_ylabel(metric)
+    ax.set_xlabel("language")
+    ax.set_title(f"halluscope: {metric} by language (latest run per series)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _opt_name(desc: str) -> str:
+    return desc.split("(", 1)[0] if desc else "?"
