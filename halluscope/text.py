@@ -38,21 +38,26 @@ class MappingStats:
         return self.exact + self.fuzzy + self.unmatched
 
 
-def _find_unused(text: str, needle: str, used: list[tuple[int, int]], cursor: int, *, fold: bool = False) -> int:
-    """First occurrence of ``needle`` at or after ``cursor`` that overlaps no used span, else anywhere; -1."""
-    hay = text.casefold() if fold and len(text.casefold()) == len(text) else text
-    if hay is not text:
+def _find_unused(text: str, needle: str, used: list[tuple[int, int]], cursor: int, *, fold: bool = False) -> tuple[int, int] | None:
+    """(start, end) of the first occurrence of ``needle`` at or after ``cursor`` that overlaps no used span,
+    else of the first unused one anywhere; None when there is none. ``fold`` matches case-insensitively
+    (only where case folding keeps the text's length, so offsets stay valid)."""
+    hay = text
+    if fold:
+        hay = text.casefold()
+        if len(hay) != len(text):
+            return None
         needle = needle.casefold()
-    elif fold:  # case folding changed the length (e.g. "ß"): only exact matching is safe
-        return -1
+    if not needle:
+        return None
     for start_at in (cursor, 0):
         i = hay.find(needle, start_at)
         while i != -1:
             j = i + len(needle)
             if not any(i < e and s < j for s, e in used):
-                return i
+                return i, j
             i = hay.find(needle, i + 1)
-    return -1
+    return None
 
 
 def map_substrings(
@@ -80,7 +85,7 @@ def map_substrings(
     used: list[tuple[int, int]] = []
     cursor = 0
     for q in quotes:
-        quote, prob = (q, 1.0) if isinstance(q, str) else (q[0], q[1])
+        quote, prob = (q, 1.0) if isinstance(q, str) or q is None else (q[0], q[1])
         prob = clamp01(prob, default=1.0)
         quote = "" if quote is None else str(quote)
         found = _locate(text, quote, used, cursor, threshold)
@@ -102,26 +107,24 @@ def map_substrings(
 def _locate(text: str, quote: str, used, cursor: int, threshold: float) -> tuple[int, int, str] | None:
     if not quote.strip() or not text:
         return None
-    i = _find_unused(text, quote, used, cursor)
-    if i != -1:
-        return i, i + len(quote), "exact"
-    candidates = [quote.strip(_TRIM), unicodedata.normalize("NFC", quote).strip(_TRIM)]
-    for cand in candidates:
-        if not cand:
-            continue
+    found = _find_unused(text, quote, used, cursor)
+    if found is not None:
+        return found[0], found[1], "exact"
+    trimmed = quote.strip(_TRIM)
+    candidates = [trimmed] + [unicodedata.normalize(f, trimmed) for f in ("NFC", "NFD")]
+    for cand in dict.fromkeys(candidates):  # unique, in order
         for fold in (False, True):
-            i = _find_unused(text, cand, used, cursor, fold=fold)
-            if i != -1:
-                return i, i + len(cand), "fuzzy"
+            found = _find_unused(text, cand, used, cursor, fold=fold)
+            if found is not None:
+                return found[0], found[1], "fuzzy"
     needle = quote.strip()
     if len(needle) < 3:  # fuzzy matching of one or two characters is noise
         return None
     al = fuzz.partial_ratio_alignment(needle, text, score_cutoff=threshold * 100)
     if al is None:
         return None
-    # rapidfuzz aligns the shorter string inside the longer: ``text`` is the destination unless the quote
-    # is longer than the text, in which case the source side indexes the text.
-    start, end = (al.dest_start, al.dest_end) if len(needle) <= len(text) else (al.src_start, al.src_end)
+    # rapidfuzz reports dest_* in the second argument (the text) whichever string is longer.
+    start, end = _best_window(needle, text, al.dest_start, al.dest_end)
     while start < end and text[start].isspace():
         start += 1
     while end > start and text[end - 1].isspace():
@@ -129,6 +132,21 @@ def _locate(text: str, quote: str, used, cursor: int, threshold: float) -> tuple
     if end <= start or any(start < e and s < end for s, e in used):
         return None
     return start, end, "fuzzy"
+
+
+def _best_window(needle: str, text: str, start: int, end: int, slack: int = 2) -> tuple[int, int]:
+    """Widen or narrow an alignment by up to ``slack`` characters on each side to best match ``needle``:
+    partial_ratio aligns a window exactly as long as the quote, so a quote missing a character would
+    otherwise lose the last character of the phrase it stands for."""
+    best = (fuzz.ratio(needle, text[start:end]), -(abs((end - start) - len(needle))), start, end)
+    for ds in range(-slack, slack + 1):
+        for de in range(-slack, slack + 1):
+            s, e = start + ds, end + de
+            if 0 <= s < e <= len(text):
+                cand = (fuzz.ratio(needle, text[s:e]), -(abs((e - s) - len(needle))), s, e)
+                if cand[:2] > best[:2]:
+                    best = cand
+    return best[2], best[3]
 
 
 # -- segmentation ---------------------------------------------------------------------------------
@@ -189,11 +207,13 @@ def segment(text: str, lang: str = "en") -> list[Segment]:
 
 # -- diffs ----------------------------------------------------------------------------------------
 
-_WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+# CJK ideographs, kana and hangul count one word each (those scripts do not separate words by spaces).
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
+_WORD = re.compile(rf"[{_CJK}]|(?:(?![{_CJK}])\w)+|[^\w\s]", re.UNICODE)
 
 
 def word_spans(text: str) -> list[tuple[int, int]]:
-    """Offsets of words and punctuation marks (CJK characters count one word each via ``\\w`` runs)."""
+    """Offsets of words and punctuation marks; each CJK character counts as one word."""
     return [(m.start(), m.end()) for m in _WORD.finditer(text)]
 
 

@@ -73,6 +73,21 @@ def token_bytes(token: str, byte_level: bool) -> bytes:
     return token.replace("▁", " ").encode("utf-8")
 
 
+def _is_byte_level(tokens: list[str]) -> bool:
+    """Whether tokens are GPT-2 byte-level BPE symbols: every character is in the byte alphabet and the
+    decoded bytes are valid UTF-8 (plain tokens with Latin-1 letters such as "heiße" or "Álava" are in the
+    alphabet too, but their bytes do not decode)."""
+    body = [t for t in tokens if t not in _SPECIAL]
+    if not body or not all(all(c in _BYTE_DECODER for c in t) for t in body):
+        return False
+    data = b"".join(bytes(_BYTE_DECODER[c] for c in t) for t in body)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(data) - 3 and e.reason == "unexpected end of data"  # a cut-off last character
+    return True
+
+
 def token_offsets(answer: str, tokens: list[str]) -> list[tuple[int, int] | None]:
     """Character offsets of each token in ``answer`` (None for tokens that are not in it).
 
@@ -81,7 +96,7 @@ def token_offsets(answer: str, tokens: list[str]) -> list[tuple[int, int] | None
     not found (a special token, a stripped prefix) maps to None. A token that covers only part of a
     multi-byte character gets the whole character.
     """
-    byte_level = bool(tokens) and all(all(c in _BYTE_DECODER for c in t) for t in tokens if t not in _SPECIAL)
+    byte_level = _is_byte_level(tokens)
     data = answer.encode("utf-8")
     char_of_byte = []
     for ci, ch in enumerate(answer):

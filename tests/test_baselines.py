@@ -368,3 +368,10 @@ def test_registry_builds_modules():
 def test_registry_unknown_name():
     with pytest.raises(KeyError):
         registry.get("no-such-program")
+
+
+def test_plain_tokens_with_latin1_letters_are_not_byte_level():
+    a = "Ich heiße Max"
+    h = a.index("heiße")
+    assert token_offsets(a, ["Ich", "heiße", "Max"]) == [(0, 3), (h, h + 5), (a.index("Max"), len(a))]
+    assert token_offsets("Álava", ["Álava"]) == [(0, 5)]

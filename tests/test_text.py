@@ -488,8 +488,8 @@ def test_segment_newlines_separate_lines():
 def test_word_spans_words_and_punctuation():
     text = "Hi, Álava! 北京 x_y 3.5"
     got = [text[s:e] for s, e in word_spans(text)]
-    # \w+ runs (Unicode, "_" included) and single punctuation marks; spaces skipped
-    assert got == ["Hi", ",", "Álava", "!", "北京", "x_y", "3", ".", "5"]
+    # \w+ runs (Unicode, "_" included), each CJK character alone, single punctuation marks; spaces skipped
+    assert got == ["Hi", ",", "Álava", "!", "北", "京", "x_y", "3", ".", "5"]
     assert word_spans(text)[2] == (text.index("Álava"), text.index("Álava") + 5)
 
 
@@ -580,3 +580,39 @@ def test_diff_spans_index_the_original_after_repeated_words():
     # "dog" -> "cow": only the last word changes; the repeated "the" is equal
     assert diff_spans(a, "the cat saw the cow") == [Span(d, d + 3, 1.0)]
     assert second_the < d
+
+
+# -- regressions found by review (each failed before its fix) ----------------------------------------
+
+def test_quote_longer_than_text_does_not_crash():
+    spans, stats = map_substrings("Rome", ["The city is Rome"])
+    assert spans == [Span(0, 4, 1.0)] and stats.fuzzy == 1
+
+
+def test_casefold_that_lengthens_the_quote_gives_full_span():
+    text = "die strasse ist lang"
+    i = text.index("strasse")
+    spans, _ = map_substrings(text, ["Straße"])
+    assert spans == [Span(i, i + len("strasse"), 1.0)]
+
+
+def test_bare_none_quote_is_unmatched():
+    spans, stats = map_substrings("Some text", [None, "text"])
+    assert stats.unmatched == 1 and [s.start for s in spans] == [5]
+
+
+def test_precomposed_quote_on_decomposed_text():
+    spans, _ = map_substrings("cafe\u0301 au lait", ["café"])
+    assert spans == [Span(0, 5, 1.0)]
+
+
+def test_fuzzy_deletion_typo_covers_whole_phrase():
+    text = "We visited the Eiffel Tower in Paris yesterday."
+    target = "the Eiffel Tower in Paris"
+    i = text.index(target)
+    spans, _ = map_substrings(text, ["the Eiffel Towr in Paris"])
+    assert spans == [Span(i, i + len(target), 1.0)]
+
+
+def test_diff_unspaced_chinese_marks_only_changed_characters():
+    assert diff_spans("北京是中国的首都。", "上海是中国的首都。") == [Span(0, 2, 1.0)]
