@@ -144,8 +144,8 @@ class LlamaCppEngine:
         n_ctx: int = 8192,
         n_threads: int | None = None,
         seed: int = 0,
-        max_items: int = 4,
-        max_string: int = 120,
+        max_items: int = 3,
+        max_string: int = 80,
     ):
         self.model_path = Path(model_path)
         self.max_items = max_items
