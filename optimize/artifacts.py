@@ -431,7 +431,8 @@ def load_artifact(
     try:
         module = spec.build(**options)
     except TypeError as e:
-        raise ArtifactMismatchError(f"{chosen.path}: the code no longer accepts the build options {options}: {e}") from None
+        raise ArtifactMismatchError(
+            f"{chosen.path}: the code no longer accepts the build options {options}: {e}") from None
     try:
         state = json.loads(data)
     except ValueError as e:

@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-lm", default=None, help="LM spec for proposals (default: the task LM)")
     g.add_argument("--prompt-api-base", default=None, help="server of the prompt LM (default: --api-base when "
                                                            "--prompt-lm is not given)")
-    g.add_argument("--prompt-max-tokens", type=int, default=None, help="max tokens per proposal call "
-                                                                       "(default: --max-tokens)")
+    g.add_argument("--prompt-max-tokens", type=int, default=None,
+                   help="max tokens per proposal call (default: 256 for the embedded model, whose proposals "
+                        "otherwise ramble to the limit at temperature 1; --max-tokens for other LMs)")
     o = p.add_argument_group("optimizer")
     o.add_argument("--optimizer", choices=["mipro", "bootstrap"], default="mipro",
                    help="mipro = dspy.MIPROv2, bootstrap = dspy.BootstrapFewShot")
@@ -303,6 +304,9 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
     except FoldSizeError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
 
+    embedded = task_lm is None and args.prompt_lm is None and str(args.lm).startswith("local")
+    if embedded and args.prompt_max_tokens is None:
+        args.prompt_max_tokens = min(256, args.max_tokens)
     if task_lm is None:
         task_lm = setup_lm(args)
     else:

@@ -131,7 +131,9 @@ def _clean_key(name: str) -> str:
 
 
 def metric_key(*parts: str) -> str:
-    """An MLflow-safe metric name from parts: ``metric_key("cv", "compiled", "iou+corr")`` -> ``cv/compiled/iou_plus_corr``."""
+    """An MLflow-safe metric name from parts.
+
+    ``metric_key("cv", "compiled", "iou+corr")`` -> ``cv/compiled/iou_plus_corr``."""
     return "/".join(_clean_key(str(p)) for p in parts if p != "")
 
 

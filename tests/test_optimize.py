@@ -39,6 +39,14 @@ def _responder(call):
             "program_description": "Finds wrong spans.", "module_description": "Extracts wrong spans."}
 
 
+@pytest.fixture(autouse=True)
+def _restore_dspy_settings():
+    """run_optimize/detect configure DSPy globally; leave other test modules the settings they had."""
+    lm, adapter = dspy.settings.lm, dspy.settings.adapter
+    yield
+    dspy.configure(lm=lm, adapter=adapter)
+
+
 @pytest.fixture
 def scripted():
     lm = scripted_lm(_responder)
@@ -370,7 +378,11 @@ def test_optimize_end_to_end_artifact_mlflow_detect_compare(tmp_path, demo_env, 
 
     import halluscope.cli as hcli
 
-    monkeypatch.setattr(hcli, "setup_lm", lambda args, needed=True: (dspy.configure(lm=lm, adapter=dspy.JSONAdapter()), lm)[1])
+    def fake_setup(args, needed=True):
+        dspy.configure(lm=lm, adapter=dspy.JSONAdapter())
+        return lm
+
+    monkeypatch.setattr(hcli, "setup_lm", fake_setup)
     rc = hcli.main(["detect", "--lang", "de", "--compiled-dir", str(tmp_path / "compiled"), "--input", str(inp),
                     "--output", str(tmp_path / "cli.jsonl"), "--no-progress"])
     assert rc == 0 and len((tmp_path / "cli.jsonl").read_text().splitlines()) == 2
