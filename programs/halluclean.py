@@ -334,13 +334,13 @@ def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=No
 
         judge_lm = make_lm(os.environ[JUDGE_LM_ENV])
     if judge is None:
+        if judge_lm is None and dspy.settings.lm is None:
+            out["R"] = None
+            out["R_skipped"] = "no LM configured for the re-judge"
+            return out
         judge_name, judge = _default_judge()
     else:
         judge_name = getattr(judge, "__name__", type(judge).__name__)
-    if judge_lm is None and dspy.settings.lm is None:
-        out["R"] = None
-        out["R_skipped"] = "no LM configured for the re-judge"
-        return out
     r = hallucination_reduction_rate(examples, predictions, judge, lm=judge_lm)
     out["R"] = r.pop("rate")
     out.update({f"R_{k}": v for k, v in r.items()})
