@@ -374,8 +374,14 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
             if cv.error:
                 raise CompileError(cv.error)
         print(f"\n-- final compile on all {len(examples)} items", file=sys.stderr)
+        errors_before = failures.lm_errors
         final, final_info = compile_program(build(), examples, get_metric(args.metric), cfg, task_lm=task_lm,
                                             prompt_lm=prompt_lm, failures=failures)
+        final_info["lm_errors"] = failures.lm_errors - errors_before
+        if final_info["lm_errors"]:
+            print(f"warning: {final_info['lm_errors']} LM calls failed during the final compile (scored 0 by the "
+                  f"optimizer); rerunning the same command repeats only those calls (the rest are cached)",
+                  file=sys.stderr)
     except CompileError as e:
         status, error = "FAILED", str(e)
     except KeyboardInterrupt:

@@ -377,11 +377,12 @@ def score_all(examples, predictions, metric_name: str) -> dict[str, float]:
 
 
 def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, extra_inputs=(),
-                     progress: bool = False):
+                     progress: bool = False, lm: dspy.LM | None = None):
     """``(scores, failures)`` of ``program`` on ``examples`` (failed items score 0, never raise)."""
     from halluscope.evaluate import run_eval
 
-    res = run_eval(program, examples, threads=threads, progress=progress, extra_inputs=extra_inputs)
+    with dspy.context(lm=lm) if lm is not None else contextlib.nullcontext():
+        res = run_eval(program, examples, threads=threads, progress=progress, extra_inputs=extra_inputs)
     return score_all(examples, res.predictions, metric_name), res.failures
 
 
@@ -418,7 +419,7 @@ def cross_validate(
         test = [examples[j] for j in held]
         log(f"-- fold {i}/{k}: compile on {len(train)} items, score on {len(test)} held-out items")
         zs_scores, zs_fail = evaluate_program(build(), test, metric_name, threads=cfg.threads,
-                                              extra_inputs=extra_inputs)
+                                              extra_inputs=extra_inputs, lm=task_lm)
         try:
             compiled, info = compile_program(build(), train, metric, cfg, task_lm=task_lm, prompt_lm=prompt_lm,
                                              failures=failures)
@@ -427,7 +428,7 @@ def cross_validate(
             log(f"!! {result.error} — stopping; the {len(result.folds)} fold(s) done are kept")
             break
         c_scores, c_fail = evaluate_program(compiled, test, metric_name, threads=cfg.threads,
-                                            extra_inputs=extra_inputs)
+                                            extra_inputs=extra_inputs, lm=task_lm)
         fr = FoldResult(fold=i, n_train=len(train), n_heldout=len(test),
                         heldout_ids=[str(ex.get("id", j)) for j, ex in zip(held, test)],
                         zero_shot=zs_scores, compiled=c_scores, zero_shot_failures=zs_fail,

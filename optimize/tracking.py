@@ -316,6 +316,7 @@ def runs_table(
                     score = m.get(f"final/val_score") if p.get("metric") == metric else None
             else:
                 score, sd, zero = m.get(mk), None, None
+            zero_sd = m.get(f"cv/zero_shot/{mk}.sd") if k == "optimize" else None
             rows.append({
                 "run_id": r.info.run_id,
                 "start": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
@@ -331,6 +332,7 @@ def runs_table(
                 "score": score,
                 "sd": sd,
                 "zero_shot": zero,
+                "zero_shot_sd": zero_sd,
                 "test": m.get(f"test/{mk}"),
                 "lm_calls": m.get("lm_calls"),
                 "lm_cache_hits": m.get("lm_cache_hits"),
@@ -346,12 +348,13 @@ def format_table(rows: list[dict], metric: str) -> str:
     def f(v, nd=4):
         return "-" if v is None else f"{v:.{nd}f}"
 
-    head = ["start", "kind", "program", "lang", "optimizer", "LM", "n", f"{metric}", "± sd", "zero-shot", "test",
-            "LM calls (cached)", "seconds", "run"]
+    head = ["start", "kind", "program", "lang", "data", "optimizer", "LM", "n", f"{metric}", "± sd", "zero-shot",
+            "test", "LM calls (cached)", "seconds", "run"]
     body = []
     for r in rows:
         calls = "-" if r["lm_calls"] is None else f"{int(r['lm_calls'])} ({int(r['lm_cache_hits'] or 0)})"
-        body.append([r["start"], r["kind"], r["program"], r["lang"], _short_opt(r["optimizer"]), r["lm"],
+        body.append([r["start"], r["kind"], r["program"], r["lang"], _short_source(r["source"]),
+                     _short_opt(r["optimizer"]), r["lm"],
                      "-" if r["n"] is None else str(int(r["n"])), f(r["score"]), f(r["sd"], 3), f(r["zero_shot"]),
                      f(r["test"]), calls, "-" if r["seconds"] is None else f"{r['seconds']:.0f}", r["run_id"][:8]])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
@@ -359,6 +362,17 @@ def format_table(rows: list[dict], metric: str) -> str:
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in body]
     return "\n".join(lines)
+
+
+def _short_source(source: str) -> str:
+    """``mushroom/de/val/context=native`` -> ``mushroom/val/native``; ``demo/...`` -> ``DEMO/...``."""
+    parts = str(source or "-").split("/")
+    ctx = [p.split("=", 1)[1] for p in parts if p.startswith("context=")]
+    head = [p for p in parts if not p.startswith("context=")]
+    if len(head) >= 3:
+        head = [head[0], head[2]]
+    out = "/".join(head + ctx)
+    return out.replace("demo", "DEMO", 1) if out.startswith("demo") else out
 
 
 def _short_opt(desc: str) -> str:
@@ -380,19 +394,21 @@ def plot_scores(rows: list[dict], metric: str, path: str | os.PathLike) -> Path 
     for r in rows:  # newest first: keep the first seen
         if r["status"] != "FINISHED":
             continue
+        demo = " DEMO DATA" if str(r.get("source", "")).startswith("demo") else ""
         if r["kind"] == "optimize":
             if r["score"] is not None:
-                label = f"{r['program']} {_opt_name(r['optimizer'])} [{r['opt_metric']}] ({r['lm']})"
+                label = f"{r['program']} {_opt_name(r['optimizer'])} [{r['opt_metric']}] ({r['lm']}){demo}"
                 points.setdefault((label, r["lang"]), (r["score"], r["sd"]))
             if r["zero_shot"] is not None:
-                points.setdefault((f"{r['program']} zero-shot CV ({r['lm']})", r["lang"]), (r["zero_shot"], None))
+                points.setdefault((f"{r['program']} zero-shot, CV ({r['lm']}){demo}", r["lang"]),
+                                  (r["zero_shot"], r.get("zero_shot_sd")))
         elif r["score"] is not None:
-            points.setdefault((f"{r['program']} evaluate ({r['lm']})", r["lang"]), (r["score"], None))
+            points.setdefault((f"{r['program']} evaluate ({r['lm']}){demo}", r["lang"]), (r["score"], None))
     if not points:
         return None
     langs = sorted({lang for _, lang in points})
     series = sorted({label for label, _ in points})
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(langs) * max(1, len(series)) / 2 + 3), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(langs) * len(series) + 2.0), 4.5 + 0.22 * len(series)))
     width = 0.8 / len(series)
     for i, s in enumerate(series):
         xs, ys, errs = [], [], []
@@ -407,12 +423,12 @@ def plot_scores(rows: list[dict], metric: str, path: str | os.PathLike) -> Path 
     ax.set_xticklabels(langs)
     ax.set_ylabel(metric)
     ax.set_xlabel("language")
-    ax.set_title(f"halluscope: {metric} by language (latest run per series)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
+    ax.set_title(f"{metric} by language (latest run per series; error bars: sd over CV folds)", fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
