@@ -717,21 +717,18 @@ def build(samplers=None, n_samples=10, batch_judge=True, correct=True, improver=
 
 
 def report(examples: list, predictions: list) -> dict:
-    """Mean LM calls per item (total and per stage) and failure counts over the evaluated items."""
+    """Mean LM requests per item made by the program (total and per stage, cache hits included) over the
+    items that produced a prediction. (Failures are already summed by the evaluation runner.)"""
     preds = [p for p in predictions if p is not None]
     out: dict[str, float] = {}
     if not preds:
         return out
     calls: Counter = Counter()
-    fails: Counter = Counter()
     for p in preds:
         calls.update(getattr(p, "calls", None) or {})
-        fails.update(getattr(p, "failures", None) or {})
     out["finch_lm_calls_per_item"] = sum(calls.values()) / len(preds)
     for k, v in sorted(calls.items()):
         out[f"finch_{k}_calls_per_item"] = v / len(preds)
-    for k, v in sorted(fails.items()):
-        out[f"finch_failures_{k}"] = v
     return out
 
 
