@@ -303,6 +303,10 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
         check_fold_sizes(len(examples), args.folds, cfg)
     except FoldSizeError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
+    test_examples = test_path = test_split = None
+    if args.test:  # checked before any LM call
+        test_examples, test_path, test_split = _load_test(args, lang)
+        test_examples = slim_examples(test_examples, spec.extra_inputs)
 
     embedded = task_lm is None and args.prompt_lm is None and str(args.lm).startswith("local")
     if embedded and args.prompt_max_tokens is None:
@@ -388,9 +392,7 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
         status, error = "KILLED", "interrupted"
 
     test_res = None
-    if final is not None and args.test:
-        test_examples, test_path, test_split = _load_test(args, lang)
-        test_examples = slim_examples(test_examples, spec.extra_inputs)
+    if final is not None and test_examples is not None:
         scores, fails = evaluate_program(final, test_examples, args.metric, threads=args.threads,
                                          extra_inputs=spec.extra_inputs, progress=True)
         zs_scores, zs_fails = evaluate_program(build(), test_examples, args.metric, threads=args.threads,

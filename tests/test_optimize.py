@@ -534,3 +534,25 @@ def test_track_run_logs_params_metrics_files_and_skips_secret_files(tmp_path, mo
     assert client.get_experiment(run.info.experiment_id).name == "halluscope/spans/de"
     assert track_run("evaluate", program="spans", lang="de", params={}, metrics={},
                      tracking_uri="badscheme://nowhere") is None  # tracking failure never takes a run down
+
+
+def test_no_cv_with_test_file(tmp_path, demo_env, capsys):
+    from loaders.demo import demo_data_dir
+
+    test_file = demo_data_dir() / "val" / "mushroom.de-val.v2.extra.jsonl"
+    assert _run_optimize(_opt_args(tmp_path, "--folds", "1", "--test", str(test_file), "--no-mlflow"),
+                         scripted_lm(_responder)) == 0
+    out = capsys.readouterr().out
+    assert "cross-validation" not in out and f"== test {test_file}" in out
+    art = A.load_artifact("spans", lang="de", metric="iou", root=tmp_path / "compiled")
+    assert art.manifest["cv"] is None and A.selection_score(art.manifest) is None
+    t = art.manifest["test"]
+    assert t["n"] == 7 and t["split"] == "val" and "iou" in t["compiled"] and "iou" in t["zero_shot"]
+
+
+def test_unlabelled_test_file_is_refused(tmp_path, demo_env):
+    f = tmp_path / "mushroom.de-tst.v1.jsonl"
+    f.write_text(json.dumps({"id": "tst-de-1", "lang": "DE", "model_input": "Q?", "model_output_text": "A."}) + "\n")
+    with pytest.raises(SystemExit, match="no gold labels"):
+        _run_optimize(_opt_args(tmp_path, "--folds", "1", "--test", str(f), "--context", "none", "--no-mlflow"),
+                      scripted_lm(_responder))
