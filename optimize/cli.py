@@ -150,7 +150,8 @@ class UsageMeter:
     """LM usage since construction: DSPy's global history (calls, cache hits, tokens) and the embedded
     engines' own counters (real model calls)."""
 
-    def __init__(self, *lms) -> None:
+    def __init__(self, *lms, task_outputs: list[str] | tuple[str, ...] = ()) -> None:
+        self.task_outputs = tuple(task_outputs)  # output field names of the program's signatures
         self.started = datetime.datetime.now().isoformat()
         self.t0 = time.perf_counter()
         self.engines = []
@@ -161,6 +162,14 @@ class UsageMeter:
             elif eng is not None and hasattr(eng, "calls") and all(eng is not e for e, _ in self.engines):
                 self.engines.append((eng, len(eng.calls)))
 
+    def _is_task(self, entry: dict) -> bool:
+        msgs = entry.get("messages") or []
+        system = next((m.get("content") for m in msgs if isinstance(m, dict) and m.get("role") == "system"), "")
+        if not isinstance(system, str):
+            system = str(system)
+        head = system.split("Your output fields are:", 1)[-1][:2000]
+        return any(f"`{name}`" in head for name in self.task_outputs)
+
     def usage(self) -> dict:
         from dspy.clients.base_lm import GLOBAL_HISTORY
 
@@ -170,6 +179,12 @@ class UsageMeter:
         u = usage_of(entries)
         out = u.to_dict()
         out["lm_new_calls"] = u.calls - u.cache_hits
+        if self.task_outputs:  # task-model calls (the program's own signatures) vs optimizer/proposer calls
+            task = [e for e in entries if self._is_task(e)]
+            tu = usage_of(task)
+            out["lm_task_calls"], out["lm_task_new_calls"] = tu.calls, tu.calls - tu.cache_hits
+            out["lm_prompt_calls"] = u.calls - tu.calls
+            out["lm_prompt_new_calls"] = out["lm_new_calls"] - out["lm_task_new_calls"]
         out["lm_calls_by_model"] = dict(u.by_model)
         engine_calls = 0
         for eng, start in self.engines:
@@ -344,8 +359,12 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
           f"{args.folds} fold(s), {cfg.describe()}", file=sys.stderr)
     print(f"task LM {task_lm.model}; prompt LM {prompt_lm.model}", file=sys.stderr)
 
+    git = git_commit()  # the code this run starts with
     failures = FailureCounter()
-    meter = UsageMeter(task_lm, prompt_lm)
+    from optimize.artifacts import signature_fields
+
+    outputs = sorted({f for d in signature_fields(build()).values() for f in d["outputs"]})
+    meter = UsageMeter(task_lm, prompt_lm, task_outputs=outputs)
     report: dict[str, Any] = {
         "status": "running", "program": spec.name, "program_options": options, "metric": args.metric, "lang": lang,
         "source": source, "n": len(examples), "folds": args.folds, "optimizer": cfg.to_dict(),
@@ -410,7 +429,6 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
 
     artifact = None
     if status == "FINISHED" and final is not None:
-        git = git_commit()
         manifest = {
             "program_options": options,
             "metric_level": METRIC_LEVEL[args.metric],
@@ -456,7 +474,9 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
     print(f"LM calls: {usage['lm_calls']} ({usage['lm_cache_hits']} from cache, {new} new"
           + (f"; {usage['engine_calls']} calls reached the model engine" if "engine_calls" in usage else "")
           + f"), tokens {usage['lm_input_tokens']} in / {usage['lm_output_tokens']} out, "
-          f"LM errors {failures.lm_errors}, wall time {usage['seconds']:.1f} s")
+          + (f"task/prompt-model calls {usage['lm_task_calls']}/{usage['lm_prompt_calls']} "
+             f"(new {usage['lm_task_new_calls']}/{usage['lm_prompt_new_calls']}), " if "lm_task_calls" in usage else "")
+          + f"LM errors {failures.lm_errors}, wall time {usage['seconds']:.1f} s")
     if new == 0 and usage["lm_calls"]:
         print("  every LM call was served from DSPy's cache")
     print(f"report: {report_path}")
