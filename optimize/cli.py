@@ -225,7 +225,7 @@ def _load_test(args, lang: str):
 
 
 def _display_metrics(metric: str, available: list[str]) -> list[str]:
-    from halluscope.evaluate import RESPONSE_METRICS, SPAN_METRICS
+    from halluscope.evaluate import SPAN_METRICS
     from metrics.adapters import METRIC_LEVEL
 
     extra = SPAN_METRICS if METRIC_LEVEL[metric] == "span" else ("accuracy", "f1", "balanced_accuracy")

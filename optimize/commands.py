@@ -22,7 +22,6 @@ Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``quest
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys

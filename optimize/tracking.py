@@ -211,7 +211,7 @@ def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_m
            status, run_name) -> str:
     import math
 
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param
 
     client, uri = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment_name(program, lang), uri)

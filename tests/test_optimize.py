@@ -4,7 +4,6 @@ commands — all with the scripted LM (no model, no network)."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
 from pathlib import Path
 
