@@ -53,6 +53,8 @@ __all__ = [
     "verify_artifact",
     "git_commit",
     "selection_score",
+    "best_version",
+    "is_demo",
 ]
 
 ARTIFACT_FORMAT = "halluscope-compiled/1"
@@ -319,12 +321,22 @@ def list_versions(program: str, lang: str, metric: str, *, root: str | os.PathLi
     return sorted(out, key=lambda v: v.version)
 
 
+def is_demo(manifest: dict | None) -> bool:
+    """Whether a version was compiled on the built-in demo set (its scores mean nothing)."""
+    return str((manifest or {}).get("source", "")).startswith("demo")
+
+
 def best_version(versions: list[VersionInfo]) -> VersionInfo | None:
-    """Highest selection score, newest on ties; if no version has a score, the newest."""
-    scored = [v for v in versions if v.score is not None]
-    if scored:
-        return max(scored, key=lambda v: (v.score, v.version))
-    return versions[-1] if versions else None
+    """The version :func:`load_compiled` serves by default.
+
+    Versions compiled on real data always beat demo-data versions (a demo score is not comparable); among
+    those, the highest selection score wins, the newest on ties; versions without a score (no
+    cross-validation) are chosen only when none has one, the newest first.
+    """
+    if not versions:
+        return None
+    return max(versions, key=lambda v: (not is_demo(v.manifest), v.score is not None,
+                                        v.score if v.score is not None else 0.0, v.version))
 
 
 def verify_artifact(path: str | os.PathLike) -> tuple[dict, bytes]:

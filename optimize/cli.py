@@ -466,7 +466,16 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
     print()
     if artifact is not None:
         print(f"artifact: {artifact.path} (version {artifact.version}, hash {artifact.manifest['content_hash'][:12]})")
-        print(f"  load: load_compiled({spec.name!r}, lang={lang!r}, metric={args.metric!r})")
+        from optimize.artifacts import best_version, list_versions
+
+        best = best_version(list_versions(spec.name, lang, args.metric, root=args.compiled_dir))
+        if best is not None and best.version == artifact.version:
+            print(f"  load: load_compiled({spec.name!r}, lang={lang!r}, metric={args.metric!r})  (the best version)")
+        else:
+            print(f"  load: load_compiled({spec.name!r}, lang={lang!r}, metric={args.metric!r}, "
+                  f"version={artifact.version})  (by default v{best.version:04d} is served: "
+                  + ("real-data versions beat demo-data ones" if artifact.manifest.get("source", "").startswith("demo")
+                     else "it scores higher") + ")")
     else:
         print(f"NO ARTIFACT WRITTEN: the run {status.lower()}: {error}")
         print(f"what was done is saved in {report_path}")

@@ -189,7 +189,7 @@ def cmd_detect(args) -> int:
             m = v.manifest or {}
             score = "-" if v.score is None else f"{v.score:.4f}"
             print(f"{v.name}{' *best*' if best is not None and v.version == best.version else '       '}  "
-                  f"{m.get('created_at', '?'):<25}  cv {args.metric}={score:<7}  "
+                  f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  cv {args.metric}={score:<7}  "
                   f"{(m.get('optimizer') or {}).get('description', '?')}  {(m.get('task_lm') or {}).get('model', '?')}"
                   + ("" if v.manifest is not None else "  (unreadable manifest)"))
         return 0

@@ -190,6 +190,17 @@ def test_load_best_pinned_and_missing(tmp_path, spans_program):
         A.load_compiled("spans", lang="de", metric="iou", version="latest", root=tmp_path)
 
 
+def test_real_data_versions_beat_demo_versions(tmp_path, spans_program):
+    real = _manifest(0.1)
+    real["source"] = "mushroom/de/val/context=native"
+    demo = _manifest(0.9)
+    demo["source"] = "demo/de/val/context=native"
+    A.write_artifact(spans_program, real, program_name="spans", lang="de", metric="iou", root=tmp_path)
+    A.write_artifact(spans_program, demo, program_name="spans", lang="de", metric="iou", root=tmp_path)
+    assert A.load_artifact("spans", lang="de", metric="iou", root=tmp_path).version == 1
+    assert A.load_artifact("spans", lang="de", metric="iou", version=2, root=tmp_path).version == 2
+
+
 def test_unscored_versions_fall_back_to_newest(tmp_path, spans_program):
     _write(spans_program, tmp_path)
     _write(spans_program, tmp_path)
