@@ -89,9 +89,9 @@ def load_examples(args) -> tuple[list, str]:
     root = resolve_data_dir(args.data_dir)
     lang = args.lang
     if root is None:
-        print(f"!!! {DEMO_NOTICE} !!!", file=sys.stderr)
+        print(DEMO_NOTICE, file=sys.stderr)
         root = demo_data_dir()
-        lang = lang or "en"
+        lang = args.lang = lang or "en"  # the resolved language is what gets recorded
         source = "demo"
     else:
         if lang is None and Path(root).is_dir():
@@ -142,7 +142,7 @@ def cmd_evaluate(args) -> int:
             params = {"program": spec.name, "source": source, "lm": lm.model if lm is not None else "none",
                       "threads": args.threads, "limit": args.limit, "context": args.context,
                       "options": json.dumps(options, sort_keys=True)}
-            run_id = track_run("evaluate", program=spec.name, lang=args.lang or args.task or "demo", params=params,
+            run_id = track_run("evaluate", program=spec.name, lang=args.lang or args.task, params=params,
                                metrics={k: v for k, v in summary.items() if isinstance(v, (int, float))},
                                artifacts=files, tracking_uri=args.tracking_uri)
             print(f"mlflow run: {run_id}")

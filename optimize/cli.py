@@ -75,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--trials", type=int, default=None, help="MIPROv2 num_trials (with --candidates)")
     o.add_argument("--max-bootstrapped-demos", type=int, default=2)
     o.add_argument("--max-labeled-demos", type=int, default=0,
-                   help="raw training examples as demos (the span detector's signature fields differ from the "
-                        "data's, so DSPy skips them: 0 by default)")
+                   help="gold training examples as demos (programs supply the signature fields through "
+                        "ProgramSpec.demo_fields; the span detector quotes the gold spans); 0 by default, which "
+                        "keeps prompts short for the embedded model")
     o.add_argument("--val-fraction", type=float, default=0.5,
                    help="share of the compile set MIPROv2 validates candidates on (never the held-out fold)")
     o.add_argument("--max-errors", type=int, default=None,
@@ -310,6 +311,8 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
         raise SystemExit(f"no examples in {source}")
     lang = args.lang or (examples[0].get("lang") if args.dataset == "mushroom" else args.task) or "all"
     examples = slim_examples(examples, spec.extra_inputs)
+    if spec.demo_fields is not None:  # gold examples double as labeled demos (--max-labeled-demos)
+        examples = [ex.copy(**spec.demo_fields(ex)) for ex in examples]
     cfg = OptimizerConfig(name=args.optimizer, auto=args.auto, candidates=args.candidates, trials=args.trials,
                           max_bootstrapped_demos=args.max_bootstrapped_demos,
                           max_labeled_demos=args.max_labeled_demos, val_fraction=args.val_fraction,

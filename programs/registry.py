@@ -34,6 +34,10 @@ class ProgramSpec:
     # Optional program-specific report after an evaluation: report(examples, predictions) -> {name: value}
     # (e.g. HalluClean's revision metrics). Predictions of failed examples are None.
     report: Callable[[list, list], dict] | None = None
+    # Optional: the signature fields a gold example supplies when an optimizer uses it as a labeled demo
+    # (dataset fields such as ``lang``/``hard_labels`` do not match signature fields such as
+    # ``language``/``spans``, and DSPy drops demos that lack them).
+    demo_fields: Callable[[object], dict] | None = None
 
 
 REGISTRY: dict[str, ProgramSpec] = {}

@@ -8,7 +8,7 @@ from dspy.utils.exceptions import AdapterParseError
 from halluscope.contract import Detection, to_prediction
 from halluscope.text import map_substrings
 from programs.registry import ProgramSpec, register
-from signatures.spans import ExtractSpans
+from signatures.spans import ExtractSpans, QuotedSpan
 
 __all__ = ["SpanDetector"]
 
@@ -59,6 +59,13 @@ class SpanDetector(dspy.Module):
         return to_prediction(det, quotes=quotes)
 
 
+def gold_demo_fields(example) -> dict:
+    """An ExtractSpans demo from a gold example: the hard-labelled substrings, quoted, probability 1."""
+    answer = example.get("answer") or ""
+    spans = [QuotedSpan(text=answer[s:e], probability=1.0) for s, e in (example.get("hard_labels") or [])]
+    return {"language": example.get("lang") or "", "spans": spans}
+
+
 register(ProgramSpec(
     name="spans",
     build=lambda reasoning=False, use_context=True, **_: SpanDetector(reasoning=reasoning, use_context=use_context),
@@ -66,4 +73,5 @@ register(ProgramSpec(
     level="span",
     default_metric="iou",
     options={"reasoning": False, "use_context": True},
+    demo_fields=gold_demo_fields,
 ))

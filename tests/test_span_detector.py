@@ -109,3 +109,25 @@ def test_registered_builder_options():
     prog = spec.build(reasoning=True, use_context=False)
     assert isinstance(prog.extract, dspy.ChainOfThought) and prog.use_context is False
     assert isinstance(spec.build().extract, dspy.Predict)
+
+
+def test_gold_examples_become_labeled_demos_with_quoted_spans():
+    from programs.span_detector import gold_demo_fields
+
+    answer = "Die spanische Provinz heißt Álava."
+    i = answer.index("Álava")
+    gold = dspy.Example(id="g", question="Wo liegt X?", answer=answer, lang="de", context="",
+                        hard_labels=[[i, i + 5]]).with_inputs("question", "answer", "lang", "context")
+    fields = gold_demo_fields(gold)
+    assert fields["language"] == "de"
+    assert [(s.text, s.probability) for s in fields["spans"]] == [("Álava", 1.0)]
+    compiled = dspy.LabeledFewShot(k=1).compile(SpanDetector(), trainset=[gold.copy(**fields)])
+    lm = scripted_lm({"spans": []})
+    with dspy.context(lm=lm, adapter=dspy.ChatAdapter()):
+        compiled(question="q", answer="Paris liegt in Italien.", lang="de", context="")
+    # the demo reaches the prompt as a worked example (a user/assistant turn before the real question)
+    assert len(lm.engine.calls) == 1
+    turns = [m["content"] if isinstance(m["content"], str) else str(m["content"]) for m in lm.history[-1]["messages"]]
+    demo_user = [t for t in turns if "Wo liegt X?" in t]
+    demo_reply = [t for t in turns if "Álava" in t and "[[ ## spans ## ]]" in t and "Wo liegt X?" not in t]
+    assert demo_user and demo_reply
