@@ -53,7 +53,8 @@ def add_data_args(p: argparse.ArgumentParser, *, lang_required: bool = False) ->
     from loaders.mushroom import CONTEXT_VARIANTS, LANGS, SPLITS
 
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", choices=["mushroom", "halluclean"], default="mushroom")
+    g.add_argument("--dataset", choices=["mushroom", "halluclean"], default=None,
+                   help="default: halluclean when --task is given, else mushroom")
     g.add_argument("--lang", choices=list(LANGS), default=None if not lang_required else "en",
                    help="Mu-SHROOM language (default: en for the demo set, required for real data)")
     g.add_argument("--split", choices=list(SPLITS), default="val")
@@ -66,8 +67,16 @@ def add_data_args(p: argparse.ArgumentParser, *, lang_required: bool = False) ->
     g.add_argument("--limit", type=int, default=None, help="only the first N items (cases)")
 
 
+def resolve_dataset(args) -> str:
+    """``--dataset``, defaulting to HalluClean when a ``--task`` is named and to Mu-SHROOM otherwise."""
+    if getattr(args, "dataset", None) is None:
+        args.dataset = "halluclean" if getattr(args, "task", None) else "mushroom"
+    return args.dataset
+
+
 def load_examples(args) -> tuple[list, str]:
     """The examples the data arguments name, and a short description of where they came from."""
+    resolve_dataset(args)
     if args.limit is not None and args.limit < 1:
         raise SystemExit(f"--limit must be at least 1, not {args.limit}")
     if args.dataset == "halluclean":

@@ -101,9 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate_args(p: argparse.ArgumentParser, args) -> None:
+    from halluscope.cli import resolve_dataset
     from metrics.adapters import METRIC_LEVEL
     from programs.registry import get
 
+    resolve_dataset(args)
     spec = get(args.program)
     if spec.level == "response" and METRIC_LEVEL[args.metric] == "span":
         ok = [m for m, lvl in METRIC_LEVEL.items() if lvl == "response"]

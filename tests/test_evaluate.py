@@ -122,3 +122,13 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
               "--no-progress", "--no-mlflow"])
     with pytest.raises(SystemExit, match="--limit"):
         main(["evaluate", "--program", "mark-all", "--limit", "0", "--no-mlflow"])
+
+
+def test_dataset_defaults_to_halluclean_when_a_task_is_named():
+    import argparse
+
+    from halluscope.cli import resolve_dataset
+
+    assert resolve_dataset(argparse.Namespace(dataset=None, task="qa")) == "halluclean"
+    assert resolve_dataset(argparse.Namespace(dataset=None, task=None)) == "mushroom"
+    assert resolve_dataset(argparse.Namespace(dataset="mushroom", task="qa")) == "mushroom"
