@@ -18,7 +18,8 @@ rating must cost one vote, not the whole batch call (a ``Literal`` that fails va
 reject every block rated in that call). The JSON schema of :data:`Rating` still advertises the three labels
 as an ``enum``, so schema-constrained decoding (the embedded model) can only emit one of them, while any
 string validates. Both judges return :class:`Verdict` objects (explanation first, so the model reasons
-before it rates) because only fields inside a pydantic model keep that schema.
+before it rates) because only fields inside a pydantic model keep that schema. A verdict cut off by
+``max_tokens`` (no rating) validates as an unknown rating instead of failing the whole batch call.
 """
 
 from __future__ import annotations
@@ -71,19 +72,24 @@ def parse_rating(value: object) -> str:
     return word if word in RATINGS else "unknown"
 
 
+# The defaults let one cut-off or incomplete verdict (no rating -> "", i.e. unknown) validate instead of
+# failing the whole output; the JSON schema sent to the model still marks every field as required. The class
+# docstrings are part of that schema, so they stay short.
+
+
 class Verdict(pydantic.BaseModel):
     """How one block of the answer relates to one sampled answer."""
 
-    explanation: str = pydantic.Field(description="one short sentence: what the sample says about the block's claims")
-    rating: Rating = pydantic.Field(description="accurate, contradiction or neutral")
+    explanation: str = pydantic.Field("", description="one short sentence: what the sample says about the block's claims")
+    rating: Rating = pydantic.Field("", description="accurate, contradiction or neutral")
 
 
 class BlockVerdict(pydantic.BaseModel):
-    """A :class:`Verdict` for the block numbered ``block`` (1-based)."""
+    """A verdict for the block numbered ``block`` (1 is the first)."""
 
-    block: int = pydantic.Field(description="the block's number, as given in the input (1 is the first)")
-    explanation: str = pydantic.Field(description="one short sentence: what the sample says about the block's claims")
-    rating: Rating = pydantic.Field(description="accurate, contradiction or neutral")
+    block: int = pydantic.Field(0, description="the block's number, as given in the input (1 is the first)")
+    explanation: str = pydantic.Field("", description="one short sentence: what the sample says about the block's claims")
+    rating: Rating = pydantic.Field("", description="accurate, contradiction or neutral")
 
 
 # -- prompt variations --------------------------------------------------------------------------------

@@ -382,6 +382,40 @@ def test_unknown_and_mixed_ratings_in_the_program():
     assert pred.label is False
 
 
+def test_cut_off_batch_verdict_costs_one_vote_not_the_call():
+    # a batch output cut off by max_tokens: the last item has no rating (seen on the embedded model)
+    def respond(call):
+        if "ratings" in call.outputs:
+            return {"ratings": [{"block": 1, "explanation": "ok", "rating": "accurate"},
+                                {"block": 2, "explanation": "the sample says 1889", "rating": "contradiction"},
+                                {"block": 3, "explanation": "it is not tr"}]}
+        return make_responder()(call)
+
+    lm = scripted_lm(respond)
+    pred = run(FinchZK(n_samples=2, correct=False), lm, question=QUESTION, answer=ANSWER)
+    assert "judge" not in pred.failures
+    assert pred.failures["unknown_rating"] == 2
+    assert [u["label"] for u in pred.units] == ["accurate", "contradiction", "neutral"]
+    assert [u["score"] for u in pred.units] == [0.0, 1.0, 0.5]
+
+
+def test_failed_judge_call_is_counted_and_other_samples_vote():
+    calls = []
+
+    def respond(call):
+        if "ratings" in call.outputs:
+            calls.append(call)
+            if len(calls) == 1:
+                raise RuntimeError("judge down")
+        return make_responder()(call)
+
+    lm = scripted_lm(respond)
+    pred = run(FinchZK(n_samples=3, correct=False, num_threads=1), lm, question=QUESTION, answer=ANSWER)
+    assert pred.failures["judge"] == 1 and pred.failures["unknown_rating"] == 3
+    assert [u["label"] for u in pred.units] == ["accurate", "contradiction", "accurate"]
+    assert any("judge down" in e for e in pred.errors)
+
+
 def test_correction_touches_only_flagged_blocks_and_reflection_uses_the_improver(lm):
     improver = scripted_lm(lambda c: {"improved_answer": "REFLECTED by improver", "changes": "year fixed"},
                            model="scripted/improver")
