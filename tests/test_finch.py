@@ -307,6 +307,21 @@ def test_samples_follow_round_robin_with_variants_and_sampler_settings(lm):
     assert {c.temperature for c in sample_calls} == {0.7, 1.0} and len({c.seed for c in sample_calls}) == 4
 
 
+def test_repeated_variant_and_sampler_pair_gets_a_rollout_id(lm):
+    # one sampler, 9 samples over 7 variants: samples 7 and 8 repeat the pairs of samples 0 and 1
+    prog = FinchZK(samplers=["self?temperature=0.7&seed=1"], n_samples=9, correct=False, num_threads=1)
+    seen = []
+
+    def fake_answer(request, config):
+        seen.append((request, config.get("rollout_id")))
+        return dspy.Prediction(answer=SAMPLE_TEXT)
+
+    prog.sampler.answer = fake_answer
+    run(prog, lm, question=QUESTION, answer=ANSWER)
+    assert [r for _, r in seen] == [None] * 7 + [1, 1]
+    assert seen[7][0] == seen[0][0] and seen[8][0] == seen[1][0]
+
+
 def test_failed_variant_falls_back_to_the_question():
     lm = scripted_lm(make_responder(fail_rephrase=True))
     pred = run(FinchZK(n_samples=7, correct=False), lm, question=QUESTION, answer=ANSWER)
