@@ -38,6 +38,8 @@ from typing import Any
 
 import dspy
 
+from halluscope.jsonl import read_jsonl
+
 from halluscope.contract import hard_labels_from_soft
 
 __all__ = [
@@ -135,25 +137,6 @@ def _find_file(root: Path, lang: str, split: str) -> Path | None:
     return None
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    """``(line_number, record)`` for each non-blank line; ValueError names file and line if malformed."""
-    out: list[tuple[int, dict]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {lineno}: malformed JSON ({e.msg})") from e
-            if not isinstance(rec, dict):
-                raise ValueError(
-                    f"{path}: line {lineno}: expected a JSON object, got {type(rec).__name__}"
-                )
-            out.append((lineno, rec))
-    return out
-
-
 def _record_lang(rec: Mapping, path: Path) -> str:
     """Lower-case language of a record: its ``lang`` field, else the file name, else the id."""
     lang = rec.get("lang")
@@ -228,7 +211,7 @@ def load_gold_records(
         p = found
     elif not p.is_file():
         raise FileNotFoundError(f"no such Mu-SHROOM file: {p}")
-    return [rec for _, rec in _read_jsonl(p)]
+    return [rec for _, rec in read_jsonl(p)]
 
 
 def load_mushroom(
@@ -307,7 +290,7 @@ def load_mushroom(
     for path in files:
         if max_items is not None and len(rows) >= max_items:
             break
-        for lineno, rec in _read_jsonl(path):
+        for lineno, rec in read_jsonl(path):
             if max_items is not None and len(rows) >= max_items:
                 break
             item_lang = _record_lang(rec, path)

@@ -47,10 +47,8 @@ annotator's spans (``annotations`` in the gold files); see :func:`max_iou`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -409,16 +407,9 @@ def score_corpus(golds: Iterable[Mapping], preds: Iterable[Mapping], *, clip: bo
 
 def load_jsonl(path) -> list[dict]:
     """The records of a JSON-lines file (blank lines skipped; errors name the file and line)."""
-    out = []
-    with Path(path).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
-    return out
+    from halluscope.jsonl import read_jsonl
+
+    return [rec for _, rec in read_jsonl(path)]
 
 
 def score_files(gold_path, pred_path, *, clip: bool = True) -> dict:

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from halluscope.evaluate import map_items
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 __all__ = ["add_commands", "detect", "detect_jsonl", "read_answers"]
@@ -58,25 +60,18 @@ def detect(program, answer: str, *, question: str = "", context: str = "", lang:
 
 def read_answers(path: str | os.PathLike) -> list[dict]:
     """Rows of a JSONL file normalised to ``{"id", "question", "answer", "context", "lang", ...}``."""
+    from halluscope.jsonl import read_jsonl
+
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {lineno}: malformed JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}: line {lineno}: expected a JSON object")
-            answer = rec.get("answer", rec.get("model_output_text"))
-            if not isinstance(answer, str):
-                raise ValueError(f"{path}: line {lineno}: no 'answer' (or 'model_output_text') string")
-            row = dict(rec)
-            row.update(id=str(rec.get("id", lineno)), answer=answer,
-                       question=rec.get("question", rec.get("model_input")) or "",
-                       context=rec.get("context") or "", lang=(rec.get("lang") or "").lower() or None)
-            rows.append(row)
+    for lineno, rec in read_jsonl(path):
+        answer = rec.get("answer", rec.get("model_output_text"))
+        if not isinstance(answer, str):
+            raise ValueError(f"{path}: line {lineno}: no 'answer' (or 'model_output_text') string")
+        row = dict(rec)
+        row.update(id=str(rec.get("id", lineno)), answer=answer,
+                   question=rec.get("question", rec.get("model_input")) or "",
+                   context=rec.get("context") or "", lang=(rec.get("lang") or "").lower() or None)
+        rows.append(row)
     return rows
 
 
@@ -106,18 +101,7 @@ def detect_jsonl(
             return {"id": row["id"], "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
 
     t0 = time.perf_counter()
-    if threads <= 1 or len(rows) <= 1:
-        it = rows
-        if progress:
-            from tqdm import tqdm
-
-            it = tqdm(rows, desc="detect", unit="answer")
-        results = [one(r) for r in it]
-    else:
-        from dspy.utils.parallelizer import ParallelExecutor
-
-        results = ParallelExecutor(num_threads=threads, disable_progress_bar=not progress,
-                                   max_errors=len(rows) + 1).execute(one, rows)
+    results = map_items(one, rows, threads=threads, progress=progress, desc="detect", unit="answer")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

@@ -386,7 +386,7 @@ def test_score_files_and_load_jsonl(tmp_path):
     assert res["corr"] == pytest.approx((corr1 + 1) / 2)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1}\n{oops\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+    with pytest.raises(ValueError, match=r"bad.jsonl: line 2"):
         load_jsonl(bad)
 
 
