@@ -23,12 +23,12 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from halluscope.contract import hard_labels_from_soft
+from halluscope.files import write_text_atomic
 
 __all__ = [
     "DemoItem",
@@ -475,18 +475,7 @@ def demo_records() -> list[dict]:
 
 
 def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, text)
 
 
 def write_demo_data(root: str | os.PathLike) -> Path:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 
 import dspy
 
-from halluscope.jsonl import read_jsonl
+from halluscope.files import read_jsonl, write_text_atomic
 
 from halluscope.contract import hard_labels_from_soft
 
@@ -400,19 +399,5 @@ def write_submission(
         lines.append(
             json.dumps({"id": item_id, "hard_labels": hard, "soft_labels": soft}, ensure_ascii=False)
         )
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    out = write_text_atomic(path, "".join(line + "\n" for line in lines))
     return out

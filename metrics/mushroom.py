@@ -407,7 +407,7 @@ def score_corpus(golds: Iterable[Mapping], preds: Iterable[Mapping], *, clip: bo
 
 def load_jsonl(path) -> list[dict]:
     """The records of a JSON-lines file (blank lines skipped; errors name the file and line)."""
-    from halluscope.jsonl import read_jsonl
+    from halluscope.files import read_jsonl
 
     return [rec for _, rec in read_jsonl(path)]
 

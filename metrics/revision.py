@@ -47,8 +47,10 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from metrics.adapters import _field
 
 __all__ = [
     "SUCCESS_THRESHOLD",
@@ -63,17 +65,6 @@ SUCCESS_THRESHOLD = 0.6
 SHORT_REFERENCE_TOKENS = 4
 _ARTICLES = frozenset({"a", "an", "the"})
 _TOKEN = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]|[^\W_\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]+")
-
-
-def _field(obj: Any, name: str) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(name)
-    try:
-        return getattr(obj, name, None)
-    except Exception:  # noqa: BLE001 - exotic __getattr__: absent
-        return None
 
 
 def normalize_tokens(text: str | None) -> list[str]:

@@ -269,12 +269,9 @@ def _msd(d) -> str:
 
 
 def _write_report(report_dir: Path, report: dict) -> Path:
-    report_dir.mkdir(parents=True, exist_ok=True)
-    path = report_dir / "report.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    from halluscope.files import write_text_atomic
+
+    return write_text_atomic(report_dir / "report.json", json.dumps(report, indent=2, ensure_ascii=False, default=str))
 
 
 # ------------------------------------------------------------------------------------------------------

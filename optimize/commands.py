@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from halluscope.evaluate import map_items
+from halluscope.files import write_text_atomic
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +61,7 @@ def detect(program, answer: str, *, question: str = "", context: str = "", lang:
 
 def read_answers(path: str | os.PathLike) -> list[dict]:
     """Rows of a JSONL file normalised to ``{"id", "question", "answer", "context", "lang", ...}``."""
-    from halluscope.jsonl import read_jsonl
+    from halluscope.files import read_jsonl
 
     rows = []
     for lineno, rec in read_jsonl(path):
@@ -102,13 +103,7 @@ def detect_jsonl(
 
     t0 = time.perf_counter()
     results = map_items(one, rows, threads=threads, progress=progress, desc="detect", unit="answer")
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in results:
-            f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, out)
+    out = write_text_atomic(out_path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in results))
     ok = [r for r in results if r.get("ok")]
     return {"items": len(results), "ok": len(ok), "failed": len(results) - len(ok),
             "with_spans": sum(1 for r in ok if r.get("spans")), "seconds": round(time.perf_counter() - t0, 2),
@@ -202,11 +197,7 @@ def cmd_detect(args) -> int:
         det = detect(program, args.answer, question=args.question, context=args.context, lang=args.lang)
         line = json.dumps({"id": "answer", "ok": True, **det.to_dict()}, ensure_ascii=False)
         if args.output:
-            out = Path(args.output)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(line + "\n", encoding="utf-8")
-            os.replace(tmp, out)
+            out = write_text_atomic(args.output, line + "\n")
             print(f"wrote {out}", file=sys.stderr)
         else:
             print(line)
