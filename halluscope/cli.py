@@ -176,6 +176,10 @@ def write_outputs(out_dir: Path, program: str, examples, result, dataset: str) -
             row = {"id": ex.get("id"), "ok": p is not None}
             if p is not None:
                 row.update(p.detection.to_dict() if hasattr(p, "detection") else dict(p))
+                # program-specific extras (samples, ratings, plan, verdict, ...) for debugging
+                extras = {k: v for k, v in p.items() if k not in row and k not in _CONTRACT_FIELDS}
+                if extras:
+                    row["extra"] = extras
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     files.append(full)
     summ = out_dir / f"{program}.summary.json"
@@ -183,6 +187,10 @@ def write_outputs(out_dir: Path, program: str, examples, result, dataset: str) -
                                indent=2, default=str), encoding="utf-8")
     files.append(summ)
     return files
+
+
+_CONTRACT_FIELDS = {"detection", "spans", "soft_labels", "hard_labels", "label", "score", "rationale", "revision",
+                    "units", "failures"}
 
 
 def print_summary(program: str, source: str, summary: dict, result) -> None:

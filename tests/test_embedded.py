@@ -36,6 +36,8 @@ def test_span_detector_runs_on_the_embedded_model_end_to_end(tmp_path, capsys):
             assert row["answer"] == answer
             for s in row["spans"]:
                 assert 0 <= s["start"] < s["end"] <= len(answer) and 0.0 <= s["prob"] <= 1.0
+            if "parse" not in row["failures"]:  # what the model quoted is kept for debugging
+                assert isinstance(row["extra"]["quotes"], list)
 
     # the same command again is served from DSPy's cache: no new model calls
     out2 = tmp_path / "out2"
