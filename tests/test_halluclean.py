@@ -619,3 +619,29 @@ def test_halluclean_report_skips_r_without_an_lm():
         rep = halluclean_report([_ex("x", reference="y")],
                                 [dspy.Prediction(label=True, revision="y", revision_status="revised")])
     assert rep["R"] is None and "no LM" in rep["R_skipped"] and rep["Q"] == 1.0
+
+
+def test_mipro_compiles_the_detection_stages_with_a_scripted_lm():
+    def respond(call):
+        if "verdict" in call.outputs:
+            return {"verdict": "Yes" if "Sydney" in call.inputs.get("input", "").split("Answer:")[-1] else "No"}
+        for k in ("plan", "analysis", "revision"):
+            if k in call.outputs:
+                return {k: "x"}
+        return {"proposed_instruction": "Check every fact against the knowledge.", "observations": "QA.",
+                "summary": "QA.", "program_description": "Detects hallucinations.", "module_description": "A stage."}
+
+    lm = scripted_lm(respond)
+    examples = [e.copy(id=f"{e.id}-{i}") for i, e in enumerate(halluclean_demo("qa", notice=False) * 4)]
+    from metrics.adapters import f1_metric
+
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        opt = dspy.MIPROv2(metric=f1_metric, auto=None, num_candidates=2, max_bootstrapped_demos=1,
+                           max_labeled_demos=1, verbose=False, num_threads=1)
+        compiled = opt.compile(get("halluclean").build(revise=False), trainset=examples[:4], valset=examples[4:],
+                               num_trials=2, minibatch=False)
+        pred = compiled(**QA)
+    assert isinstance(compiled, HalluClean)
+    assert [n for n, _ in compiled.named_predictors()] == ["plan", "reason", "judge", "revise"]
+    assert any("proposed_instruction" in c.outputs for c in lm.engine.calls)  # instructions were proposed
+    assert pred.label is True and pred.revision_status == "disabled"
