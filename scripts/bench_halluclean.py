@@ -1,4 +1,4 @@
-"""HalluClean vs direct ask vs direct ask + routing on the five HalluClean tasks -> bench/halluclean.md.
+"""HalluClean vs direct ask vs direct ask + routing on the five HalluClean tasks -> a markdown table (its HalluClean section in BENCHMARKS.md was made by it).
 
 Each run is one ``halluscope evaluate --dataset halluclean`` command (recorded verbatim in its table row),
 run under ``flock /tmp/halluscope-bench.lock`` so embedded-model runs of different people never share the
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--lock", default="/tmp/halluscope-bench.lock")
     p.add_argument("--cache-dir", default=None, help="default: a fresh temporary folder")
     p.add_argument("--work-dir", default=None, help="where run outputs go (default: a temporary folder)")
-    p.add_argument("--out", default=str(ROOT / "bench" / "halluclean.md"))
+    p.add_argument("--out", default=str(ROOT / "outputs" / "bench" / "halluclean.md"))
     p.add_argument("--rebuild", action="store_true",
                    help="run nothing: rebuild the table from --work-dir outputs of an earlier run with the same arguments")
     p.add_argument("--notes", default=None, help="a markdown file appended as 'Notes on this run'")
