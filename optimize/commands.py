@@ -46,12 +46,20 @@ def _default_lang(program) -> str:
     return (getattr(program, "artifact_manifest", None) or {}).get("lang", "") or ""
 
 
-def detect(program, answer: str, *, question: str = "", context: str = "", lang: str | None = None, **extra):
-    """Run ``program`` on one answer and return its :class:`halluscope.contract.Detection`."""
-    from halluscope.contract import Detection
+def detect(program, answer: str, *, question: str = "", context: str = "", lang: str | None = None,
+           task: str | None = None, **extra):
+    """Run ``program`` on one answer and return its :class:`halluscope.contract.Detection`.
 
-    pred = program(question=question or "", answer=answer or "", lang=lang or _default_lang(program),
-                   context=context or "", **extra)
+    ``task`` routes response-level programs (HalluClean: qa, dialogue, ...); it defaults to the artifact's
+    ``lang`` when that names a HalluClean task (such artifacts are keyed by task)."""
+    from halluscope.contract import Detection
+    from loaders.halluclean import HALLUCLEAN_TASKS
+
+    lang = lang or _default_lang(program)
+    if task is None and lang in HALLUCLEAN_TASKS:
+        task = lang
+    pred = program(question=question or "", answer=answer or "", lang=lang, context=context or "",
+                   task=task or "", **extra)
     det = pred.get("detection") if hasattr(pred, "get") else None
     if isinstance(det, Detection):
         return det
@@ -117,13 +125,16 @@ def detect_jsonl(
 
 def add_commands(subparsers) -> None:
     from halluscope.cli import add_lm_args
+    from loaders.halluclean import HALLUCLEAN_TASKS
     from loaders.mushroom import LANGS
     from metrics.adapters import METRICS
     from programs.registry import names
 
     d = subparsers.add_parser("detect", help="run a compiled artifact on one answer or a JSONL file of answers")
     d.add_argument("--program", choices=names(), default="spans")
-    d.add_argument("--lang", choices=list(LANGS), required=True, help="language the artifact was compiled for")
+    d.add_argument("--lang", choices=[*LANGS, *HALLUCLEAN_TASKS], required=True, metavar="LANG|TASK",
+                   help="language the artifact was compiled for (Mu-SHROOM: " + ", ".join(LANGS)
+                        + "), or the HalluClean task of a response-level artifact (" + ", ".join(HALLUCLEAN_TASKS) + ")")
     d.add_argument("--metric", choices=list(METRICS), default="iou", help="metric the artifact was optimised for")
     d.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best one")
     d.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")

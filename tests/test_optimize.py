@@ -566,3 +566,22 @@ def test_unlabelled_test_file_is_refused(tmp_path, demo_env):
     with pytest.raises(SystemExit, match="no gold labels"):
         _run_optimize(_opt_args(tmp_path, "--folds", "1", "--test", str(f), "--context", "none", "--no-mlflow"),
                       scripted_lm(_responder))
+
+
+def test_detect_routes_halluclean_artifacts_by_their_task():
+    from halluscope.contract import Detection, to_prediction
+    from optimize.commands import detect
+
+    seen = {}
+
+    class Recorder(dspy.Module):
+        def forward(self, **kw):
+            seen.update(kw)
+            return to_prediction(Detection(answer=kw["answer"]))
+
+    detect(Recorder(), "It is in Berlin.", lang="qa")
+    assert seen["task"] == "qa" and seen["lang"] == "qa"
+    detect(Recorder(), "Es ist in Berlin.", lang="de")
+    assert seen["task"] == "" and seen["lang"] == "de"
+    detect(Recorder(), "x", lang="en", task="dialogue")
+    assert seen["task"] == "dialogue"
