@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import dspy
-from dspy.clients.base_lm import GLOBAL_HISTORY
 
-from halluscope.lm import LMUsage, usage_of
+from halluscope.lm import LMUsage, history_since, usage_of
 from metrics.adapters import METRIC_LEVEL, aggregate
 from metrics.classification import classification_report
 
@@ -126,7 +125,7 @@ def run_eval(
             failures[k] = failures.get(k, 0) + int(v)
         predictions.append(p)
 
-    entries = [e for e in list(GLOBAL_HISTORY) if e.get("timestamp", "") >= started]
+    entries = history_since(started)
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
                         usage=usage_of(entries), seconds=seconds, predictions=predictions, errors=errors)
     if report is not None:

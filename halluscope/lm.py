@@ -41,6 +41,7 @@ __all__ = [
     "file_sha256",
     "LMUsage",
     "usage_of",
+    "history_since",
 ]
 
 DEFAULT_LM = "local"
@@ -352,6 +353,14 @@ class LMUsage:
             "lm_input_tokens": self.input_tokens,
             "lm_output_tokens": self.output_tokens,
         }
+
+
+def history_since(started: str) -> list[dict]:
+    """DSPy's global LM history entries (all LMs) recorded at or after the ISO timestamp ``started``.
+    The global history keeps the last 10,000 calls; longer intervals are undercounted."""
+    from dspy.clients.base_lm import GLOBAL_HISTORY
+
+    return [e for e in list(GLOBAL_HISTORY) if e.get("timestamp", "") >= started]
 
 
 def usage_of(entries: list[dict]) -> LMUsage:

@@ -146,7 +146,7 @@ def _pred_spans(prediction: Any) -> tuple[list, list] | None:
         return None
 
 
-def _span_metric(fn: Callable[[_Gold, list, list], float]) -> Callable[..., float]:
+def _span_metric(fn: Callable[[_Gold, list, list], float], name: str, doc: str) -> Callable[..., float]:
     def metric(example: Any, prediction: Any, trace: Any = None) -> float:
         gold = _Gold(example)  # configuration errors raise
         pred = _pred_spans(prediction)
@@ -158,6 +158,8 @@ def _span_metric(fn: Callable[[_Gold, list, list], float]) -> Callable[..., floa
             return 0.0
         return 0.0 if math.isnan(value) else value
 
+    metric.__name__ = metric.__qualname__ = name
+    metric.__doc__ = doc
     return metric
 
 
@@ -179,21 +181,17 @@ def _iou_corr(g: _Gold, hard: list, soft: list) -> float:
     return (_iou(g, hard, soft) + _corr(g, hard, soft)) / 2.0
 
 
-iou_metric = _span_metric(_iou)
-iou_metric.__name__ = iou_metric.__qualname__ = "iou_metric"
-iou_metric.__doc__ = "IoU of the predicted hard labels with the gold hard labels (characters outside the answer ignored)."
+iou_metric = _span_metric(
+    _iou, "iou_metric", "IoU of the predicted hard labels with the gold hard labels (characters outside the answer ignored).")
 
-corr_metric = _span_metric(_corr)
-corr_metric.__name__ = corr_metric.__qualname__ = "corr_metric"
-corr_metric.__doc__ = "Spearman correlation of predicted and gold soft labels (official constant-vector rule)."
+corr_metric = _span_metric(
+    _corr, "corr_metric", "Spearman correlation of predicted and gold soft labels (official constant-vector rule).")
 
-maxiou_metric = _span_metric(_maxiou)
-maxiou_metric.__name__ = maxiou_metric.__qualname__ = "maxiou_metric"
-maxiou_metric.__doc__ = "Best IoU against any single annotator; IoU against the gold hard labels when there are no annotations."
+maxiou_metric = _span_metric(
+    _maxiou, "maxiou_metric", "Best IoU against any single annotator; IoU against the gold hard labels when there are no annotations.")
 
-iou_corr_metric = _span_metric(_iou_corr)
-iou_corr_metric.__name__ = iou_corr_metric.__qualname__ = "iou_corr_metric"
-iou_corr_metric.__doc__ = "(iou + corr) / 2."
+iou_corr_metric = _span_metric(
+    _iou_corr, "iou_corr_metric", "(iou + corr) / 2.")
 
 
 # --------------------------------------------------------------------------------------------------

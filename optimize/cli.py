@@ -174,11 +174,9 @@ class UsageMeter:
         return any(f"`{name}`" in head for name in self.task_outputs)
 
     def usage(self) -> dict:
-        from dspy.clients.base_lm import GLOBAL_HISTORY
+        from halluscope.lm import history_since, usage_of
 
-        from halluscope.lm import usage_of
-
-        entries = [e for e in list(GLOBAL_HISTORY) if e.get("timestamp", "") >= self.started]
+        entries = history_since(self.started)
         u = usage_of(entries)
         out = u.to_dict()
         out["lm_new_calls"] = u.calls - u.cache_hits
