@@ -2,7 +2,7 @@
 
 Typical use::
 
-    from loaders import resolve_data_dir, demo_data_dir, load_mushroom, DEMO_NOTICE
+    from halluscope.loaders import resolve_data_dir, demo_data_dir, load_mushroom, DEMO_NOTICE
 
     root = resolve_data_dir(args.data_dir)      # --data-dir, else $HALLUSCOPE_DATA_DIR, else None
     if root is None:
@@ -11,7 +11,7 @@ Typical use::
     examples = load_mushroom(root, lang="de", context="native")
 """
 
-from loaders.demo import (
+from halluscope.loaders.demo import (
     DEMO_ITEMS,
     DEMO_LANGS,
     DEMO_NOTICE,
@@ -21,7 +21,7 @@ from loaders.demo import (
     demo_records,
     write_demo_data,
 )
-from loaders.mushroom import (
+from halluscope.loaders.mushroom import (
     CONTEXT_VARIANTS,
     ENV_VAR,
     INPUT_FIELDS,

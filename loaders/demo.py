@@ -29,6 +29,7 @@ from pathlib import Path
 
 from halluscope.contract import hard_labels_from_soft
 from halluscope.files import write_text_atomic
+from halluscope import paths
 
 __all__ = [
     "DemoItem",
@@ -502,17 +503,13 @@ def write_demo_data(root: str | os.PathLike) -> Path:
     return root
 
 
-_PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def demo_data_dir(project_root: str | os.PathLike | None = None) -> Path:
-    """``<project root>/demo_data`` (git-ignored), written on first use.
+def demo_data_dir(root: str | os.PathLike | None = None) -> Path:
+    """``root`` (default :func:`halluscope.paths.demo_data_dir`: ``<home>/demo_data``), written on first use.
 
     Idempotent: rewritten only when its ``VERSION`` file differs from :data:`DEMO_VERSION` (the
     generator or the items changed); stale ``val/`` and ``context/`` are removed first.
     """
-    root = Path(project_root) if project_root is not None else _PROJECT_ROOT
-    out = root / "demo_data"
+    out = Path(root) if root is not None else paths.demo_data_dir()
     version_file = out / "VERSION"
     try:
         current = version_file.read_text(encoding="utf-8").strip()

@@ -38,6 +38,9 @@ from pathlib import Path
 
 import dspy
 
+from halluscope import paths
+from halluscope.tasks import HALLUCLEAN_TASKS, TASK_ALIASES, canonical_task
+
 __all__ = [
     "HALLUCLEAN_TASKS",
     "HALLUCLEAN_FILES",
@@ -51,7 +54,6 @@ __all__ = [
     "load_halluclean_or_demo",
 ]
 
-HALLUCLEAN_TASKS: tuple[str, ...] = ("qa", "dialogue", "summarization", "mwp", "self_contradiction")
 HALLUCLEAN_FILES: dict[str, str] = {
     "qa": "QA",
     "dialogue": "DA",
@@ -59,17 +61,8 @@ HALLUCLEAN_FILES: dict[str, str] = {
     "mwp": "MWP",
     "self_contradiction": "SC",
 }  # file name = f"{HALLUCLEAN_FILES[task]}.{split}.json"
-TASK_ALIASES: dict[str, str] = {
-    "qa": "qa", "question_answering": "qa",
-    "da": "dialogue", "dialogue": "dialogue", "dialog": "dialogue",
-    "sum": "summarization", "summarization": "summarization", "summary": "summarization",
-    "mwp": "mwp", "math": "mwp", "umwp": "mwp",
-    "sc": "self_contradiction", "self_contradiction": "self_contradiction", "self-contradiction": "self_contradiction",
-    "contradiction": "self_contradiction",
-}
 INPUT_FIELDS = ("question", "answer", "lang", "context", "task")
-ENV_VAR = "HALLUSCOPE_DATA_DIR"
-_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENV_VAR = paths.HALLUCLEAN_DATA_ENV
 
 HALLUCLEAN_DEMO_NOTICE = (
     "!! HalluClean data not found: using the BUILT-IN DEMO cases (2 hand-written cases per task). !!\n"
@@ -77,29 +70,19 @@ HALLUCLEAN_DEMO_NOTICE = (
 )
 
 
-def canonical_task(task: str) -> str:
-    """``"qa"``, ``"DA"``, ``"sum"``, ``"SC"``... -> one of :data:`HALLUCLEAN_TASKS`; ``ValueError`` otherwise."""
-    key = str(task or "").strip().lower().replace(" ", "_")
-    if key in TASK_ALIASES:
-        return TASK_ALIASES[key]
-    raise ValueError(f"unknown HalluClean task {task!r}; choose one of: {', '.join(HALLUCLEAN_TASKS)}")
-
-
 def resolve_halluclean_dir(data_dir: str | Path | None = None) -> Path | None:
     """The folder holding ``QA.dev.json`` etc.: ``data_dir`` (the folder itself or its parent with a
-    ``halluclean/`` subfolder), else ``$HALLUSCOPE_DATA_DIR`` likewise, else ``../shared/data/halluclean``
-    next to the project when it exists, else ``None``. A ``data_dir`` given but missing raises."""
+    ``halluclean/`` subfolder), else ``$HALLUSCOPE_HALLUCLEAN_DIR`` likewise, else ``None``. A ``data_dir`` given but missing raises."""
     if data_dir is not None:
         p = Path(data_dir).expanduser()
         if not p.is_dir():
             raise FileNotFoundError(f"HalluClean data folder not found: {p}")
         return p / "halluclean" if (p / "halluclean").is_dir() else p
-    for cand in (os.environ.get(ENV_VAR), _PROJECT_ROOT.parent / "shared" / "data"):
-        if cand:
-            p = Path(cand).expanduser()
-            for q in (p / "halluclean", p):
-                if any((q / f"{name}.dev.json").is_file() for name in HALLUCLEAN_FILES.values()):
-                    return q
+    p = paths.env_path(ENV_VAR)
+    if p is not None:
+        for q in (p / "halluclean", p):
+            if any((q / f"{name}.dev.json").is_file() for name in HALLUCLEAN_FILES.values()):
+                return q
     return None
 
 

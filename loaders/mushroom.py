@@ -40,6 +40,7 @@ import dspy
 from halluscope.files import read_jsonl, write_text_atomic
 
 from halluscope.contract import hard_labels_from_soft
+from halluscope import paths
 
 __all__ = [
     "LANGS",
@@ -66,7 +67,7 @@ VAL_LANGS: tuple[str, ...] = ("ar", "de", "en", "es", "fi", "fr", "hi", "it", "s
 SPLITS: tuple[str, ...] = ("val", "test")
 CONTEXT_VARIANTS: tuple[str, ...] = ("none", "native", "translated-en")
 #: Environment variable naming the Mu-SHROOM data root.
-ENV_VAR = "HALLUSCOPE_DATA_DIR"
+ENV_VAR = paths.MUSHROOM_DATA_ENV
 #: The input fields of every example (``Example.with_inputs``).
 INPUT_FIELDS: tuple[str, ...] = ("question", "answer", "lang", "context")
 

@@ -50,7 +50,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from metrics.adapters import _field
+from halluscope.metrics.adapters import _field
 
 __all__ = [
     "SUCCESS_THRESHOLD",

@@ -1,31 +1,9 @@
-"""Optimisation, versioned artifacts, production loading and tracking.
+"""Optimisation: cross-validated compiles (:mod:`.cv`), the ``optimize.py`` run (:mod:`.run`) and MLflow
+tracking (:mod:`.tracking`). The production path (load a compiled artifact, detect) is not here: see
+:mod:`halluscope.artifacts` and :mod:`halluscope.detect`."""
 
-* ``optimize.cli`` — ``python optimize.py``: cross-validated MIPROv2/BootstrapFewShot compile.
-* ``optimize.cv`` — deterministic folds and the cross-validation loop.
-* ``optimize.artifacts`` — versioned JSON artifacts; :func:`load_compiled` for production.
-* ``optimize.tracking`` — MLflow runs and the ``compare`` table/plot.
-* ``optimize.commands`` — the ``halluscope detect`` and ``halluscope compare`` commands, :func:`detect`.
+from halluscope.optimize.cv import OptimizerConfig, compile_program, cross_validate
+from halluscope.optimize.run import run_optimize
+from halluscope.optimize.tracking import track_run
 
-Names are imported lazily so ``import optimize`` stays cheap.
-"""
-
-from __future__ import annotations
-
-__all__ = ["load_compiled", "load_artifact", "list_versions", "detect", "detect_jsonl", "track_run"]
-
-_LAZY = {
-    "load_compiled": "optimize.artifacts",
-    "load_artifact": "optimize.artifacts",
-    "list_versions": "optimize.artifacts",
-    "detect": "optimize.commands",
-    "detect_jsonl": "optimize.commands",
-    "track_run": "optimize.tracking",
-}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'optimize' has no attribute {name!r}")
+__all__ = ["OptimizerConfig", "compile_program", "cross_validate", "run_optimize", "track_run"]

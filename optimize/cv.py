@@ -6,7 +6,7 @@ The loop (:func:`cross_validate`):
    hallucination (gold ``label``) whenever both classes occur, so every fold sees both kinds.
 2. For each fold: the *zero-shot* program (the registry's program as built, default instructions, no demos)
    and the program *compiled* on the other folds are both scored on the held-out fold with every metric
-   the gold data supports (:func:`halluscope.evaluate.run_eval`). The held-out fold is never used for
+   the gold data supports (:func:`halluscope.runner.run_eval`). The held-out fold is never used for
    tuning: MIPROv2's validation set is a seeded split of the training folds (:func:`train_val_split`).
 3. The caller compiles once more on the whole split to make the artifact.
 
@@ -367,8 +367,8 @@ def mean_sd(values: Sequence[float]) -> dict[str, float]:
 
 def score_all(examples, predictions, metric_name: str) -> dict[str, float]:
     """Every metric the gold data supports, plus the optimised metric if it is not among them."""
-    from halluscope.evaluate import score_predictions
-    from metrics.adapters import aggregate
+    from halluscope.runner import score_predictions
+    from halluscope.metrics.adapters import aggregate
 
     scores = dict(score_predictions(examples, predictions))
     if metric_name not in scores and examples:
@@ -379,7 +379,7 @@ def score_all(examples, predictions, metric_name: str) -> dict[str, float]:
 def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, extra_inputs=(),
                      progress: bool = False, lm: dspy.LM | None = None):
     """``(scores, failures)`` of ``program`` on ``examples`` (failed items score 0, never raise)."""
-    from halluscope.evaluate import run_eval
+    from halluscope.runner import run_eval
 
     with dspy.context(lm=lm) if lm is not None else contextlib.nullcontext():
         res = run_eval(program, examples, threads=threads, progress=progress, extra_inputs=extra_inputs)
@@ -404,7 +404,7 @@ def cross_validate(
 
     A fold whose compile fails stops the loop: the result keeps the folds done and ``error`` says why.
     """
-    from metrics.adapters import get_metric
+    from halluscope.metrics.adapters import get_metric
 
     log = log or (lambda s: print(s, file=sys.stderr))
     examples = list(examples)

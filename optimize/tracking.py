@@ -28,10 +28,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from halluscope import paths
+
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 __all__ = [
-    "DEFAULT_TRACKING_DIR",
     "default_tracking_uri",
     "resolve_tracking_uri",
     "experiment_name",
@@ -43,8 +44,6 @@ __all__ = [
     "plot_scores",
 ]
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TRACKING_DIR = PROJECT_ROOT / "mlruns"
 REDACTED = "***"
 
 _SECRET_NAME = re.compile(r"(api[_-]?key|apikey|token|secret|passw(or)?d|authorization|credential)", re.I)
@@ -62,8 +61,9 @@ _SECRET_ASSIGN = re.compile(
 
 
 def default_tracking_uri() -> str:
-    DEFAULT_TRACKING_DIR.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{DEFAULT_TRACKING_DIR / 'mlflow.db'}"
+    store = paths.tracking_dir()
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store / 'mlflow.db'}"
 
 
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
@@ -160,7 +160,7 @@ def _experiment_id(client, name: str, uri: str) -> str:
         return exp.experiment_id
     location = None
     if uri == default_tracking_uri():
-        art = DEFAULT_TRACKING_DIR / "artifacts"
+        art = paths.tracking_dir() / "artifacts"
         art.mkdir(parents=True, exist_ok=True)
         location = art.as_uri()
     try:
@@ -215,7 +215,7 @@ def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_m
 
     client, uri = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment_name(program, lang), uri)
-    from optimize.artifacts import git_commit
+    from halluscope.artifacts import git_commit
 
     git = git_commit()
     all_tags = {"halluscope.kind": kind, "halluscope.program": program, "halluscope.lang": lang or "all",

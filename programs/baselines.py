@@ -17,7 +17,7 @@ import unicodedata
 import dspy
 
 from halluscope.contract import Detection, Span, to_prediction
-from programs.registry import ProgramSpec, register
+from halluscope.programs.registry import ProgramSpec, register
 
 __all__ = ["MarkAll", "LogitBaseline", "token_bytes", "token_offsets"]
 

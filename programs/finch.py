@@ -41,10 +41,8 @@ overlap.
 
 from __future__ import annotations
 
-import contextvars
 import random
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import parse_qsl
@@ -52,9 +50,10 @@ from urllib.parse import parse_qsl
 import dspy
 
 from halluscope.contract import Detection, Span, Unit, to_prediction
+from halluscope.parallel import try_map
 from halluscope.text import segment
-from programs.registry import ProgramSpec, register
-from signatures.finch import (
+from halluscope.programs.registry import ProgramSpec, register
+from halluscope.signatures.finch import (
     BreakDown,
     CorrectBlock,
     ErrorSummary,
@@ -87,7 +86,6 @@ __all__ = [
     "representatives",
     "parse_sampler_spec",
     "sampler_lm",
-    "parallel_map",
     "Sample",
     "Sampler",
     "FinchZK",
@@ -272,28 +270,6 @@ def _spec_name(spec: Any) -> str:
     return str(spec) if not isinstance(spec, Mapping) else "&".join(f"{k}={v}" for k, v in spec.items())
 
 
-# -- parallel calls -----------------------------------------------------------------------------------
-
-
-def _capture(fn: Callable, item: Any) -> tuple[bool, Any]:
-    try:
-        return True, fn(item)
-    except Exception as e:  # noqa: BLE001 - every stage counts its failures instead of crashing
-        return False, e
-
-
-def parallel_map(fn: Callable, items: Iterable, num_threads: int = 4) -> list[tuple[bool, Any]]:
-    """``[(ok, result_or_exception)]`` of ``fn(item)`` for each item, in order, run on up to ``num_threads``
-    threads. Each task runs in a copy of the caller's ``contextvars`` context, so ``dspy.context``
-    overrides (LM, adapter, trace) hold inside the threads."""
-    items = list(items)
-    if num_threads <= 1 or len(items) <= 1:
-        return [_capture(fn, x) for x in items]
-    with ThreadPoolExecutor(max_workers=min(num_threads, len(items))) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, _capture, fn, x) for x in items]
-        return [f.result() for f in futures]
-
-
 def _err(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e)[:300]}"
 
@@ -389,8 +365,8 @@ class Sampler(dspy.Module):
         prompts = {v: STATIC_VARIANTS[v].format(question=question) for v in STATIC_VARIANTS}
         needed = sorted({v for v, _ in plan if v in LM_VARIANTS}, key=VARIANTS.index)
         calls["variants"] += len(needed)
-        for v, (ok, out) in zip(needed, parallel_map(lambda v: self._variant_prompt(v, question), needed,
-                                                     self.num_threads)):
+        for v, (ok, out) in zip(needed, try_map(lambda v: self._variant_prompt(v, question), needed,
+                                                threads=self.num_threads)):
             if ok and out:
                 prompts[v] = out
             else:
@@ -427,7 +403,7 @@ class Sampler(dspy.Module):
 
         samples = []
         calls["samples"] += sum(1 for _, _, m, _ in jobs if not isinstance(lms[m], Exception))
-        for job, (ok, out) in zip(jobs, parallel_map(run, jobs, self.num_threads)):
+        for job, (ok, out) in zip(jobs, try_map(run, jobs, threads=self.num_threads)):
             if ok:
                 samples.append(out)
             else:
@@ -526,7 +502,7 @@ class FinchZK(dspy.Module):
                 return self.judge(question=question, blocks=numbered, sample=s.answer, config=cfg).ratings or []
 
             calls["judge"] += len(samples)
-            for s, (ok, out) in zip(samples, parallel_map(one, samples, self.num_threads)):
+            for s, (ok, out) in zip(samples, try_map(one, samples, threads=self.num_threads)):
                 got: dict[int, _Vote] = {}
                 if not ok:
                     failures["judge"] += 1
@@ -547,7 +523,7 @@ class FinchZK(dspy.Module):
                                   config=cfg).verdict
 
             calls["judge"] += len(pairs)
-            for (b, s), (ok, out) in zip(pairs, parallel_map(one, pairs, self.num_threads)):
+            for (b, s), (ok, out) in zip(pairs, try_map(one, pairs, threads=self.num_threads)):
                 if ok and out is not None:
                     votes[b].append(_Vote(parse_rating(out.rating), (out.explanation or "").strip(), s.index))
                 else:
@@ -587,7 +563,7 @@ class FinchZK(dspy.Module):
         calls["summary"] += len(flagged)
         calls["correct"] += len(flagged)
         summaries, replacements = {}, {}
-        for b, (ok, out) in zip(flagged, parallel_map(fix, flagged, self.num_threads)):
+        for b, (ok, out) in zip(flagged, try_map(fix, flagged, threads=self.num_threads)):
             if not ok:
                 failures["correct"] += 1
                 errors.append(f"correct block {b + 1}: {_err(out)}")

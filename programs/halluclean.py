@@ -50,10 +50,11 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.contract import Detection, to_prediction
+from halluscope.tasks import task_key
 from halluscope.text import diff_spans
-from programs.registry import ProgramSpec, register
-from signatures.halluclean import DirectAsk as DirectAskSig
-from signatures.halluclean import Judge, Plan, Reason, Revise, parse_verdict
+from halluscope.programs.registry import ProgramSpec, register
+from halluscope.signatures.halluclean import DirectAsk as DirectAskSig
+from halluscope.signatures.halluclean import Judge, Plan, Reason, Revise, parse_verdict
 
 __all__ = [
     "TaskRoute",
@@ -133,12 +134,6 @@ TASKS: dict[str, TaskRoute] = {
     ),
 }
 
-_ALIASES = {
-    "question_answering": "qa", "da": "dialogue", "dialog": "dialogue", "sum": "summarization",
-    "summary": "summarization", "math": "mwp", "umwp": "mwp", "sc": "self_contradiction",
-    "self-contradiction": "self_contradiction", "contradiction": "self_contradiction",
-}
-
 # Per-stage output budgets (tokens). Modest on purpose: the embedded model rambles until max_tokens, and
 # JSON output that runs out is repaired by the JSON adapter (a truncated analysis, not a failure).
 DEFAULT_MAX_TOKENS = {"plan": 128, "reason": 256, "judge": 16, "revise": 256}
@@ -146,7 +141,7 @@ DEFAULT_MAX_TOKENS = {"plan": 128, "reason": 256, "judge": 16, "revise": 256}
 
 def _task_key(task: str | None) -> str | None:
     key = str(task or "").strip().lower().replace(" ", "_")
-    key = _ALIASES.get(key, key)
+    key = task_key(key) or key  # "generic" is a route but not a HalluClean task
     return key if key in TASKS else None
 
 
@@ -287,7 +282,7 @@ def _default_judge():
     name = os.environ.get(JUDGE_PROGRAM_ENV) or "halluclean"
     if name == "halluclean":
         return name, HalluClean(revise=False)
-    from programs.registry import get
+    from halluscope.programs.registry import get
 
     return name, get(name).build()
 
@@ -304,7 +299,7 @@ def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=No
       flagged) that have a reference and a revisable answer; no change / failed revisions count as
       failures. ``Q_unrevised``: the same rate for their original (hallucinated) answers.
     """
-    from metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
+    from halluscope.metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
 
     statuses: dict[str, int] = {}
     for p in predictions:

@@ -74,8 +74,8 @@ def _load_builtin() -> None:
 
 
 _BUILTIN = [
-    "programs.span_detector",
-    "programs.baselines",
-    "programs.halluclean",
-    "programs.finch",
+    "halluscope.programs.span_detector",
+    "halluscope.programs.baselines",
+    "halluscope.programs.halluclean",
+    "halluscope.programs.finch",
 ]

@@ -7,8 +7,8 @@ from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.contract import Detection, to_prediction
 from halluscope.text import map_substrings
-from programs.registry import ProgramSpec, register
-from signatures.spans import ExtractSpans, QuotedSpan
+from halluscope.programs.registry import ProgramSpec, register
+from halluscope.signatures.spans import ExtractSpans, QuotedSpan
 
 __all__ = ["SpanDetector"]
 

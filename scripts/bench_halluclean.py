@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from loaders.halluclean import HALLUCLEAN_TASKS, load_halluclean  # noqa: E402
-from metrics.classification import mcnemar  # noqa: E402
+from halluscope.loaders.halluclean import HALLUCLEAN_TASKS, load_halluclean  # noqa: E402
+from halluscope.metrics.classification import mcnemar  # noqa: E402
 
 PROGRAMS = ("halluclean", "direct", "direct+routing")
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from metrics import load_jsonl, score_corpus, score_files  # noqa: E402
+from halluscope.metrics import load_jsonl, score_corpus, score_files  # noqa: E402
 
 DEFAULT_DATA = ROOT / ".." / "shared" / "data" / "mushroom" / "val"
 

@@ -10,8 +10,8 @@ import math
 import dspy
 import pytest
 
-from programs import registry
-from programs.baselines import LogitBaseline, MarkAll, token_bytes, token_offsets
+from halluscope.programs import registry
+from halluscope.programs.baselines import LogitBaseline, MarkAll, token_bytes, token_offsets
 
 
 def _phi(z: float) -> float:

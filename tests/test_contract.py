@@ -13,6 +13,7 @@ import pytest
 
 from halluscope.contract import (
     Detection,
+    Evidence,
     Span,
     Unit,
     char_probs,
@@ -350,8 +351,10 @@ def test_detection_overlapping_spans_labels():
 
 def test_detection_to_dict_contents():
     u = Unit(kind="sentence", start=0, end=len(ANSWER), text=ANSWER, label="contradiction", score=0.9, rationale="r")
+    ev = Evidence(text="Madrid is the capital of Spain.", source="kb", id="wiki/Madrid#0", score=3.5)
     d = Detection(answer=ANSWER, spans=[_span("Barcelona", 0.9)], label=True, score=0.9, units=[u],
-                  rationale="wrong city", revision="The capital of Spain is Madrid.", failures={"x": 2})
+                  rationale="wrong city", revision="The capital of Spain is Madrid.", failures={"x": 2},
+                  evidence=[ev])
     b = ANSWER.index("Barcelona")
     assert d.to_dict() == {
         "answer": ANSWER,
@@ -365,7 +368,9 @@ def test_detection_to_dict_contents():
         "rationale": "wrong city",
         "revision": "The capital of Spain is Madrid.",
         "failures": {"x": 2},
+        "evidence": [{"text": "Madrid is the capital of Spain.", "source": "kb", "id": "wiki/Madrid#0", "score": 3.5}],
     }
+    assert Detection.from_dict(d.to_dict()) == d
 
 
 def test_detection_to_dict_failures_is_a_copy():

@@ -8,8 +8,8 @@ import pytest
 
 from halluscope.cli import main
 from halluscope.lm import smollm2_path
-from loaders.demo import write_demo_data
-from loaders.mushroom import load_mushroom
+from halluscope.loaders.demo import write_demo_data
+from halluscope.loaders.mushroom import load_mushroom
 
 pytestmark = pytest.mark.embedded
 

@@ -8,11 +8,11 @@ import dspy
 import pytest
 
 from halluscope.cli import main
-from halluscope.evaluate import run_eval, score_predictions
+from halluscope.runner import run_eval, score_predictions
 from halluscope.testing import scripted_lm
-from loaders.demo import write_demo_data
-from loaders.mushroom import load_mushroom
-from programs.span_detector import SpanDetector
+from halluscope.loaders.demo import write_demo_data
+from halluscope.loaders.mushroom import load_mushroom
+from halluscope.programs.span_detector import SpanDetector
 
 
 def ex(i, answer, hard, label=None):
@@ -127,7 +127,7 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
 def test_dataset_defaults_to_halluclean_when_a_task_is_named():
     import argparse
 
-    from halluscope.cli import resolve_dataset
+    from halluscope.cli.common import resolve_dataset
 
     assert resolve_dataset(argparse.Namespace(dataset=None, task="qa")) == "halluclean"
     assert resolve_dataset(argparse.Namespace(dataset=None, task=None)) == "mushroom"

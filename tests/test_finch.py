@@ -9,7 +9,7 @@ import pytest
 
 from halluscope.testing import scripted_lm
 from halluscope.text import Segment, segment
-from programs.finch import (
+from halluscope.programs.finch import (
     DEFAULT_SAMPLERS,
     NO_VOTE_SCORE,
     VARIANTS,
@@ -26,8 +26,8 @@ from programs.finch import (
     round_robin,
     sampler_lm,
 )
-from programs.registry import get
-from signatures.finch import parse_rating
+from halluscope.programs.registry import get
+from halluscope.signatures.finch import parse_rating
 
 # -- rating parsing -----------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.contract import Span
 from halluscope.testing import scripted_lm
-from loaders.halluclean import (
+from halluscope.loaders.halluclean import (
     HALLUCLEAN_DEMO_NOTICE,
     HALLUCLEAN_FILES,
     HALLUCLEAN_TASKS,
@@ -20,14 +20,14 @@ from loaders.halluclean import (
     load_halluclean_or_demo,
     resolve_halluclean_dir,
 )
-from metrics.revision import (
+from halluscope.metrics.revision import (
     SUCCESS_THRESHOLD,
     hallucination_reduction_rate,
     normalize_tokens,
     revision_similarity,
     revision_success_rate,
 )
-from programs.halluclean import (
+from halluscope.programs.halluclean import (
     DEFAULT_MAX_TOKENS,
     TASKS,
     DirectAsk,
@@ -37,9 +37,9 @@ from programs.halluclean import (
     route_inputs,
     same_text,
 )
-from programs.registry import get
-from signatures.halluclean import Judge, Plan, Reason, Revise, parse_verdict
-from signatures.halluclean import DirectAsk as DirectAskSig
+from halluscope.programs.registry import get
+from halluscope.signatures.halluclean import Judge, Plan, Reason, Revise, parse_verdict
+from halluscope.signatures.halluclean import DirectAsk as DirectAskSig
 
 STAGES = ("plan", "analysis", "verdict", "revision")
 
@@ -388,7 +388,7 @@ def test_halluclean_runs_under_dspy_evaluate_with_threads():
         return {s: "x" if s != "revision" else "The capital of Australia is Canberra."}
 
     lm = scripted_lm(respond)
-    from metrics.adapters import f1_metric
+    from halluscope.metrics.adapters import f1_metric
 
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
         res = dspy.Evaluate(devset=examples, metric=f1_metric, num_threads=2, display_progress=False)(HalluClean())
@@ -498,7 +498,7 @@ def test_resolve_dir_and_demo_fallback(tmp_path, data_dir, monkeypatch, capsys):
     examples, is_demo = load_halluclean_or_demo(data_dir, "qa", limit=2)
     assert not is_demo and examples[0].answer == "R1"
 
-    monkeypatch.setattr("loaders.halluclean.resolve_halluclean_dir", lambda d=None: None)
+    monkeypatch.setattr("halluscope.loaders.halluclean.resolve_halluclean_dir", lambda d=None: None)
     examples, is_demo = load_halluclean_or_demo(None, "qa")
     assert is_demo and HALLUCLEAN_DEMO_NOTICE in capsys.readouterr().err
 
@@ -633,7 +633,7 @@ def test_mipro_compiles_the_detection_stages_with_a_scripted_lm():
 
     lm = scripted_lm(respond)
     examples = [e.copy(id=f"{e.id}-{i}") for i, e in enumerate(halluclean_demo("qa", notice=False) * 4)]
-    from metrics.adapters import f1_metric
+    from halluscope.metrics.adapters import f1_metric
 
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
         opt = dspy.MIPROv2(metric=f1_metric, auto=None, num_candidates=2, max_bootstrapped_demos=1,

@@ -10,7 +10,7 @@ import dspy
 import pytest
 
 from halluscope.contract import Detection, Span, hard_labels_from_soft, to_prediction
-from loaders import (
+from halluscope.loaders import (
     DEMO_ITEMS,
     DEMO_NOTICE,
     DEMO_VERSION,
@@ -414,17 +414,17 @@ def test_demo_loads_and_labels_are_consistent(demo_root, lang):
 
 
 def test_demo_data_dir_idempotent_and_versioned(tmp_path):
-    out = demo_data_dir(tmp_path)
+    out = demo_data_dir(tmp_path / "demo_data")
     assert out == tmp_path / "demo_data"
     assert (out / "VERSION").read_text("utf-8").strip() == DEMO_VERSION
     f = out / "val" / "mushroom.en-val.v2.extra.jsonl"
     mtime = f.stat().st_mtime_ns
-    assert demo_data_dir(tmp_path) == out and f.stat().st_mtime_ns == mtime
+    assert demo_data_dir(out) == out and f.stat().st_mtime_ns == mtime
     # A stale version is rewritten, and stale files disappear.
     (out / "VERSION").write_text("0-old\n", "utf-8")
     stale = out / "val" / "mushroom.sv-val.v2.extra.jsonl"
     stale.write_text("{}\n", "utf-8")
-    demo_data_dir(tmp_path)
+    demo_data_dir(out)
     assert (out / "VERSION").read_text("utf-8").strip() == DEMO_VERSION
     assert not stale.exists()
     assert len(load_mushroom(out)) == len(DEMO_ITEMS)

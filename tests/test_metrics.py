@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from halluscope.contract import Detection, Span, hard_labels_from_soft, to_prediction
-from metrics import (
+from halluscope.metrics import (
     METRIC_LEVEL,
     METRICS,
     accuracy,

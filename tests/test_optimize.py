@@ -11,8 +11,8 @@ import dspy
 import pytest
 
 from halluscope.testing import ScriptedEngine, scripted_lm
-from optimize import artifacts as A
-from optimize.cv import (FoldSizeError, OptimizerConfig, check_fold_sizes, compile_program, make_folds,
+from halluscope import artifacts as A
+from halluscope.optimize.cv import (FoldSizeError, OptimizerConfig, check_fold_sizes, compile_program, make_folds,
                          train_val_split)
 
 # ------------------------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def scripted():
 
 @pytest.fixture
 def spans_program():
-    from programs.registry import get
+    from halluscope.programs.registry import get
 
     return get("spans").build()
 
@@ -179,9 +179,9 @@ def test_load_best_pinned_and_missing(tmp_path, spans_program):
     _write(spans_program, tmp_path, 0.5)
     _write(spans_program, tmp_path, 0.3)
     best = A.load_compiled("spans", lang="de", metric="iou", root=tmp_path)
-    assert best.artifact_manifest["version"] == 2
-    assert A.load_compiled("spans", lang="de", metric="iou", version=3, root=tmp_path).artifact_manifest["version"] == 3
-    assert A.load_artifact("spans", lang="de", metric="iou", version="v0001", root=tmp_path).version == 1
+    assert best.manifest["version"] == 2
+    assert A.load_compiled("spans", lang="de", metric="iou", version=3, root=tmp_path).manifest["version"] == 3
+    assert A.load_compiled("spans", lang="de", metric="iou", version="v0001", root=tmp_path).version == 1
     with pytest.raises(A.ArtifactNotFoundError, match="v0009"):
         A.load_compiled("spans", lang="de", metric="iou", version=9, root=tmp_path)
     with pytest.raises(A.ArtifactNotFoundError, match="optimize.py"):
@@ -197,21 +197,21 @@ def test_real_data_versions_beat_demo_versions(tmp_path, spans_program):
     demo["source"] = "demo/de/val/context=native"
     A.write_artifact(spans_program, real, program_name="spans", lang="de", metric="iou", root=tmp_path)
     A.write_artifact(spans_program, demo, program_name="spans", lang="de", metric="iou", root=tmp_path)
-    assert A.load_artifact("spans", lang="de", metric="iou", root=tmp_path).version == 1
-    assert A.load_artifact("spans", lang="de", metric="iou", version=2, root=tmp_path).version == 2
+    assert A.load_compiled("spans", lang="de", metric="iou", root=tmp_path).version == 1
+    assert A.load_compiled("spans", lang="de", metric="iou", version=2, root=tmp_path).version == 2
 
 
 def test_unscored_versions_fall_back_to_newest(tmp_path, spans_program):
     _write(spans_program, tmp_path)
     _write(spans_program, tmp_path)
-    assert A.load_artifact("spans", lang="de", metric="iou", root=tmp_path).version == 2
+    assert A.load_compiled("spans", lang="de", metric="iou", root=tmp_path).version == 2
 
 
 def test_loaded_state_round_trips(tmp_path, spans_program):
     spans_program.extract.signature = spans_program.extract.signature.with_instructions("Quote wrong facts.")
     spans_program.extract.demos = [dspy.Example(question="q", answer="a", context="", language="de", spans=[])]
     _write(spans_program, tmp_path)
-    loaded = A.load_compiled("spans", lang="de", metric="iou", root=tmp_path)
+    loaded = A.load_compiled("spans", lang="de", metric="iou", root=tmp_path).program
     assert loaded.extract.signature.instructions == "Quote wrong facts."
     assert len(loaded.extract.demos) == 1
 
@@ -254,8 +254,8 @@ def test_signature_mismatch_is_refused(tmp_path, spans_program, monkeypatch):
     # An honest artifact, then the code renames a field: refused although DSPy would load it by position.
     good = tmp_path / "good"
     _write(spans_program, good)
-    from programs import registry
-    from programs.span_detector import SpanDetector
+    from halluscope.programs import registry
+    from halluscope.programs.span_detector import SpanDetector
 
     spec = registry.get("spans")
 
@@ -319,7 +319,7 @@ def test_invalid_path_parts_are_rejected(tmp_path, spans_program):
 
 
 def test_compile_mipro_and_bootstrap_with_scripted_lm(scripted, spans_program):
-    from metrics.adapters import get_metric
+    from halluscope.metrics.adapters import get_metric
 
     examples = [_ex(i, i % 3 != 0) for i in range(6)]
     prog, info = compile_program(spans_program, examples, get_metric("iou"),
@@ -344,7 +344,8 @@ def _opt_args(tmp_path, *extra):
 
 
 def _run_optimize(argv, lm):
-    from optimize.cli import build_parser, run_optimize
+    from halluscope.cli.optimize import build_parser
+    from halluscope.optimize.run import run_optimize
 
     p = build_parser()
     return run_optimize(p.parse_args(argv), p, task_lm=lm)
@@ -363,7 +364,7 @@ def test_optimize_end_to_end_artifact_mlflow_detect_compare(tmp_path, demo_env, 
     assert "zero-shot vs compiled, 2-fold cross-validation" in out and "mean ± sd" in out
     assert "compared: zero-shot = the uncompiled 'spans' program" in out
 
-    art = A.load_artifact("spans", lang="de", metric="iou", root=tmp_path / "compiled")
+    art = A.load_compiled("spans", lang="de", metric="iou", root=tmp_path / "compiled")
     m = art.manifest
     assert m["version"] == 1 and m["source"].startswith("demo/de/val")
     assert len(m["cv"]["folds"]) == 2 and "iou" in m["cv"]["mean"]["compiled"]
@@ -375,7 +376,7 @@ def test_optimize_end_to_end_artifact_mlflow_detect_compare(tmp_path, demo_env, 
     assert m["usage"]["lm_calls"] > 0
 
     # detect (Python API and the halluscope command) on a JSONL file
-    from optimize.commands import detect_jsonl
+    from halluscope.detect import detect_jsonl
 
     inp = tmp_path / "answers.jsonl"
     inp.write_text(json.dumps({"id": "a1", "question": "Q?", "answer": "Die Provinz heißt Álava."}) + "\n"
@@ -387,12 +388,13 @@ def test_optimize_end_to_end_artifact_mlflow_detect_compare(tmp_path, demo_env, 
     assert rows[0]["id"] == "a1" and rows[0]["hard_labels"] == [[18, 23]] and "soft_labels" in rows[0]
 
     import halluscope.cli as hcli
+    import halluscope.cli.detect as detect_cmd
 
     def fake_setup(args, needed=True):
         dspy.configure(lm=lm, adapter=dspy.JSONAdapter())
         return lm
 
-    monkeypatch.setattr(hcli, "setup_lm", fake_setup)
+    monkeypatch.setattr(detect_cmd, "setup_lm", fake_setup)
     rc = hcli.main(["detect", "--lang", "de", "--compiled-dir", str(tmp_path / "compiled"), "--input", str(inp),
                     "--output", str(tmp_path / "cli.jsonl"), "--no-progress"])
     assert rc == 0 and len((tmp_path / "cli.jsonl").read_text().splitlines()) == 2
@@ -482,7 +484,7 @@ def test_fold_too_small_is_a_clear_cli_error(tmp_path, demo_env, capsys):
     (["--optimizer", "gepa"], "invalid choice: 'gepa'"),
 ])
 def test_bad_choices_are_argparse_errors_listing_choices(argv, needle, capsys):
-    from optimize.cli import main
+    from halluscope.cli.optimize import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -492,7 +494,7 @@ def test_bad_choices_are_argparse_errors_listing_choices(argv, needle, capsys):
 
 
 def test_response_program_with_span_metric_and_lone_trials_are_refused(capsys):
-    from optimize.cli import build_parser, validate_args
+    from halluscope.cli.optimize import build_parser, validate_args
 
     p = build_parser()
     with pytest.raises(SystemExit):
@@ -509,7 +511,7 @@ def test_response_program_with_span_metric_and_lone_trials_are_refused(capsys):
 
 
 def test_redaction_of_params_and_values(monkeypatch):
-    from optimize.tracking import metric_key, redact, redact_params
+    from halluscope.optimize.tracking import metric_key, redact, redact_params
 
     monkeypatch.setenv("MY_SERVICE_API_KEY", "s3cr3t-value-123")
     p = redact_params({"api_key": "abc", "lm": "openai/gpt-4o", "note": "key sk-ABCDEFGHIJKLMNOPQRSTUV here",
@@ -523,7 +525,7 @@ def test_redaction_of_params_and_values(monkeypatch):
 def test_track_run_logs_params_metrics_files_and_skips_secret_files(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from optimize.tracking import track_run
+    from halluscope.optimize.tracking import track_run
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789abcdefXYZ")
     ok = tmp_path / "summary.json"
@@ -547,14 +549,14 @@ def test_track_run_logs_params_metrics_files_and_skips_secret_files(tmp_path, mo
 
 
 def test_no_cv_with_test_file(tmp_path, demo_env, capsys):
-    from loaders.demo import demo_data_dir
+    from halluscope.loaders.demo import demo_data_dir
 
     test_file = demo_data_dir() / "val" / "mushroom.de-val.v2.extra.jsonl"
     assert _run_optimize(_opt_args(tmp_path, "--folds", "1", "--test", str(test_file), "--no-mlflow"),
                          scripted_lm(_responder)) == 0
     out = capsys.readouterr().out
     assert "cross-validation" not in out and f"== test {test_file}" in out
-    art = A.load_artifact("spans", lang="de", metric="iou", root=tmp_path / "compiled")
+    art = A.load_compiled("spans", lang="de", metric="iou", root=tmp_path / "compiled")
     assert art.manifest["cv"] is None and A.selection_score(art.manifest) is None
     t = art.manifest["test"]
     assert t["n"] == 7 and t["split"] == "val" and "iou" in t["compiled"] and "iou" in t["zero_shot"]
@@ -570,7 +572,7 @@ def test_unlabelled_test_file_is_refused(tmp_path, demo_env):
 
 def test_detect_routes_halluclean_artifacts_by_their_task():
     from halluscope.contract import Detection, to_prediction
-    from optimize.commands import detect
+    from halluscope.detect import detect
 
     seen = {}
 

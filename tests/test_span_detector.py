@@ -6,8 +6,8 @@ import dspy
 import pytest
 
 from halluscope.testing import scripted_lm
-from programs.registry import get
-from programs.span_detector import SpanDetector
+from halluscope.programs.registry import get
+from halluscope.programs.span_detector import SpanDetector
 
 ANSWER = "\nDie spanische Provinz heißt Álava. Álava liegt im Baskenland."
 
@@ -112,7 +112,7 @@ def test_registered_builder_options():
 
 
 def test_gold_examples_become_labeled_demos_with_quoted_spans():
-    from programs.span_detector import gold_demo_fields
+    from halluscope.programs.span_detector import gold_demo_fields
 
     answer = "Die spanische Provinz heißt Álava."
     i = answer.index("Álava")

@@ -16,10 +16,11 @@ from typing import Any, Sequence
 import dspy
 
 from halluscope.lm import LMUsage, history_since, usage_of
-from metrics.adapters import METRIC_LEVEL, aggregate
-from metrics.classification import classification_report
+from halluscope.parallel import map_items
+from halluscope.metrics.adapters import METRIC_LEVEL, aggregate
+from halluscope.metrics.classification import classification_report
 
-__all__ = ["EvalResult", "run_eval", "map_items", "score_predictions", "SPAN_METRICS", "RESPONSE_METRICS"]
+__all__ = ["EvalResult", "run_eval", "score_predictions", "SPAN_METRICS", "RESPONSE_METRICS"]
 
 SPAN_METRICS = ("iou", "corr", "maxiou")
 RESPONSE_METRICS = ("accuracy", "precision", "recall", "f1", "balanced_accuracy")
@@ -134,22 +135,6 @@ def run_eval(
         except Exception as e:  # a failing report must not lose the evaluation
             result.report = {"report_error": f"{type(e).__name__}: {e}"}
     return result
-
-
-def map_items(fn, items: Sequence, *, threads: int = 1, progress: bool = True, desc: str = "", unit: str = "item"):
-    """``[fn(x) for x in items]``, in order, on ``threads`` threads (DSPy's executor, which carries DSPy's
-    settings into each thread), with a progress bar. ``fn`` must not raise: catch and return a failure."""
-    items = list(items)
-    if threads <= 1 or len(items) <= 1:
-        if progress:
-            from tqdm import tqdm
-
-            items = tqdm(items, desc=desc, unit=unit)
-        return [fn(x) for x in items]
-    from dspy.utils.parallelizer import ParallelExecutor
-
-    return ParallelExecutor(num_threads=threads, disable_progress_bar=not progress,
-                            max_errors=len(items) + 1).execute(fn, items)
 
 
 @dataclass

@@ -33,6 +33,7 @@ import dspy
 __all__ = [
     "Span",
     "Unit",
+    "Evidence",
     "Detection",
     "char_probs",
     "soft_labels_from_spans",
@@ -84,6 +85,21 @@ class Unit:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """A piece of evidence a detector used: its ``text``, which ``source`` it came from ("context", "kb",
+    "search", "kg", "file", ...), an ``id`` or URL within that source, and the retriever's relevance
+    ``score`` (higher = more relevant; comparable only within one source)."""
+
+    text: str
+    source: str = "context"
+    id: str = ""
+    score: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class Detection:
     """What a detector says about one answer. See the module docstring for the conventions."""
@@ -96,6 +112,7 @@ class Detection:
     rationale: str = ""
     revision: str | None = None
     failures: dict[str, int] = field(default_factory=dict)
+    evidence: list[Evidence] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.spans = normalize_spans(self.spans, len(self.answer))
@@ -121,6 +138,7 @@ class Detection:
             "rationale": self.rationale,
             "revision": self.revision,
             "failures": dict(self.failures),
+            "evidence": [e.to_dict() for e in self.evidence],
         }
 
     def to_json(self) -> str:
@@ -137,6 +155,7 @@ class Detection:
             rationale=d.get("rationale", ""),
             revision=d.get("revision"),
             failures=dict(d.get("failures", {})),
+            evidence=[Evidence(**e) for e in d.get("evidence", [])],
         )
 
 

@@ -1,6 +1,6 @@
 """Versioned compiled-program artifacts: write once, verify on load, never unpickle.
 
-Layout (``root`` defaults to ``<project>/compiled``)::
+Layout (``root`` defaults to :func:`halluscope.paths.compiled_dir`, ``./compiled``)::
 
     compiled/<program>/<lang>/<metric>/v0001/program.json    # DSPy per-predictor state (JSON, no pickle)
     compiled/<program>/<lang>/<metric>/v0001/manifest.json   # what it is, how it was made, how good it is
@@ -10,7 +10,7 @@ the folder to the next free ``vNNNN`` in one ``os.rename``: a version is complet
 version is never overwritten (renaming onto a non-empty folder fails; the writer then takes the next number).
 
 ``manifest["content_hash"]`` is the SHA-256 of ``program.json``'s bytes followed by the canonical JSON of the
-manifest without ``content_hash``; :func:`load_artifact` recomputes it and refuses a mismatch
+manifest without ``content_hash``; :func:`load_compiled` recomputes it and refuses a mismatch
 (:class:`ArtifactIntegrityError`). It then rebuilds the program from the registry with the recorded build
 options and checks that every predictor's input/output field names equal the manifest's — DSPy itself loads
 fields *by position* and would silently accept a renamed field — refusing a mismatch
@@ -34,21 +34,24 @@ from pathlib import Path
 from typing import Any
 
 import dspy
+import orjson
+from dspy.utils.saving import get_dependency_versions
+
+from halluscope import paths
+from halluscope.detect import CompiledDetector
+from halluscope.programs.registry import get
 
 __all__ = [
     "ARTIFACT_FORMAT",
-    "DEFAULT_ROOT",
     "ArtifactError",
     "ArtifactNotFoundError",
     "ArtifactIntegrityError",
     "ArtifactMismatchError",
-    "Artifact",
     "VersionInfo",
     "signature_fields",
     "content_hash",
     "write_artifact",
     "list_versions",
-    "load_artifact",
     "load_compiled",
     "verify_artifact",
     "git_commit",
@@ -58,8 +61,6 @@ __all__ = [
 ]
 
 ARTIFACT_FORMAT = "halluscope-compiled/1"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_ROOT = PROJECT_ROOT / "compiled"
 PROGRAM_FILE = "program.json"
 MANIFEST_FILE = "manifest.json"
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
@@ -92,17 +93,6 @@ class VersionInfo:
     @property
     def name(self) -> str:
         return f"v{self.version:04d}"
-
-
-@dataclass
-class Artifact:
-    program: dspy.Module
-    manifest: dict
-    path: Path
-
-    @property
-    def version(self) -> int:
-        return int(self.manifest["version"])
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -147,8 +137,10 @@ def selection_score(manifest: dict) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def git_commit(cwd: Path = PROJECT_ROOT) -> dict:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the project checkout."""
+def git_commit(cwd: str | os.PathLike | None = None) -> dict:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the git checkout at ``cwd`` (default: the home
+    folder, see :mod:`halluscope.paths`)."""
+    cwd = Path(cwd) if cwd is not None else paths.home()
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
                              timeout=10).stdout.strip() or None
@@ -172,7 +164,7 @@ def _safe_part(s: str, what: str) -> str:
 
 
 def artifact_dir(program: str, lang: str, metric: str, root: str | os.PathLike | None = None) -> Path:
-    root = Path(root) if root is not None else DEFAULT_ROOT
+    root = Path(root) if root is not None else paths.compiled_dir()
     return root / _safe_part(program, "program") / _safe_part(lang, "language") / _safe_part(metric, "metric")
 
 
@@ -197,9 +189,6 @@ def _parse_version(version: int | str) -> int:
 def _program_bytes(program: dspy.Module) -> bytes:
     """DSPy's ``program.save(x.json)`` format (per-predictor state + dependency versions), with any LM a
     predictor carries removed: production configures its own LM, and an LM state is no place for keys."""
-    import orjson
-    from dspy.utils.saving import get_dependency_versions
-
     state = program.dump_state()
     for value in state.values():
         if isinstance(value, dict) and value.get("lm") is not None:
@@ -223,8 +212,8 @@ def write_artifact(
     lang: str,
     metric: str,
     root: str | os.PathLike | None = None,
-) -> Artifact:
-    """Write ``program``'s state and ``manifest`` as the next version; return the written :class:`Artifact`.
+) -> CompiledDetector:
+    """Write ``program``'s state and ``manifest`` as the next version; return it as a :class:`CompiledDetector`.
 
     ``manifest`` is completed here with ``format``, ``program``, ``lang``, ``metric``, ``version``,
     ``predictors`` (signature field names), ``program_file``, ``program_sha256``, ``created_at`` (if absent)
@@ -264,7 +253,7 @@ def write_artifact(
                     continue
                 raise
             _fsync_dir(base)
-            return Artifact(program=program, manifest=m, path=target)
+            return CompiledDetector(program=program, manifest=m, path=target)
         raise ArtifactError(f"could not find a free version number under {base}")
     finally:
         if tmp.exists():
@@ -302,7 +291,7 @@ def list_versions(program: str, lang: str, metric: str, *, root: str | os.PathLi
     """The versions under ``compiled/<program>/<lang>/<metric>``, oldest first.
 
     Folders whose manifest cannot be read are listed only with ``include_invalid`` (their ``manifest`` is
-    None). Nothing is verified here: :func:`load_artifact` verifies what it loads.
+    None). Nothing is verified here: :func:`load_compiled` verifies what it loads.
     """
     base = artifact_dir(program, lang, metric, root)
     if not base.is_dir():
@@ -401,21 +390,27 @@ def check_compatible(program: dspy.Module, manifest: dict, state: dict, where: P
             + "\n  - ".join(problems) + "\nRecompile with optimize.py for the current code.")
 
 
-def load_artifact(
-    program: str,
+def load_compiled(
+    program: str = "spans",
     *,
     lang: str,
     metric: str,
     version: int | str | None = None,
     root: str | os.PathLike | None = None,
-) -> Artifact:
+) -> CompiledDetector:
     """Load the best (or the pinned ``version``) compiled ``program`` for ``lang``/``metric``, verified.
+    Configure an LM (:func:`halluscope.configure`) before calling it.
+
+    Example::
+
+        from halluscope import configure, detect, load_compiled
+        configure("local")
+        detector = load_compiled("spans", lang="de", metric="iou")
+        det = detect(detector, "Die spanische Provinz heißt Álava.", question="...")
 
     Raises :class:`ArtifactNotFoundError`, :class:`ArtifactIntegrityError` (hash),
     :class:`ArtifactMismatchError` (signature/program) — never loads anything unverified.
     """
-    from programs.registry import get
-
     base = artifact_dir(program, lang, metric, root)
     versions = list_versions(program, lang, metric, root=root, include_invalid=True)
     if version is not None:
@@ -454,40 +449,13 @@ def load_artifact(
     check_compatible(module, manifest, state, chosen.path)
     _warn_versions(state, chosen.path)
     module.load_state({k: v for k, v in state.items() if k != "metadata"})
-    return Artifact(program=module, manifest=manifest, path=chosen.path)
+    return CompiledDetector(program=module, manifest=manifest, path=chosen.path)
 
 
 def _warn_versions(state: dict, where: Path) -> None:
-    from dspy.utils.saving import get_dependency_versions
-
     saved = ((state.get("metadata") or {}).get("dependency_versions")) or {}
     now = get_dependency_versions()
     diff = {k: (v, now.get(k)) for k, v in saved.items() if now.get(k) != v}
     if diff:
         print(f"warning: {where} was compiled with " + ", ".join(f"{k}=={a}" for k, (a, _) in diff.items())
               + "; running with " + ", ".join(f"{k}=={b}" for k, (_, b) in diff.items()), file=sys.stderr)
-
-
-def load_compiled(
-    program: str = "spans",
-    *,
-    lang: str,
-    metric: str = "iou",
-    version: int | str | None = None,
-    root: str | os.PathLike | None = None,
-) -> dspy.Module:
-    """A ready, verified compiled program (the best version, or ``version``). Configure an LM
-    (``halluscope.lm.configure``) before calling it. The manifest is on ``program.artifact_manifest``.
-
-    Example::
-
-        from halluscope.lm import configure
-        from optimize import load_compiled
-        configure("local")
-        detector = load_compiled("spans", lang="de", metric="iou")
-        pred = detector(question="...", answer="...", lang="de", context="")
-    """
-    art = load_artifact(program, lang=lang, metric=metric, version=version, root=root)
-    object.__setattr__(art.program, "artifact_manifest", art.manifest)
-    object.__setattr__(art.program, "artifact_path", str(art.path))
-    return art.program

@@ -26,112 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from halluscope import paths
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_REPORTS = PROJECT_ROOT / "outputs" / "optimize"
-
-__all__ = ["build_parser", "main", "run_optimize", "data_hash"]
-
-
-# ------------------------------------------------------------------------------------------------------
-# Arguments
-# ------------------------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from halluscope.cli import add_data_args, add_lm_args
-    from metrics.adapters import METRICS
-    from programs.registry import names
-
-    p = argparse.ArgumentParser(
-        prog="optimize.py",
-        description="Compile a halluscope detector with MIPROv2/BootstrapFewShot under cross-validation and "
-                    "write a versioned artifact (compiled/<program>/<lang>/<metric>/vNNNN).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--program", choices=names(), default="spans", help="detector program (registry name)")
-    p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
-                   help="program build option, e.g. -O reasoning=true (repeatable)")
-    p.add_argument("--metric", choices=list(METRICS), default="iou",
-                   help="metric to optimise (span metrics for span programs; f1/accuracy for any)")
-    add_data_args(p)
-    add_lm_args(p)
-    g = p.add_argument_group("prompt model (MIPROv2 instruction proposals)")
-    g.add_argument("--prompt-lm", default=None, help="LM spec for proposals (default: the task LM)")
-    g.add_argument("--prompt-api-base", default=None, help="server of the prompt LM (default: --api-base when "
-                                                           "--prompt-lm is not given)")
-    g.add_argument("--prompt-max-tokens", type=int, default=None,
-                   help="max tokens per proposal call (default: 256 for the embedded model, whose proposals "
-                        "otherwise ramble to the limit at temperature 1; --max-tokens for other LMs)")
-    o = p.add_argument_group("optimizer")
-    o.add_argument("--optimizer", choices=["mipro", "bootstrap"], default="mipro",
-                   help="mipro = dspy.MIPROv2, bootstrap = dspy.BootstrapFewShot")
-    o.add_argument("--auto", choices=["light", "medium", "heavy"], default="light",
-                   help="MIPROv2 budget preset (ignored when --candidates/--trials are given)")
-    o.add_argument("--candidates", type=int, default=None,
-                   help="MIPROv2 num_candidates (with --trials, replaces --auto)")
-    o.add_argument("--trials", type=int, default=None, help="MIPROv2 num_trials (with --candidates)")
-    o.add_argument("--max-bootstrapped-demos", type=int, default=2)
-    o.add_argument("--max-labeled-demos", type=int, default=0,
-                   help="gold training examples as demos (programs supply the signature fields through "
-                        "ProgramSpec.demo_fields; the span detector quotes the gold spans); 0 by default, which "
-                        "keeps prompts short for the embedded model")
-    o.add_argument("--val-fraction", type=float, default=0.5,
-                   help="share of the compile set MIPROv2 validates candidates on (never the held-out fold)")
-    o.add_argument("--max-errors", type=int, default=None,
-                   help="LM/program errors tolerated inside one compile before it stops (default: DSPy's 10)")
-    o.add_argument("--folds", type=int, default=2, help="cross-validation folds; 1 = no cross-validation")
-    o.add_argument("--seed", type=int, default=0, help="seeds folds, splits and the optimizer")
-    o.add_argument("--threads", type=int, default=1, help="parallel program calls (the embedded model runs one "
-                                                          "call at a time anyway)")
-    r = p.add_argument_group("outputs")
-    r.add_argument("--test", default=None, metavar="PATH",
-                   help="score the final program on this Mu-SHROOM JSONL file (or data root, with --lang)")
-    r.add_argument("--test-split", choices=["val", "test"], default=None,
-                   help="split name of --test (default: guessed from the file name)")
-    r.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
-    r.add_argument("--report-dir", default=str(DEFAULT_REPORTS), help="run reports (JSON) go here")
-    r.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlruns/mlflow.db)")
-    r.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
-    r.add_argument("--quiet", action="store_true", help="hide DSPy's optimizer log")
-    return p
-
-
-def validate_args(p: argparse.ArgumentParser, args) -> None:
-    from halluscope.cli import resolve_dataset
-    from metrics.adapters import METRIC_LEVEL
-    from programs.registry import get
-
-    resolve_dataset(args)
-    spec = get(args.program)
-    if spec.level == "response" and METRIC_LEVEL[args.metric] == "span":
-        ok = [m for m, lvl in METRIC_LEVEL.items() if lvl == "response"]
-        p.error(f"argument --metric: {args.metric!r} scores spans, but program {args.program!r} is response-level "
-                f"(choose from {', '.join(ok)})")
-    if not spec.uses_lm:
-        p.error(f"argument --program: {args.program!r} uses no LM: there is nothing to optimise "
-                f"(choose from LM programs)")
-    if args.folds < 1:
-        p.error(f"argument --folds: must be at least 1, not {args.folds}")
-    if (args.candidates is None) != (args.trials is None):
-        p.error("arguments --candidates and --trials go together (they replace --auto)")
-    if args.candidates is not None and (args.candidates < 1 or args.trials < 1):
-        p.error("arguments --candidates/--trials must be at least 1")
-    if args.optimizer == "bootstrap" and args.candidates is not None:
-        p.error("arguments --candidates/--trials are MIPROv2 settings; drop them with --optimizer bootstrap")
-    if args.max_bootstrapped_demos < 0 or args.max_labeled_demos < 0:
-        p.error("demo counts cannot be negative")
-    if args.optimizer == "bootstrap" and args.max_bootstrapped_demos == 0 and args.max_labeled_demos == 0:
-        p.error("--optimizer bootstrap with no demos would compile nothing; allow some demos")
-    if not 0.0 < args.val_fraction < 1.0:
-        p.error("argument --val-fraction: must be between 0 and 1")
-    if args.dataset == "mushroom" and METRIC_LEVEL[args.metric] == "span":
-        pass  # Mu-SHROOM carries both span and label gold
-    if args.dataset == "halluclean" and METRIC_LEVEL[args.metric] == "span":
-        p.error(f"argument --metric: HalluClean has no span labels; choose f1 or accuracy, not {args.metric!r}")
+__all__ = ["run_optimize", "data_hash", "format_cv_table", "UsageMeter"]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -207,7 +107,7 @@ def _lm_record(lm, spec: str | None, args_like: dict) -> dict:
 
 
 def _load_test(args, lang: str):
-    from loaders.mushroom import load_mushroom
+    from halluscope.loaders.mushroom import load_mushroom
 
     path = Path(args.test).expanduser()
     split = args.test_split or ("test" if any(t in path.name.lower() for t in ("-tst", "test")) else "val")
@@ -226,8 +126,8 @@ def _load_test(args, lang: str):
 
 
 def _display_metrics(metric: str, available: list[str]) -> list[str]:
-    from halluscope.evaluate import SPAN_METRICS
-    from metrics.adapters import METRIC_LEVEL
+    from halluscope.runner import SPAN_METRICS
+    from halluscope.metrics.adapters import METRIC_LEVEL
 
     extra = SPAN_METRICS if METRIC_LEVEL[metric] == "span" else ("accuracy", "f1", "balanced_accuracy")
     out = [metric] + [m for m in extra if m != metric]
@@ -284,13 +184,14 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
     """
     import dspy
 
-    from halluscope.cli import load_examples, parse_options, setup_lm
+    from halluscope.cli.common import load_examples, parse_options, setup_lm
+    from halluscope.cli.optimize import build_parser, validate_args
     from halluscope.lm import make_lm
-    from metrics.adapters import METRIC_LEVEL, get_metric
-    from optimize.artifacts import git_commit, write_artifact
-    from optimize.cv import (CompileError, FailureCounter, FoldSizeError, OptimizerConfig, check_fold_sizes,
+    from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
+    from halluscope.artifacts import git_commit, write_artifact
+    from halluscope.optimize.cv import (CompileError, FailureCounter, FoldSizeError, OptimizerConfig, check_fold_sizes,
                              compile_program, cross_validate, evaluate_program, slim_examples)
-    from programs.registry import get
+    from halluscope.programs.registry import get
 
     parser = parser or build_parser()
     validate_args(parser, args)
@@ -347,7 +248,7 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
         return spec.build(**options)
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    report_dir = Path(args.report_dir) / f"{stamp}-{spec.name}-{lang}-{args.metric.replace('+', '_')}"
+    report_dir = Path(args.report_dir or paths.outputs_dir() / "optimize") / f"{stamp}-{spec.name}-{lang}-{args.metric.replace('+', '_')}"
     compared = (f"zero-shot = the uncompiled {spec.name!r} program (its default instructions, no demos); "
                 f"compiled = {cfg.describe()} compiled on the other folds (MIPROv2 validates on "
                 f"{int(round(cfg.val_fraction * 100))}% of those, never on the held-out fold); both scored on "
@@ -361,7 +262,7 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
 
     git = git_commit()  # the code this run starts with
     failures = FailureCounter()
-    from optimize.artifacts import signature_fields
+    from halluscope.artifacts import signature_fields
 
     outputs = sorted({f for d in signature_fields(build()).values() for f in d["outputs"]})
     meter = UsageMeter(task_lm, prompt_lm, task_outputs=outputs)
@@ -466,7 +367,7 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
     print()
     if artifact is not None:
         print(f"artifact: {artifact.path} (version {artifact.version}, hash {artifact.manifest['content_hash'][:12]})")
-        from optimize.artifacts import best_version, list_versions
+        from halluscope.artifacts import best_version, list_versions
 
         best = best_version(list_versions(spec.name, lang, args.metric, root=args.compiled_dir))
         if best is not None and best.version == artifact.version:
@@ -491,7 +392,7 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
     print(f"report: {report_path}")
 
     if not args.no_mlflow:
-        from optimize.tracking import metric_key, track_run
+        from halluscope.optimize.tracking import metric_key, track_run
 
         metrics: dict[str, float] = {"n": len(examples), "seconds": usage["seconds"]}
         metrics.update({k: v for k, v in usage.items() if isinstance(v, (int, float))})
@@ -534,13 +435,3 @@ def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm
         if run_id:
             print(f"mlflow run: {run_id}")
     return 0 if status == "FINISHED" else (130 if status == "KILLED" else 1)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return run_optimize(args, parser)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,6 +32,8 @@ from typing import Any
 import dspy
 from dspy.lm15 import Message, Response, Usage
 
+from halluscope import paths
+
 __all__ = [
     "DEFAULT_LM",
     "LlamaCppEngine",
@@ -45,8 +47,6 @@ __all__ = [
 ]
 
 DEFAULT_LM = "local"
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CACHE_DIR = PROJECT_ROOT / ".cache" / "dspy"
 
 
 def smollm2_path() -> Path:
@@ -312,11 +312,11 @@ def configure(
 ) -> dspy.LM:
     """Make ``lm`` (a spec or an LM) the default, with DSPy's disk cache in ``cache_dir``.
 
-    ``cache_dir`` defaults to ``$HALLUSCOPE_CACHE_DIR`` or ``<project>/.cache/dspy``. ``adapter`` is
+    ``cache_dir`` defaults to :func:`halluscope.paths.cache_dir`. ``adapter`` is
     "json" or "chat"; by default JSON for the embedded model (constrained decoding) and DSPy's chat
     adapter otherwise.
     """
-    cache_dir = Path(cache_dir or os.environ.get("HALLUSCOPE_CACHE_DIR") or DEFAULT_CACHE_DIR)
+    cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
     api_base = lm_kwargs.get("api_base") if isinstance(lm, str) else getattr(lm, "kwargs", {}).get("api_base")
     if api_base:  # DSPy's cache key ignores api_base: one folder per server
         cache_dir = cache_dir / f"server-{hashlib.sha256(api_base.encode()).hexdigest()[:12]}"

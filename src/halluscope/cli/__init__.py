@@ -1,0 +1,36 @@
+"""The ``halluscope`` command line: one module per command, the shared arguments in :mod:`.common`.
+
+    halluscope evaluate --program spans --lang de --data-dir ../shared/data/mushroom
+    halluscope optimize --metric iou --lang de        # same as python optimize.py
+    halluscope detect --lang de --answer "..."
+    halluscope compare --metric iou
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from halluscope.cli import compare, detect, evaluate
+from halluscope.cli import optimize as optimize_cmd
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="halluscope", description="Find and fix hallucinations in LLM answers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    evaluate.add_parser(sub)
+    optimize_cmd.add_parser(sub)
+    detect.add_parser(sub)
+    compare.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""``halluscope detect``: run a compiled artifact on one answer or a JSONL file of answers.
+
+    halluscope detect --lang de --answer "Die spanische Provinz heißt Álava." --question "..."
+    halluscope detect --lang de --metric iou --input answers.jsonl --output spans.jsonl
+    halluscope detect --lang de --list                      # the versions there are, best marked
+
+Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``question`` (or ``model_input``),
+``context``, ``lang`` and ``id`` are optional. Each output row is ``{"id", "ok", ...Detection.to_dict()}``
+(``spans``, ``soft_labels``, ``hard_labels``, ``label``, ``score``, ...); a failed item is
+``{"id", "ok": false, "error"}`` and is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from halluscope import paths
+from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
+from halluscope.cli.common import add_lm_args, setup_lm
+from halluscope.detect import detect, detect_jsonl
+from halluscope.files import write_text_atomic
+from halluscope.loaders.mushroom import LANGS
+from halluscope.metrics.adapters import METRICS
+from halluscope.programs.registry import get, names
+from halluscope.tasks import HALLUCLEAN_TASKS
+
+
+def add_parser(subparsers) -> None:
+    d = subparsers.add_parser("detect", help="run a compiled artifact on one answer or a JSONL file of answers")
+    d.add_argument("--program", choices=names(), default="spans")
+    d.add_argument("--lang", choices=[*LANGS, *HALLUCLEAN_TASKS], required=True, metavar="LANG|TASK",
+                   help="language the artifact was compiled for (Mu-SHROOM: " + ", ".join(LANGS)
+                        + "), or the HalluClean task of a response-level artifact (" + ", ".join(HALLUCLEAN_TASKS) + ")")
+    d.add_argument("--metric", choices=list(METRICS), default="iou", help="metric the artifact was optimised for")
+    d.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best one")
+    d.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
+    d.add_argument("--list", action="store_true", help="list the versions and exit")
+    src = d.add_mutually_exclusive_group()
+    src.add_argument("--answer", help="one answer to check")
+    src.add_argument("--input", help="JSONL file of answers (answer/model_output_text, question, context, id)")
+    d.add_argument("--question", default="", help="the question of --answer")
+    d.add_argument("--context", default="", help="reference text for --answer")
+    d.add_argument("--output", default=None, help="output JSONL (default: stdout for --answer, "
+                                                   "outputs/detect/<time>/detections.jsonl for --input)")
+    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--no-progress", action="store_true")
+    add_lm_args(d)
+    d.set_defaults(func=cmd_detect)
+
+
+def cmd_detect(args) -> int:
+    if args.list:
+        versions = list_versions(args.program, args.lang, args.metric, root=args.compiled_dir, include_invalid=True)
+        if not versions:
+            print(f"no compiled {args.program} for {args.lang}/{args.metric}")
+            return 1
+        best = best_version([v for v in versions if v.manifest is not None])
+        for v in versions:
+            m = v.manifest or {}
+            score = "-" if v.score is None else f"{v.score:.4f}"
+            print(f"{v.name}{' *best*' if best is not None and v.version == best.version else '       '}  "
+                  f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  cv {args.metric}={score:<7}  "
+                  f"{(m.get('optimizer') or {}).get('description', '?')}  {(m.get('task_lm') or {}).get('model', '?')}"
+                  + ("" if v.manifest is not None else "  (unreadable manifest)"))
+        return 0
+    if args.answer is None and args.input is None:
+        raise SystemExit("halluscope detect: give --answer TEXT or --input FILE.jsonl (or --list)")
+    try:
+        detector = load_compiled(args.program, lang=args.lang, metric=args.metric, version=args.version,
+                            root=args.compiled_dir)
+    except (ArtifactError, ValueError) as e:
+        print(f"halluscope detect: {e}", file=sys.stderr)
+        return 2
+    m = detector.manifest
+    print(f"loaded {detector.path} (v{detector.version:04d}, {m.get('optimizer', {}).get('description', '?')}, "
+          f"cv {args.metric}={_fmt((m.get('cv') or {}).get('mean', {}).get('compiled', {}).get(args.metric))})",
+          file=sys.stderr)
+    lm = setup_lm(args)
+    compiled_with = (m.get("task_lm") or {}).get("model")
+    if compiled_with and compiled_with != lm.model:
+        print(f"warning: the artifact was compiled with {compiled_with}; running it with {lm.model}", file=sys.stderr)
+    extra_inputs = get(args.program).extra_inputs
+    if args.answer is not None:
+        det = detect(detector, args.answer, question=args.question, context=args.context, lang=args.lang)
+        line = json.dumps({"id": "answer", "ok": True, **det.to_dict()}, ensure_ascii=False)
+        if args.output:
+            out = write_text_atomic(args.output, line + "\n")
+            print(f"wrote {out}", file=sys.stderr)
+        else:
+            print(line)
+        return 0
+    out = Path(args.output) if args.output else paths.outputs_dir() / "detect" / time.strftime(
+        "%Y%m%d-%H%M%S") / "detections.jsonl"
+    try:
+        stats = detect_jsonl(detector, args.input, out, lang=args.lang, threads=args.threads,
+                             progress=not args.no_progress, extra_inputs=extra_inputs)
+    except (OSError, ValueError) as e:
+        print(f"halluscope detect: {e}", file=sys.stderr)
+        return 2
+    print(f"{stats['items']} answers: {stats['ok']} ok ({stats['with_spans']} with spans), {stats['failed']} failed, "
+          f"{stats['seconds']:.1f} s -> {stats['output']}")
+    return 0 if stats["failed"] == 0 else 1
+
+
+def _fmt(d: Any) -> str:
+    if isinstance(d, dict) and "mean" in d:
+        return f"{d['mean']:.4f}±{d['sd']:.4f}"
+    return "-"

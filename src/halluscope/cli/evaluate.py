@@ -1,0 +1,117 @@
+"""``halluscope evaluate``: run a detector on a labelled dataset and score it.
+
+    halluscope evaluate --program spans --lang de --split val --data-dir ../shared/data/mushroom --lm local
+    halluscope evaluate --program halluclean --dataset halluclean --task qa --limit 10
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from halluscope import paths
+from halluscope.cli.common import add_data_args, add_lm_args, load_examples, parse_options, setup_lm
+from halluscope.loaders.mushroom import write_submission
+from halluscope.optimize.tracking import track_run
+from halluscope.programs.registry import get, names
+from halluscope.runner import run_eval
+
+
+def add_parser(sub) -> None:
+    ev = sub.add_parser("evaluate", help="run a detector on a labelled dataset and score it")
+    ev.add_argument("--program", choices=names(), default="spans")
+    ev.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
+                    help="program build option, e.g. -O reasoning=true (repeatable)")
+    add_data_args(ev)
+    add_lm_args(ev)
+    ev.add_argument("--threads", type=int, default=1)
+    ev.add_argument("--out-dir", default=None, help="where predictions are written (default ./outputs)")
+    ev.add_argument("--no-progress", action="store_true")
+    ev.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
+    ev.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite store in the project)")
+    ev.set_defaults(func=cmd_evaluate)
+
+
+def cmd_evaluate(args) -> int:
+    spec = get(args.program)
+    options = {**spec.options, **parse_options(args.option)}
+    examples, source = load_examples(args)
+    if not examples:
+        raise SystemExit(f"no examples to evaluate in {source}")
+    lm = setup_lm(args, needed=spec.uses_lm)
+    program = spec.build(**options)
+    print(f"evaluating {spec.name} on {len(examples)} items of {source}"
+          f"{' with ' + lm.model if lm is not None else ''}", file=sys.stderr)
+    result = run_eval(program, examples, threads=args.threads, progress=not args.no_progress,
+                      extra_inputs=spec.extra_inputs, report=spec.report)
+    summary = result.summary()
+    if lm is not None and hasattr(lm.engine, "stats"):
+        summary["engine_truncated_prompts"] = lm.engine.stats.truncated
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    out_dir = Path(args.out_dir or paths.outputs_dir()) / f"{spec.name}-{source.replace('/', '_').replace('=', '-')}-{stamp}"
+    files = write_outputs(out_dir, spec.name, examples, result, args.dataset)
+    print_summary(spec.name, source, summary, result)
+    print(f"predictions: {', '.join(str(f) for f in files)}")
+    if not args.no_mlflow:
+        params = {"program": spec.name, "source": source, "lm": lm.model if lm is not None else "none",
+                  "threads": args.threads, "limit": args.limit, "context": args.context,
+                  "options": json.dumps(options, sort_keys=True)}
+        run_id = track_run("evaluate", program=spec.name, lang=args.lang or args.task, params=params,
+                           metrics={k: v for k, v in summary.items() if isinstance(v, (int, float))},
+                           artifacts=files, tracking_uri=args.tracking_uri)
+        print(f"mlflow run: {run_id}")
+    return 0
+
+
+def write_outputs(out_dir: Path, program: str, examples, result, dataset: str) -> list[Path]:
+    """The official submission JSONL (Mu-SHROOM) and every prediction in the common contract."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    if dataset == "mushroom":
+        ok = [(ex.id, p) for ex, p in zip(examples, result.predictions)]
+        sub = out_dir / f"{program}.submission.jsonl"
+        write_submission(sub, [i for i, _ in ok],
+                         [p if p is not None else {"hard_labels": [], "soft_labels": []} for _, p in ok])
+        files.append(sub)
+    full = out_dir / f"{program}.predictions.jsonl"
+    with open(full, "w", encoding="utf-8") as f:
+        for ex, p in zip(examples, result.predictions):
+            row = {"id": ex.get("id"), "ok": p is not None}
+            if p is not None:
+                row.update(p.detection.to_dict() if hasattr(p, "detection") else dict(p))
+                # program-specific extras (samples, ratings, plan, verdict, ...) for debugging
+                extras = {k: v for k, v in p.items() if k not in row and k not in _CONTRACT_FIELDS}
+                if extras:
+                    row["extra"] = extras
+            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    files.append(full)
+    summ = out_dir / f"{program}.summary.json"
+    summ.write_text(json.dumps({"summary": result.summary(), "errors": result.errors[:50], "report": result.report},
+                               indent=2, default=str), encoding="utf-8")
+    files.append(summ)
+    return files
+
+
+_CONTRACT_FIELDS = {"detection", "spans", "soft_labels", "hard_labels", "label", "score", "rationale", "revision", "evidence",
+                    "units", "failures"}
+
+
+def print_summary(program: str, source: str, summary: dict, result) -> None:
+    print(f"\n== {program} on {source} ==")
+    for key in ("iou", "corr", "maxiou", "accuracy", "precision", "recall", "f1", "balanced_accuracy"):
+        if key in summary:
+            print(f"{key:>18}: {summary[key]:.4f}")
+    fails = {k: v for k, v in summary.items() if k.startswith("failures_")}
+    print(f"{'failures':>18}: {sum(fails.values())} {json.dumps({k[9:]: v for k, v in fails.items()}) if fails else ''}")
+    print(f"{'LM calls':>18}: {summary['lm_calls']} ({summary['lm_cache_hits']} from cache), "
+          f"{summary['lm_calls_per_item']} per item")
+    print(f"{'tokens':>18}: {summary['lm_input_tokens']} in, {summary['lm_output_tokens']} out")
+    print(f"{'wall time':>18}: {summary['seconds']:.1f} s ({summary['seconds_per_item']:.2f} s per item)")
+    for k, v in result.report.items():
+        print(f"{k:>18}: {v}")
+    for e in result.errors[:5]:
+        print(f"  error: {e}")
+
+

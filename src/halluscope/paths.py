@@ -1,0 +1,65 @@
+"""Default locations, each decided here once.
+
+Everything halluscope writes or looks up by default lives under one *home* folder: ``$HALLUSCOPE_HOME`` when
+set, else the current working directory (never next to the installed package). Each location can also be
+given explicitly on the command line or in Python; these are only the defaults.
+
+========================  =====================================  ==================================
+what                      default                                environment variable
+========================  =====================================  ==================================
+compiled artifacts        ``<home>/compiled``                    ``HALLUSCOPE_COMPILED_DIR``
+outputs (predictions...)  ``<home>/outputs``                     —
+DSPy disk cache           ``<home>/.cache/dspy``                 ``HALLUSCOPE_CACHE_DIR``
+MLflow store              ``sqlite:///<home>/mlruns/mlflow.db``  ``MLFLOW_TRACKING_URI``
+built-in demo data        ``<home>/demo_data``                   —
+Mu-SHROOM data root       none (demo data is used)               ``HALLUSCOPE_DATA_DIR``
+HalluClean data folder    none (demo cases are used)             ``HALLUSCOPE_HALLUCLEAN_DIR``
+========================  =====================================  ==================================
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = [
+    "HOME_ENV", "COMPILED_ENV", "CACHE_ENV", "MUSHROOM_DATA_ENV", "HALLUCLEAN_DATA_ENV",
+    "home", "compiled_dir", "outputs_dir", "cache_dir", "tracking_dir", "demo_data_dir", "env_path",
+]
+
+HOME_ENV = "HALLUSCOPE_HOME"
+COMPILED_ENV = "HALLUSCOPE_COMPILED_DIR"
+CACHE_ENV = "HALLUSCOPE_CACHE_DIR"
+MUSHROOM_DATA_ENV = "HALLUSCOPE_DATA_DIR"
+HALLUCLEAN_DATA_ENV = "HALLUSCOPE_HALLUCLEAN_DIR"
+
+
+def env_path(name: str) -> Path | None:
+    """The path in environment variable ``name`` (``~`` expanded), or None when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return Path(value).expanduser() if value else None
+
+
+def home() -> Path:
+    """``$HALLUSCOPE_HOME``, else the current working directory."""
+    return env_path(HOME_ENV) or Path.cwd()
+
+
+def compiled_dir() -> Path:
+    return env_path(COMPILED_ENV) or home() / "compiled"
+
+
+def outputs_dir() -> Path:
+    return home() / "outputs"
+
+
+def cache_dir() -> Path:
+    return env_path(CACHE_ENV) or home() / ".cache" / "dspy"
+
+
+def tracking_dir() -> Path:
+    return home() / "mlruns"
+
+
+def demo_data_dir() -> Path:
+    return home() / "demo_data"

@@ -1,0 +1,147 @@
+"""The evidence seam: a :class:`Retriever` turns a query into ranked :class:`~halluscope.contract.Evidence`.
+
+Retrievers are configured like LMs: by a spec string (``"context"`` today; the knowledge-base, file, graph
+and search retrievers register their own prefixes) through :func:`make_retriever`, and cached on disk like
+LM calls by wrapping them in :class:`CachedRetriever`. Programs take a retriever (or a spec) as a build
+option, so the same detector runs on the item's own context in a benchmark and on a knowledge base in
+production.
+
+A retriever is any object with ``source`` (a short name that goes into each Evidence) and
+``retrieve(query, *, k, context="") -> list[Evidence]`` returning at most ``k`` pieces, best first.
+``context`` is the item's own reference text (Mu-SHROOM's retrieved context, HaluEval's knowledge); a
+retriever that does not use it ignores it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Callable, Protocol, runtime_checkable
+
+import diskcache
+
+from halluscope import paths
+from halluscope.contract import Evidence
+
+__all__ = ["Retriever", "ContextRetriever", "CachedRetriever", "register_retriever", "make_retriever",
+           "retriever_names"]
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    source: str
+
+    def retrieve(self, query: str, *, k: int = 5, context: str = "") -> list[Evidence]:
+        """At most ``k`` pieces of evidence for ``query``, most relevant first."""
+        ...
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def _words(text: str) -> set[str]:
+    return {w.casefold() for w in _WORD.findall(text)}
+
+
+def _passages(text: str, max_chars: int) -> list[str]:
+    """Paragraphs of ``text``; a paragraph longer than ``max_chars`` is cut at word boundaries."""
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        para = para.strip()
+        while len(para) > max_chars:
+            cut = para.rfind(" ", 0, max_chars)
+            cut = cut if cut > max_chars // 2 else max_chars
+            out.append(para[:cut].strip())
+            para = para[cut:].strip()
+        if para:
+            out.append(para)
+    return out
+
+
+class ContextRetriever:
+    """The item's given context as evidence: its paragraphs (at most ``max_chars`` each), ranked by the
+    share of the query's words they contain (ties keep document order). No context, no evidence."""
+
+    source = "context"
+
+    def __init__(self, max_chars: int = 1200) -> None:
+        if max_chars < 1:
+            raise ValueError(f"max_chars must be at least 1, not {max_chars}")
+        self.max_chars = max_chars
+
+    def retrieve(self, query: str, *, k: int = 5, context: str = "") -> list[Evidence]:
+        passages = _passages(context or "", self.max_chars)
+        q = _words(query or "")
+        scored = [(len(q & _words(p)) / len(q) if q else 0.0, i, p) for i, p in enumerate(passages)]
+        scored.sort(key=lambda t: (-t[0], t[1]))
+        return [Evidence(text=p, source=self.source, id=f"context#{i}", score=round(s, 6))
+                for s, i, p in scored[: max(k, 0)]]
+
+    def cache_key(self) -> str:
+        return f"context?max_chars={self.max_chars}"
+
+
+class CachedRetriever:
+    """``retriever`` with its results kept in a disk cache (default ``<cache dir>/retrieval``), keyed by the
+    retriever's ``cache_key()`` (or its class name), the query, ``k`` and the context's hash."""
+
+    def __init__(self, retriever: Retriever, cache_dir: str | Path | None = None) -> None:
+        self.inner = retriever
+        self.source = retriever.source
+        folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir().parent / "retrieval"
+        self.cache = diskcache.Cache(str(folder))
+
+    def _key(self, query: str, k: int, context: str) -> str:
+        ident = getattr(self.inner, "cache_key", lambda: type(self.inner).__name__)()
+        blob = json.dumps([ident, query, k, hashlib.sha256(context.encode()).hexdigest()], ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def retrieve(self, query: str, *, k: int = 5, context: str = "") -> list[Evidence]:
+        key = self._key(query, k, context or "")
+        hit = self.cache.get(key)
+        if hit is not None:
+            return [Evidence(**e) for e in json.loads(hit)]
+        found = self.inner.retrieve(query, k=k, context=context)
+        self.cache.set(key, json.dumps([e.to_dict() for e in found], ensure_ascii=False))
+        return found
+
+
+_FACTORIES: dict[str, Callable[[str], Retriever]] = {}
+
+
+def register_retriever(prefix: str, factory: Callable[[str], Retriever]) -> None:
+    """Make ``make_retriever("<prefix>")`` and ``make_retriever("<prefix>:<arg>")`` call ``factory(arg)``."""
+    _FACTORIES[prefix] = factory
+
+
+def retriever_names() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def make_retriever(spec: str | Retriever, *, cache: bool = False, cache_dir: str | Path | None = None) -> Retriever:
+    """A retriever from a spec string (``"context"``, ``"context:800"`` = 800-character passages) or a ready
+    retriever; ``cache=True`` wraps it in :class:`CachedRetriever`."""
+    if isinstance(spec, str):
+        prefix, _, arg = spec.partition(":")
+        if prefix not in _FACTORIES:
+            raise ValueError(f"unknown retriever {spec!r}; choose one of: {', '.join(retriever_names())}")
+        retriever = _FACTORIES[prefix](arg)
+    elif isinstance(spec, Retriever):
+        retriever = spec
+    else:
+        raise TypeError(f"a retriever spec is a string or an object with source and retrieve(), not {spec!r}")
+    return CachedRetriever(retriever, cache_dir) if cache else retriever
+
+
+def _context_factory(arg: str) -> ContextRetriever:
+    if not arg:
+        return ContextRetriever()
+    try:
+        return ContextRetriever(max_chars=int(arg))
+    except ValueError:
+        raise ValueError(f"retriever 'context:{arg}': the argument is a passage length in characters") from None
+
+
+register_retriever("context", _context_factory)
