@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import dspy
 import pytest
 
@@ -450,7 +448,7 @@ def test_correction_touches_only_flagged_blocks_and_reflection_uses_the_improver
     assert pred.changes == "year fixed"
     assert pred.units[1]["rationale"] == "The year is wrong; it was 1889."
     assert "Block 2 (1.00): The year is wrong" in pred.rationale
-    assert len(json.loads(refl.inputs["samples"])) == 2
+    assert len(refl.inputs["samples"]) == 2
     # seed 0, 3 samples: expand_before, long, cot -> one LM-written variant
     assert pred.calls == {"variants": 1, "samples": 3, "judge": 3, "summary": 1, "correct": 1, "reflect": 1}
 

@@ -37,7 +37,7 @@ def test_inputs_reach_the_model_and_context_can_be_switched_off():
     _, calls = run(SpanDetector(), {"spans": []})
     assert calls[0].inputs["context"] == "ctx"
     assert calls[0].inputs["language"] == "de"
-    assert calls[0].inputs["answer"] == ANSWER.strip()  # the adapter shows the text; offsets use the original
+    assert calls[0].inputs["answer"] == ANSWER  # the program passes the answer unchanged; offsets index it
     _, calls = run(SpanDetector(use_context=False), {"spans": []})
     assert calls[0].inputs["context"] == ""
 

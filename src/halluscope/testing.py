@@ -1,10 +1,12 @@
 """A scripted LM for deterministic tests of programs and optimizers.
 
-:class:`ScriptedEngine` is a ``dspy.LM`` engine (DSPy 3.4's ``engine=`` protocol). For every call it
-reads which output fields the adapter asks for and the input field values it sent, asks a *responder*
-for the outputs, and answers in the adapter's own format (JSON for ``JSONAdapter``, ``[[ ## field ## ]]``
-sections for ``ChatAdapter``). It is thread-safe and counts its calls, so it can drive ``dspy.Evaluate``
-and optimizers such as MIPROv2 as well as single modules.
+:class:`ScriptedEngine` is a ``dspy.LM`` engine (DSPy 3.4's ``engine=`` protocol). For every call it asks a
+*responder* for the output values and answers in the adapter's own format. It never reads DSPy's prompt
+wording: which signature is being called, with which input values, through which adapter, comes from a DSPy
+callback (:class:`SignatureTap`, ``on_adapter_format_start``) that :func:`scripted_lm` installs in
+``dspy.settings.callbacks``; the answer is rendered by the adapter's own
+``format_assistant_message_content``. The engine is thread-safe and counts its calls, so it can drive
+``dspy.Evaluate`` and optimizers such as MIPROv2 as well as single modules.
 
 A responder is either a callable ``responder(call: Call) -> dict`` or a dict ``{output_field: value}``
 where a value may itself be a callable ``value(call) -> value``. Outputs it does not name get a
@@ -13,28 +15,51 @@ type-appropriate default ("" for text, [] for lists, ...), so scripts stay short
 
 from __future__ import annotations
 
-import json
-import re
 import threading
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dspy
-from dspy.lm15 import Message, Response, Usage
+from dspy.lm15 import Message, Response, Usage, response_to_events
+from dspy.utils.callback import BaseCallback
 
-__all__ = ["Call", "ScriptedEngine", "scripted_lm"]
+__all__ = ["Call", "ScriptedEngine", "SignatureTap", "scripted_lm"]
 
-_OUT_BLOCK = re.compile(r"Your output fields are:\n(.*?)\n(?:All interactions|\n)", re.S)
-_FIELD_LINE = re.compile(r"^\d+\. `(\w+)` \(([^)]*)\)", re.M)
-_SECTION = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\n\nRespond with |\Z)", re.S)
+
+class SignatureTap(BaseCallback):
+    """Remembers, per thread, the signature, input values and adapter of the adapter call being formatted
+    (the LM call that follows in the same thread is the one it belongs to)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def on_adapter_format_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self._local.current = (instance, inputs.get("signature"), dict(inputs.get("inputs") or {}))
+
+    def current(self) -> tuple[Any, Any, dict]:
+        cur = getattr(self._local, "current", None)
+        if cur is None or cur[1] is None:
+            raise RuntimeError("ScriptedEngine: no adapter call was seen in this thread; is the SignatureTap "
+                               "still in dspy.settings.callbacks? (scripted_lm() installs it)")
+        return cur
+
+
+TAP = SignatureTap()
+
+
+def _install_tap() -> None:
+    callbacks = list(dspy.settings.get("callbacks") or [])
+    if not any(cb is TAP for cb in callbacks):
+        dspy.settings.configure(callbacks=[*callbacks, TAP])
 
 
 @dataclass
 class Call:
     """One LM call as the scripted engine saw it."""
 
-    outputs: dict[str, str]  # output field name -> type as the adapter described it
-    inputs: dict[str, str]  # input field name -> value (text) from the last user message
+    outputs: dict[str, str]  # output field name -> its type, as text ("str", "list[QuotedSpan]", ...)
+    inputs: dict[str, Any]  # input field name -> value the program passed
     system: str
     user: str
     temperature: float | None = None
@@ -46,15 +71,19 @@ class Call:
         return text in self.system or text in self.user
 
 
-def _default(type_desc: str) -> Any:
-    t = type_desc.lower()
-    if t.startswith("list"):
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) if typing.get_origin(annotation) is None else str(annotation)
+
+
+def _default(annotation: Any) -> Any:
+    origin = typing.get_origin(annotation) or annotation
+    if origin in (list, tuple, set):
         return []
-    if t.startswith("dict"):
+    if origin is dict:
         return {}
-    if t.startswith("bool"):
+    if origin is bool:
         return False
-    if t.startswith("float") or t.startswith("int"):
+    if origin in (int, float):
         return 0
     return ""
 
@@ -70,53 +99,37 @@ class ScriptedEngine:
         self._lock = threading.Lock()
 
     def complete(self, request) -> Response:
+        adapter, signature, inputs = TAP.current()
         system = request.system if isinstance(request.system, str) else "".join(
             p.text for p in (request.system or []))
         user = request.messages[-1].text or "" if request.messages else ""
-        block = _OUT_BLOCK.search(system)
-        outputs = dict(_FIELD_LINE.findall(block.group(1))) if block else {}
-        inputs = {k: v.strip() for k, v in _SECTION.findall(user) if k not in outputs}
-        call = Call(outputs, inputs, system, user, request.config.temperature, request.config.seed,
-                    chat_format="[[ ## completed ## ]]" in system)
+        fields = signature.output_fields
+        call = Call({k: _type_name(f.annotation) for k, f in fields.items()},
+                    {k: v for k, v in inputs.items() if k in signature.input_fields}, system, user,
+                    request.config.temperature, request.config.seed,
+                    chat_format=not isinstance(adapter, dspy.JSONAdapter))
         with self._lock:
             self.calls.append(call)
         if callable(self.responder):
             values = self.responder(call)
         else:
             values = {k: (v(call) if callable(v) else v) for k, v in self.responder.items()}
-        values = {k: values.get(k, _default(t)) for k, t in outputs.items()} if outputs else dict(values)
-        text = _render(values, call.chat_format)
+        values = {k: values[k] if k in values else _default(f.annotation) for k, f in fields.items()}
+        text = adapter.format_assistant_message_content(signature, values)
         return Response(id=None, model="scripted", message=Message.assistant(text), finish_reason="stop",
                         usage=Usage(input_tokens=len(system + user) // 4, output_tokens=len(text) // 4,
                                     total_tokens=(len(system + user) + len(text)) // 4))
 
     def stream(self, request):
-        from dspy.lm15 import response_to_events
-
         return response_to_events(self.complete(request))
 
     def close(self) -> None:
         pass
 
 
-def _render(values: dict, chat: bool) -> str:
-    def dump(v):
-        if hasattr(v, "model_dump"):
-            return v.model_dump()
-        if isinstance(v, list):
-            return [dump(x) for x in v]
-        return v
-
-    if not chat:
-        return json.dumps({k: dump(v) for k, v in values.items()}, ensure_ascii=False)
-    parts = []
-    for k, v in values.items():
-        v = dump(v)
-        parts.append(f"[[ ## {k} ## ]]\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}")
-    parts.append("[[ ## completed ## ]]")
-    return "\n\n".join(parts)
-
-
 def scripted_lm(responder, model: str = "scripted/test") -> dspy.LM:
-    """A ``dspy.LM`` (never cached) answering through :class:`ScriptedEngine`; ``lm.engine.calls`` logs calls."""
+    """A ``dspy.LM`` (never cached) answering through :class:`ScriptedEngine`; ``lm.engine.calls`` logs calls.
+
+    Installs :data:`TAP` in ``dspy.settings.callbacks`` (once), which is how the engine learns the signature."""
+    _install_tap()
     return dspy.LM(model, engine=ScriptedEngine(responder), cache=False)
