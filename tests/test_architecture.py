@@ -188,3 +188,38 @@ def test_only_halluscope_is_a_top_level_package():
     found = {str(p.parent.relative_to(ROOT / "src")).replace("/", ".") for p in (ROOT / "src").rglob("__init__.py")}
     missing = {p for p in found if p not in cfg["packages"]}
     assert not missing, f"subpackages not listed in pyproject: {missing}"
+
+
+def test_wheel_installs_only_the_halluscope_package(tmp_path):
+    """``pip install .`` (not editable) puts only ``halluscope`` and its dist-info into site-packages."""
+    import zipfile
+
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path),
+                           str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = tmp_path.glob("halluscope-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/", 1)[0] for n in names}
+    assert top == {"halluscope", next(t for t in top if t.endswith(".dist-info"))}, top
+    for sub in ("cli", "programs", "signatures", "metrics", "loaders", "optimize"):
+        assert f"halluscope/{sub}/__init__.py" in names, sub
+    assert not any(n.startswith("halluscope/tests") for n in names)
+
+
+def test_cli_runs_from_another_directory_and_writes_there(tmp_path):
+    """Outputs land under the working directory (or $HALLUSCOPE_HOME), never next to the package."""
+    import os
+
+    from halluscope.loaders.demo import write_demo_data
+
+    data = write_demo_data(tmp_path / "data")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HALLUSCOPE_")}
+    proc = subprocess.run([sys.executable, "-m", "halluscope", "evaluate", "--program", "mark-all", "--lang", "de",
+                           "--data-dir", str(data), "--no-mlflow", "--no-progress"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    written = list((work / "outputs").rglob("mark-all.submission.jsonl"))
+    assert len(written) == 1
+    assert not (ROOT / "src" / "halluscope" / "outputs").exists()
