@@ -131,11 +131,15 @@ def token_offsets(answer: str, tokens: list[str]) -> list[tuple[int, int] | None
 
 
 class LogitBaseline(dspy.Module):
-    """Marks tokens with low logits under the generating model (see the module docstring)."""
+    """Marks tokens with low logits under the generating model (see the module docstring).
+
+    Args:
+        shift: z-score shift before the normal CDF: 0 marks the below-average tokens, a positive shift fewer.
+    """
 
     def __init__(self, shift: float = 0.0):
         super().__init__()
-        self.shift = shift
+        self.shift = float(shift)
 
     def forward(self, answer: str = "", model_output_tokens=None, model_output_logits=None, **_):
         answer = answer or ""
@@ -165,9 +169,14 @@ class LogitBaseline(dspy.Module):
                                        failures={"unmapped_tokens": unmapped} if unmapped > 0 else {}))
 
 
+def build_mark_all() -> MarkAll:
+    """:class:`MarkAll` (no options)."""
+    return MarkAll()
+
+
 register(ProgramSpec(
     name="mark-all",
-    build=lambda **_: MarkAll(),
+    build=build_mark_all,
     description="baseline: the whole answer is hallucinated",
     level="span",
     uses_lm=False,
@@ -175,10 +184,9 @@ register(ProgramSpec(
 
 register(ProgramSpec(
     name="logits",
-    build=lambda shift=0.0, **_: LogitBaseline(shift=float(shift)),
+    build=LogitBaseline,
     description="baseline: low-logit tokens of the generating model (Mu-SHROOM model_output_logits)",
     level="span",
     uses_lm=False,
-    options={"shift": 0.0},
     extra_inputs=("model_output_tokens", "model_output_logits"),
 ))

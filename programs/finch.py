@@ -422,6 +422,14 @@ class _Vote:
     sample: int
 
 
+def _as_bool(x: Any) -> bool:
+    return x if isinstance(x, bool) else str(x).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _as_opt_int(x: Any) -> int | None:
+    return None if x in (None, "", "none", "None") else int(x)
+
+
 class FinchZK(dspy.Module):
     """FINCH-ZK as a DSPy program (see the module docstring).
 
@@ -430,8 +438,8 @@ class FinchZK(dspy.Module):
     frozen (``sampler._compiled = True``) so optimizers leave the paper's prompt variations alone.
 
     Args:
-        samplers: sampler LM specs (see the module docstring); default: four temperature/seed settings of
-            the configured LM.
+        samplers: sampler LM specs (see the module docstring), a list or one comma-separated string; default:
+            four temperature/seed settings of the configured LM (``DEFAULT_SAMPLERS``).
         n_samples: samples per item (round-robin over variants and samplers).
         batch_judge: rate all blocks against one sample per call (|samples| calls) instead of one call per
             (block, sample) pair.
@@ -444,11 +452,14 @@ class FinchZK(dspy.Module):
         reflect_samples: samples shown to the improver.
         sample_max_tokens / variant_max_tokens / judge_max_tokens / correct_max_tokens: per-stage
             ``max_tokens`` (None = the LM's own).
+
+    These parameters are the registered program's build options (``spec.options`` reads their defaults from
+    here); values from a command line are converted (``"false"``, ``"4"``, ``"none"``).
     """
 
     def __init__(
         self,
-        samplers: Sequence | None = None,
+        samplers: Sequence | str | None = DEFAULT_SAMPLERS,
         n_samples: int = 10,
         batch_judge: bool = True,
         correct: bool = True,
@@ -464,24 +475,27 @@ class FinchZK(dspy.Module):
         correct_max_tokens: int | None = None,
     ):
         super().__init__()
+        if isinstance(samplers, str):
+            samplers = [s.strip() for s in samplers.split(",") if s.strip()]
+        tau = float(tau)
         block_label(0.0, tau)  # validates tau
         self.n_samples = int(n_samples)
-        self.batch_judge = bool(batch_judge)
-        self.correct = bool(correct)
-        self.improver = improver
-        self.tau = float(tau)
-        self.use_context = bool(use_context)
+        self.batch_judge = _as_bool(batch_judge)
+        self.correct = _as_bool(correct)
+        self.improver = None if improver in ("", "none", "None") else improver
+        self.tau = tau
+        self.use_context = _as_bool(use_context)
         self.num_threads = int(num_threads)
         self.reflect_samples = int(reflect_samples)
-        self.judge_max_tokens = judge_max_tokens
-        self.correct_max_tokens = correct_max_tokens
+        self.judge_max_tokens = _as_opt_int(judge_max_tokens)
+        self.correct_max_tokens = _as_opt_int(correct_max_tokens)
         self.sampler = Sampler(
             samplers=list(samplers) if samplers else list(DEFAULT_SAMPLERS),
             n_samples=self.n_samples,
-            seed=seed,
+            seed=int(seed),
             num_threads=self.num_threads,
-            max_tokens=sample_max_tokens,
-            variant_max_tokens=variant_max_tokens,
+            max_tokens=_as_opt_int(sample_max_tokens),
+            variant_max_tokens=_as_opt_int(variant_max_tokens),
         )
         self.sampler._compiled = True  # frozen: not among the optimizable predictors
         self.judge = dspy.Predict(JudgeBlocks if self.batch_judge else JudgeBlock)
@@ -666,32 +680,6 @@ class FinchZK(dspy.Module):
 # -- registration -------------------------------------------------------------------------------------
 
 
-def _as_bool(x: Any) -> bool:
-    return x if isinstance(x, bool) else str(x).strip().lower() in ("1", "true", "yes", "on")
-
-
-def _as_opt_int(x: Any) -> int | None:
-    return None if x in (None, "", "none", "None") else int(x)
-
-
-def build(samplers=None, n_samples=10, batch_judge=True, correct=True, improver=None, tau=DEFAULT_TAU, seed=0,
-          use_context=False, num_threads=4, reflect_samples=3, sample_max_tokens=None, variant_max_tokens=None,
-          judge_max_tokens=None, correct_max_tokens=None, **_) -> FinchZK:
-    """:class:`FinchZK` from registry options; strings from a command line are converted
-    (``samplers`` may be one comma-separated string)."""
-    if isinstance(samplers, str):
-        samplers = [s.strip() for s in samplers.split(",") if s.strip()]
-    if improver in ("", "none", "None"):
-        improver = None
-    return FinchZK(
-        samplers=samplers, n_samples=int(n_samples), batch_judge=_as_bool(batch_judge), correct=_as_bool(correct),
-        improver=improver, tau=float(tau), seed=int(seed), use_context=_as_bool(use_context),
-        num_threads=int(num_threads), reflect_samples=int(reflect_samples),
-        sample_max_tokens=_as_opt_int(sample_max_tokens), variant_max_tokens=_as_opt_int(variant_max_tokens),
-        judge_max_tokens=_as_opt_int(judge_max_tokens), correct_max_tokens=_as_opt_int(correct_max_tokens),
-    )
-
-
 def report(examples: list, predictions: list) -> dict:
     """Mean LM requests per item made by the program (total and per stage, cache hits included) over the
     items that produced a prediction. (Failures are already summed by the evaluation runner.)"""
@@ -710,15 +698,9 @@ def report(examples: list, predictions: list) -> dict:
 
 register(ProgramSpec(
     name="finch",
-    build=build,
+    build=FinchZK,
     description="FINCH-ZK: cross-model consistency of answer blocks with sampled answers, targeted correction",
     level="span",
     default_metric="iou",
-    options={
-        "samplers": list(DEFAULT_SAMPLERS), "n_samples": 10, "batch_judge": True, "correct": True,
-        "improver": None, "tau": DEFAULT_TAU, "seed": 0, "use_context": False, "num_threads": 4,
-        "reflect_samples": 3, "sample_max_tokens": None, "variant_max_tokens": None,
-        "judge_max_tokens": None, "correct_max_tokens": None,
-    },
     report=report,
 ))

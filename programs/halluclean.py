@@ -187,6 +187,13 @@ class HalluClean(dspy.Module):
 
     ``plan``, ``reason`` and ``judge`` are the detection predictors MIPROv2 optimises; ``revise`` is a
     predictor too (build with ``revise=False`` to optimise detection alone without paying for revisions).
+
+    Args:
+        task: the task route for every case (qa, dialogue, summarization, mwp, self_contradiction, generic or an
+            alias such as DA/sum/SC); None = each example's own task.
+        revise: revise answers judged hallucinated (off: detection only, no revision calls).
+        max_tokens: per-stage output budgets, e.g. {"reason": 512}, merged over DEFAULT_MAX_TOKENS
+            (plan 128, reason 256, judge 16, revise 256); None = those defaults.
     """
 
     def __init__(self, task: str | None = None, revise: bool = True, max_tokens: dict | None = None):
@@ -246,7 +253,13 @@ class HalluClean(dspy.Module):
 
 class DirectAsk(dspy.Module):
     """One call: "is there a hallucination? Yes/No". ``routing=False`` (the paper's direct ask) always
-    uses the ``generic`` route; ``routing=True`` uses the task's description and labelled input."""
+    uses the ``generic`` route; ``routing=True`` uses the task's description and labelled input.
+
+    Args:
+        routing: route by task (the HalluClean ablation) instead of the generic prompt.
+        task: the task route for every case with ``routing``; None = each example's own task.
+        max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
+    """
 
     def __init__(self, routing: bool = False, task: str | None = None, max_tokens: dict | None = None):
         super().__init__()
@@ -284,7 +297,7 @@ def _default_judge():
         return name, HalluClean(revise=False)
     from halluscope.programs.registry import get
 
-    return name, get(name).build()
+    return name, get(name).make()
 
 
 def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=None) -> dict:
@@ -343,35 +356,48 @@ def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=No
     return out
 
 
-_OPTIONS_DOC = {"task": None, "revise": True, "max_tokens": dict(DEFAULT_MAX_TOKENS)}
+def build_direct(max_tokens: dict | None = None) -> DirectAsk:
+    """The direct-ask baseline: :class:`DirectAsk` without task routing.
+
+    Args:
+        max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
+    """
+    return DirectAsk(routing=False, max_tokens=max_tokens)
+
+
+def build_direct_routing(task: str | None = None, max_tokens: dict | None = None) -> DirectAsk:
+    """Direct ask + task routing: :class:`DirectAsk` with ``routing=True``.
+
+    Args:
+        task: the task route for every case; None = each example's own task.
+        max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
+    """
+    return DirectAsk(routing=True, task=task, max_tokens=max_tokens)
+
 
 register(ProgramSpec(
     name="halluclean",
-    build=lambda task=None, revise=True, max_tokens=None, **_: HalluClean(task=task, revise=revise,
-                                                                          max_tokens=max_tokens),
+    build=HalluClean,
     description="HalluClean: plan -> reason -> judge, revise when judged hallucinated; task-routed "
                 "(qa, dialogue, summarization, mwp, self_contradiction, generic); spans = diff of the revision",
     level="response",
     default_metric="f1",
-    options=_OPTIONS_DOC,
     report=halluclean_report,
 ))
 
 register(ProgramSpec(
     name="direct",
-    build=lambda max_tokens=None, **_: DirectAsk(routing=False, max_tokens=max_tokens),
+    build=build_direct,
     description="Direct ask baseline: one call, 'is there a hallucination? Yes/No', generic prompt for every task",
     level="response",
     default_metric="f1",
-    options={"max_tokens": {"judge": DEFAULT_MAX_TOKENS["judge"]}},
 ))
 
 register(ProgramSpec(
     name="direct+routing",
-    build=lambda task=None, max_tokens=None, **_: DirectAsk(routing=True, task=task, max_tokens=max_tokens),
+    build=build_direct_routing,
     description="Direct ask + task routing (the HalluClean paper's ablation): one Yes/No call with the task's "
                 "description and labelled input",
     level="response",
     default_metric="f1",
-    options={"task": None, "max_tokens": {"judge": DEFAULT_MAX_TOKENS["judge"]}},
 ))

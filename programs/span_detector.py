@@ -21,13 +21,19 @@ class SpanDetector(dspy.Module):
     cannot find are dropped and counted in ``failures["unmatched"]``. Output that does not parse counts as
     ``failures["parse"]`` and yields no spans, so one bad item never stops a run.
     Response score = the highest span probability; label = score > 0.5.
+
+    Args:
+        reasoning: think step by step first (ChainOfThought) instead of quoting right away (Predict).
+        use_context: show the item's retrieved context to the model (off: the question and answer only).
+        fuzzy_threshold: lowest similarity (0-1) at which a quote that is not in the answer verbatim is still
+            mapped to the closest part of it; quotes below are dropped.
     """
 
     def __init__(self, reasoning: bool = False, use_context: bool = True, fuzzy_threshold: float = 0.85):
         super().__init__()
         self.reasoning = reasoning
         self.use_context = use_context
-        self.fuzzy_threshold = fuzzy_threshold
+        self.fuzzy_threshold = float(fuzzy_threshold)
         self.extract = dspy.ChainOfThought(ExtractSpans) if reasoning else dspy.Predict(ExtractSpans)
 
     def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "", **_):
@@ -68,10 +74,9 @@ def gold_demo_fields(example) -> dict:
 
 register(ProgramSpec(
     name="spans",
-    build=lambda reasoning=False, use_context=True, **_: SpanDetector(reasoning=reasoning, use_context=use_context),
+    build=SpanDetector,
     description="UCSC-style span extraction: the LM quotes the false parts, offsets mapped deterministically",
     level="span",
     default_metric="iou",
-    options={"reasoning": False, "use_context": True},
     demo_fields=gold_demo_fields,
 ))

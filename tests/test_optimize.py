@@ -259,8 +259,8 @@ def test_signature_mismatch_is_refused(tmp_path, spans_program, monkeypatch):
 
     spec = registry.get("spans")
 
-    def renamed(**opts):
-        p = SpanDetector()
+    def renamed(reasoning=False, use_context=True):
+        p = SpanDetector(reasoning=reasoning, use_context=use_context)
         p.extract.signature = dspy.Signature("question, answer, reference, language -> spans")
         return p
 
