@@ -436,8 +436,8 @@ def load_compiled(
         raise ArtifactMismatchError(str(e)) from None
     options = manifest.get("program_options") or {}
     try:
-        module = spec.build(**options)
-    except TypeError as e:
+        module = spec.make(**options)
+    except (TypeError, ValueError) as e:  # ValueError: includes UnknownOptionError naming the valid options
         raise ArtifactMismatchError(
             f"{chosen.path}: the code no longer accepts the build options {options}: {e}") from None
     try:

@@ -13,18 +13,33 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 
-def parse_options(pairs: list[str] | None) -> dict:
-    """``["reasoning=true", "shift=0.5", "samplers=[\\"local\\"]"]`` -> typed dict (JSON values, else strings)."""
+def parse_options(pairs: list[str] | None, spec=None) -> dict:
+    """``["reasoning=true", "shift=0.5", "samplers=[\\"local\\"]"]`` -> typed dict (JSON values, else strings).
+
+    With a registry ``spec`` (:class:`halluscope.programs.registry.ProgramSpec`): the program's default options
+    overlaid with these, checked by ``spec.check_options`` (unknown names, non-finite numbers). Every problem
+    raises ``argparse.ArgumentTypeError`` (for ``parser.error``: exit status 2), naming the valid options.
+    """
     out = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise argparse.ArgumentTypeError(f"program option {pair!r} is not KEY=VALUE")
+            hint = f"; valid options: {', '.join(sorted(spec.options)) or '(none)'}" if spec is not None else ""
+            raise argparse.ArgumentTypeError(f"program option {pair!r} is not KEY=VALUE{hint}")
         k, v = pair.split("=", 1)
+        if not k.strip():
+            raise argparse.ArgumentTypeError(f"program option {pair!r} has no name before '='")
         try:
             out[k.strip()] = json.loads(v)
         except json.JSONDecodeError:
             out[k.strip()] = v
-    return out
+    if spec is None:
+        return out
+    from halluscope.programs.registry import OptionError
+
+    try:
+        return spec.check_options(out)
+    except OptionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_lm_args(p: argparse.ArgumentParser) -> None:

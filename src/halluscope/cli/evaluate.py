@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import sys
@@ -36,12 +37,16 @@ def add_parser(sub) -> None:
 
 def cmd_evaluate(args) -> int:
     spec = get(args.program)
-    options = {**spec.options, **parse_options(args.option)}
+    try:  # options checked and the program built before any data is loaded or LM set up
+        options = parse_options(args.option, spec)
+        program = spec.make(**options)
+    except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
+        print(f"halluscope evaluate: error: argument --option/-O: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     examples, source = load_examples(args)
     if not examples:
         raise SystemExit(f"no examples to evaluate in {source}")
     lm = setup_lm(args, needed=spec.uses_lm)
-    program = spec.build(**options)
     print(f"evaluating {spec.name} on {len(examples)} items of {source}"
           f"{' with ' + lm.model if lm is not None else ''}", file=sys.stderr)
     result = run_eval(program, examples, threads=args.threads, progress=not args.no_progress,
