@@ -11,13 +11,16 @@ The loop (:func:`cross_validate`):
 3. The caller compiles once more on the whole split to make the artifact.
 
 :func:`compile_program` runs the optimizer (``mipro`` = ``dspy.MIPROv2``, ``bootstrap`` =
-``dspy.BootstrapFewShot``) and :func:`check_fold_sizes` refuses sizes the optimizer cannot work with, naming
-the smallest workable setting.
+``dspy.BootstrapFewShot``, ``fit`` = the program's own ``ProgramSpec.fit`` hook, which fits non-LM parameters
+such as a threshold) and :func:`check_fold_sizes` refuses sizes the optimizer cannot work with, naming the
+smallest workable setting. Each held-out evaluation (:func:`evaluate_program`) runs the program once per item
+and scores the predictions once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import random
 import statistics
@@ -29,6 +32,8 @@ from typing import Any, Callable, Sequence
 
 import dspy
 from dspy.utils.callback import BaseCallback
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "OptimizerConfig",
@@ -43,11 +48,12 @@ __all__ = [
     "compile_program",
     "cross_validate",
     "mean_sd",
+    "evaluate_program",
     "slim_examples",
     "FailureCounter",
 ]
 
-OPTIMIZERS = ("mipro", "bootstrap")
+OPTIMIZERS = ("mipro", "bootstrap", "fit")  # fit = the program's own ProgramSpec.fit hook
 # Fields every example keeps for compiling and scoring (inputs + gold); the rest (logits, tokens, URLs) is
 # dropped so demos stored in the artifact stay small. Programs ask for more through ProgramSpec.extra_inputs.
 KEEP_FIELDS = ("id", "task", "lang", "question", "answer", "context", "hard_labels", "soft_labels",
@@ -92,12 +98,17 @@ class OptimizerConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if self.name == "bootstrap":  # settings MIPROv2 alone uses would only confuse the record
+        if self.name in ("bootstrap", "fit"):  # settings MIPROv2 alone uses would only confuse the record
             for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature"):
+                d.pop(k)
+        if self.name == "fit":  # no demos either
+            for k in ("max_bootstrapped_demos", "max_labeled_demos"):
                 d.pop(k)
         return d
 
     def describe(self) -> str:
+        if self.name == "fit":
+            return "fit (the program's own fit hook)"
         if self.name == "bootstrap":
             return (f"BootstrapFewShot(max_bootstrapped_demos={self.max_bootstrapped_demos}, "
                     f"max_labeled_demos={self.max_labeled_demos})")
@@ -183,20 +194,20 @@ def train_val_split(examples: Sequence[Any], val_fraction: float = 0.5, seed: in
 
 def min_compile_items(cfg: OptimizerConfig) -> int:
     """The fewest examples one compile can work with: MIPROv2 needs one to bootstrap demos from and one to
-    validate on; BootstrapFewShot needs one."""
+    validate on; BootstrapFewShot and a fit hook need one."""
     return 2 if cfg.name == "mipro" else 1
 
 
 def check_fold_sizes(n: int, folds: int, cfg: OptimizerConfig) -> None:
     """Raise :class:`FoldSizeError` with the smallest workable setting when ``n`` items are too few."""
     need = min_compile_items(cfg)
-    opt = "MIPROv2" if cfg.name == "mipro" else "BootstrapFewShot"
+    opt = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot"}.get(cfg.name, "the fit hook")
     why = ("one training item to bootstrap demos from and one validation item to score candidates on"
            if cfg.name == "mipro" else "one training item")
     if n < need:
         raise FoldSizeError(
             f"{n} item(s) are too few for {opt}, which needs at least {need} ({why}). "
-            f"Use more data (--limit {need} or more), or --optimizer bootstrap.")
+            f"Use more data (--limit {need} or more)" + (", or --optimizer bootstrap." if cfg.name == "mipro" else "."))
     if folds <= 1:
         return
     if n < folds:
@@ -209,7 +220,7 @@ def check_fold_sizes(n: int, folds: int, cfg: OptimizerConfig) -> None:
             f"with {n} items and --folds {folds}, a fold compiles on only {smallest_train} item(s); {opt} needs "
             f"at least {need} ({why}). Smallest workable setting: --folds 2 with at least {min_n} items "
             f"(--limit {min_n} or more), or --folds 1 to skip cross-validation"
-            + ("" if cfg.name == "bootstrap" else ", or --optimizer bootstrap") + ".")
+            + (", or --optimizer bootstrap" if cfg.name == "mipro" else "") + ".")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -261,23 +272,33 @@ def compile_program(
     task_lm: dspy.LM | None = None,
     prompt_lm: dspy.LM | None = None,
     failures: FailureCounter | None = None,
+    fit: Callable[[dspy.Module, list, str], dict] | None = None,
+    metric_name: str | None = None,
 ) -> tuple[dspy.Module, dict]:
     """Compile ``student`` on ``trainset`` and return ``(program, info)``.
 
-    ``info`` holds the train/val sizes and, for MIPROv2, the best validation score. Any exception inside the
-    optimizer becomes a :class:`CompileError` (the caller then writes no artifact).
+    ``info`` holds the train/val sizes and, for MIPROv2, the best validation score. With ``cfg.name == "fit"``
+    the program's ``fit(student, trainset, metric_name) -> dict`` hook fits ``student`` in place instead of a
+    prompt optimizer; its dict is added to ``info``. Any exception inside the optimizer (or the hook) becomes a
+    :class:`CompileError` (the caller then writes no artifact).
     """
     trainset = list(trainset)
     need = min_compile_items(cfg)
     if len(trainset) < need:
         raise FoldSizeError(f"{len(trainset)} training item(s); {cfg.name} needs at least {need}")
+    if cfg.name == "fit" and fit is None:
+        raise ValueError("optimizer 'fit' needs the program's fit hook (ProgramSpec.fit)")
     task_lm = task_lm or dspy.settings.lm
     info: dict[str, Any] = {}
     callbacks = list(dspy.settings.get("callbacks") or []) + ([failures] if failures is not None else [])
     try:
         # DSPy's optimizers print progress (and signature source) to stdout: keep stdout for results.
         with contextlib.redirect_stdout(sys.stderr), dspy.context(lm=task_lm, callbacks=callbacks):
-            if cfg.name == "bootstrap":
+            if cfg.name == "fit":
+                info.update(n_train=len(trainset), n_val=0)
+                info.update(fit(student, trainset, metric_name) or {})
+                program = student
+            elif cfg.name == "bootstrap":
                 opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
                                             max_labeled_demos=cfg.max_labeled_demos,
                                             max_errors=cfg.max_errors)
@@ -365,25 +386,24 @@ def mean_sd(values: Sequence[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
-def score_all(examples, predictions, metric_name: str) -> dict[str, float]:
-    """Every metric the gold data supports, plus the optimised metric if it is not among them."""
-    from halluscope.runner import score_predictions
-    from halluscope.metrics.adapters import aggregate
-
-    scores = dict(score_predictions(examples, predictions))
-    if metric_name not in scores and examples:
-        scores[metric_name] = aggregate(metric_name, list(examples), list(predictions))
-    return scores
-
-
 def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, extra_inputs=(),
                      progress: bool = False, lm: dspy.LM | None = None):
-    """``(scores, failures)`` of ``program`` on ``examples`` (failed items score 0, never raise)."""
+    """``(scores, failures)`` of ``program`` on ``examples`` (failed items score 0, never raise).
+
+    The program runs once per example and the predictions are scored once: every metric the gold data
+    supports (:func:`halluscope.runner.run_eval` scores them), plus ``metric_name`` when it is not among them
+    (a combined metric such as ``iou+corr``).
+    """
+    from halluscope.metrics.adapters import aggregate
     from halluscope.runner import run_eval
 
+    examples = list(examples)
     with dspy.context(lm=lm) if lm is not None else contextlib.nullcontext():
         res = run_eval(program, examples, threads=threads, progress=progress, extra_inputs=extra_inputs)
-    return score_all(examples, res.predictions, metric_name), res.failures
+    scores = dict(res.scores)
+    if metric_name not in scores and examples:
+        scores[metric_name] = aggregate(metric_name, examples, list(res.predictions))
+    return scores, res.failures
 
 
 def cross_validate(
@@ -399,14 +419,18 @@ def cross_validate(
     failures: FailureCounter | None = None,
     log: Callable[[str], None] | None = None,
     on_fold: Callable[[FoldResult], None] | None = None,
+    fit: Callable[[dspy.Module, list, str], dict] | None = None,
 ) -> CVResult:
     """Compile on ``k-1`` folds, score zero-shot and compiled on the held-out fold, for every fold.
 
-    A fold whose compile fails stops the loop: the result keeps the folds done and ``error`` says why.
+    Each held-out fold is evaluated exactly twice — the zero-shot program and the compiled one, each run once
+    per item and scored once. ``fit`` is the program's fit hook (used when ``cfg.name == "fit"``). ``log``
+    receives progress lines (default: this module's logger). A fold whose compile fails stops the loop: the
+    result keeps the folds done and ``error`` says why.
     """
     from halluscope.metrics.adapters import get_metric
 
-    log = log or (lambda s: print(s, file=sys.stderr))
+    log = log or logger.info
     examples = list(examples)
     metric = get_metric(metric_name)
     check_fold_sizes(len(examples), k, cfg)
@@ -422,7 +446,7 @@ def cross_validate(
                                               extra_inputs=extra_inputs, lm=task_lm)
         try:
             compiled, info = compile_program(build(), train, metric, cfg, task_lm=task_lm, prompt_lm=prompt_lm,
-                                             failures=failures)
+                                             failures=failures, fit=fit, metric_name=metric_name)
         except CompileError as e:
             result.error = f"fold {i}: {e}"
             log(f"!! {result.error} — stopping; the {len(result.folds)} fold(s) done are kept")
