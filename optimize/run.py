@@ -1,37 +1,176 @@
-"""``python optimize.py``: cross-validated MIPROv2 (or BootstrapFewShot) compile -> versioned artifact + MLflow run.
+"""The optimize run: cross-validated compile -> versioned artifact + report + MLflow run, as named stages.
 
-    python optimize.py --metric iou --lang de                       # embedded model, demo data if none configured
-    python optimize.py --metric iou --lang de --data-dir ../shared/data/mushroom --limit 16 \\
-        --candidates 3 --trials 4                                  # a quick real run
-    python optimize.py --program spans --metric iou+corr --lang en --optimizer bootstrap --folds 3
+    from halluscope.optimize.run import OptimizeConfig, run_optimize
 
-What it does: split the examples into ``--folds`` seeded, stratified folds; for each fold compile on the
-others and score the zero-shot and the compiled program on the held-out fold with every metric; print
-zero-shot vs compiled per fold and as mean ± sd; compile once more on the whole split; optionally score
-that program on ``--test``; write ``compiled/<program>/<lang>/<metric>/vNNNN/`` (JSON state + manifest);
-record everything as an MLflow run. LM calls go through DSPy's disk cache, so rerunning the same command
-with the same LM makes no new LM calls (the summary says how many calls were new).
+    config = OptimizeConfig(program="spans", metric="iou", lang="de", source="my-data", folds=2)
+    result = run_optimize(config, examples, task_lm=lm, prompt_lm=lm)
+    result.status, result.cv, result.artifact, result.report_path, result.exit_code
+
+:func:`run_optimize` runs these stages, each a small function over a shared :class:`OptimizeRun`:
+
+1. ``prepare`` (:func:`stage_prepare`): resolve the program and its options, slim the examples, check the
+   fold sizes, describe the LMs, open the usage meter and the report.
+2. ``cross_validate`` (:func:`stage_cross_validate`, with ``folds >= 2``): seeded, stratified folds; for each,
+   compile on the others and score the zero-shot and the compiled program on the held-out fold (each held-out
+   evaluation runs the program once and scores once); the partial report is written after every fold.
+3. ``final_compile`` (:func:`stage_final_compile`): compile once more on all examples.
+4. ``score_test`` (:func:`stage_score_test`, when test examples are given): score that program and the
+   zero-shot one on them.
+5. ``build_manifest``, ``write_artifact`` (only when the run finished): ``compiled/<program>/<lang>/<metric>/vNNNN/``.
+6. ``write_report`` (always): ``<report_dir>/<stamp>-<program>-<lang>-<metric>/report.json``.
+7. ``track`` (unless ``mlflow=False``): one MLflow run with params, per-fold and mean metrics, the files.
+
+A program whose :class:`~halluscope.programs.registry.ProgramSpec` has a ``fit`` hook is fitted by it
+(``fit(module, trainset, metric_name) -> info``) instead of MIPROv2/BootstrapFewShot; the optimizer recorded
+is ``"fit"``, and a program that uses no LM needs none.
+
+A failed compile (:class:`~halluscope.optimize.cv.CompileError`) ends the run FAILED and an interrupt
+(``KeyboardInterrupt``) KILLED; both still write the report (and track the run) with what was done, but no
+artifact. Progress goes to ``log`` (default: this module's logger); nothing here prints. The command line
+(argument parsing, LM setup, the printed tables and summary) is :mod:`halluscope.cli.optimize`.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import hashlib
 import json
+import logging
 import os
 import platform
-import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
+
+import dspy
 
 from halluscope import paths
+from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
+                                    compile_program, cross_validate, evaluate_program, slim_examples)
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-__all__ = ["run_optimize", "data_hash", "format_cv_table", "UsageMeter"]
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FINISHED", "FAILED", "KILLED", "STAGES",
+    "OptimizeConfig", "OptimizeResult", "OptimizeRun",
+    "run_optimize", "optimizer_for",
+    "stage_prepare", "stage_cross_validate", "stage_final_compile", "stage_score_test", "stage_build_manifest",
+    "stage_write_artifact", "stage_write_report", "stage_track",
+    "data_hash", "UsageMeter",
+]
+
+FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+STAGES = ("prepare", "cross_validate", "final_compile", "score_test", "build_manifest", "write_artifact",
+          "write_report", "track")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Config and result
+# ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OptimizeConfig:
+    """What to optimise and where the outputs go. Plain values: no argparse, no LM objects."""
+
+    program: str = "spans"
+    metric: str = "iou"
+    program_options: dict = field(default_factory=dict)  # over the registry's defaults
+    lang: str = "all"  # the artifact's language key (a Mu-SHROOM language, a HalluClean task, or "all")
+    source: str = "examples"  # where the examples came from, in words (recorded everywhere)
+    folds: int = 2  # 1 = no cross-validation
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # its seed/threads are the run's
+    compiled_dir: str | os.PathLike | None = None  # artifact root (default <project>/compiled)
+    report_dir: str | os.PathLike | None = None  # the run's report folder goes here (default outputs/optimize)
+    tracking_uri: str | None = None
+    mlflow: bool = True
+    # Optional held-out test set scored after the final compile.
+    test_examples: Sequence[Any] | None = None
+    test_path: str | os.PathLike | None = None
+    test_split: str | None = None
+    # Provenance of the examples (manifest and MLflow params).
+    dataset: str | None = None
+    split: str | None = None
+    context: str | None = None
+    limit: int | None = None
+    # Recorded beside each LM's model and server, e.g. {"spec": "local", "max_tokens": 512, "temperature": 0.0}.
+    task_lm_info: dict = field(default_factory=dict)
+    prompt_lm_info: dict = field(default_factory=dict)
+    argv: list[str] | None = None  # the command line, for the report
+
+    @property
+    def seed(self) -> int:
+        return self.optimizer.seed
+
+    @property
+    def threads(self) -> int:
+        return self.optimizer.threads
+
+
+@dataclass
+class OptimizeResult:
+    """What a run produced. ``status`` is FINISHED, FAILED (``error`` says why) or KILLED (interrupted)."""
+
+    program: str
+    metric: str
+    lang: str
+    source: str
+    n: int
+    optimizer: OptimizerConfig
+    compared: str = ""
+    status: str = "RUNNING"
+    error: str | None = None
+    stages: list[str] = field(default_factory=list)  # the stages run, in order
+    cv: CVResult | None = None
+    final: dspy.Module | None = None  # the program compiled on all examples
+    final_info: dict = field(default_factory=dict)
+    test: dict | None = None  # test-set scores (compiled and zero-shot)
+    manifest: dict | None = None  # what build_manifest made (write_artifact completes it)
+    artifact: Any = None  # halluscope.detect.CompiledDetector as written
+    report: dict = field(default_factory=dict)  # report.json's content
+    report_path: Path | None = None
+    usage: dict = field(default_factory=dict)
+    mlflow_run_id: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """The command's exit status: 0 finished, 130 interrupted, 1 otherwise."""
+        return 0 if self.status == FINISHED else (130 if self.status == KILLED else 1)
+
+
+@dataclass
+class OptimizeRun:
+    """What the stages share while a run goes (built by :func:`stage_prepare`)."""
+
+    config: OptimizeConfig
+    spec: Any  # halluscope.programs.registry.ProgramSpec
+    options: dict
+    cfg: OptimizerConfig  # the optimizer actually used (fit for programs with a fit hook)
+    fit: Callable | None
+    examples: list
+    test_examples: list | None
+    task_lm: dspy.LM | None
+    prompt_lm: dspy.LM | None
+    task_rec: dict | None
+    prompt_rec: dict | None
+    report_dir: Path
+    git: dict
+    failures: FailureCounter
+    meter: "UsageMeter"
+    result: OptimizeResult
+    log: Callable[[str], None]
+
+    def build(self) -> dspy.Module:
+        """A fresh, uncompiled program (the zero-shot program, and the student of every compile)."""
+        return self.spec.build(**self.options)
+
+    @property
+    def report(self) -> dict:
+        return self.result.report
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -97,73 +236,38 @@ class UsageMeter:
         return out
 
 
-def _lm_record(lm, spec: str | None, args_like: dict) -> dict:
+def optimizer_for(spec, cfg: OptimizerConfig) -> OptimizerConfig:
+    """The optimizer a run of ``spec`` uses: ``cfg``, or "fit" (with ``cfg``'s seed, threads and error budget)
+    when the program has a ``fit`` hook."""
+    if getattr(spec, "fit", None) is None:
+        return cfg
+    return OptimizerConfig(name="fit", auto=None, max_bootstrapped_demos=0, max_labeled_demos=0,
+                           val_fraction=cfg.val_fraction, seed=cfg.seed, threads=cfg.threads,
+                           max_errors=cfg.max_errors)
+
+
+def _lm_record(lm, info: dict, **settings) -> dict:
     from halluscope.lm import describe
 
     d = json.loads(describe(lm))
-    d["spec"] = spec
-    d.update({k: v for k, v in args_like.items() if v is not None})
+    d["spec"] = info.get("spec")
+    merged = {**settings, **{k: v for k, v in info.items() if k != "spec"}}
+    d.update({k: v for k, v in merged.items() if v is not None})
     return d
 
 
-def _load_test(args, lang: str):
-    from halluscope.loaders.mushroom import load_mushroom
-
-    path = Path(args.test).expanduser()
-    split = args.test_split or ("test" if any(t in path.name.lower() for t in ("-tst", "test")) else "val")
-    try:
-        examples = load_mushroom(path, lang=lang, split=split, context=args.context)
-    except FileNotFoundError as e:
-        raise SystemExit(f"--test {path}: {e}\n(pass --context none if the test file has no context folder)")
-    except ValueError as e:
-        raise SystemExit(f"--test {path}: {e}")
-    if not examples:
-        raise SystemExit(f"--test {path}: no {lang} items")
-    if all(ex.get("label") is None for ex in examples):
-        raise SystemExit(f"--test {path}: the items carry no gold labels (an unlabelled test split?); "
-                         f"nothing to score")
-    return examples, path, split
-
-
-def _display_metrics(metric: str, available: list[str]) -> list[str]:
-    from halluscope.runner import SPAN_METRICS
-    from halluscope.metrics.adapters import METRIC_LEVEL
-
-    extra = SPAN_METRICS if METRIC_LEVEL[metric] == "span" else ("accuracy", "f1", "balanced_accuracy")
-    out = [metric] + [m for m in extra if m != metric]
-    if METRIC_LEVEL[metric] == "span" and "f1" in available:
-        out.append("f1")
-    return [m for m in out if m in available or m == metric]
-
-
-def format_cv_table(cv, metric: str) -> str:
-    metrics = _display_metrics(metric, cv.metrics)
-    head = ["fold", "compile", "held-out"]
-    for m in metrics:
-        head += [f"{m} zero-shot", f"{m} compiled"]
-    rows = []
-    for f in cv.folds:
-        row = [str(f.fold), str(f.n_train), str(f.n_heldout)]
-        for m in metrics:
-            row += [_num(f.zero_shot.get(m)), _num(f.compiled.get(m))]
-        rows.append(row)
-    zs, cp = cv.mean("zero_shot"), cv.mean("compiled")
-    row = ["mean ± sd", "", ""]
-    for m in metrics:
-        row += [_msd(zs.get(m)), _msd(cp.get(m))]
-    rows.append(row)
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    lines = ["  ".join(x.rjust(w) for x, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines)
-
-
-def _num(v) -> str:
-    return "-" if v is None else f"{v:.4f}"
-
-
-def _msd(d) -> str:
-    return "-" if not d else f"{d['mean']:.4f} ± {d['sd']:.4f}"
+def _compared(spec, cfg: OptimizerConfig, task_lm) -> str:
+    with_lm = f" with the same task LM ({task_lm.model})" if task_lm is not None else ""
+    if cfg.name == "fit":
+        return (f"zero-shot = the unfitted {spec.name!r} program (its default parameters); compiled = the "
+                f"program's fit hook fitted on the other folds; both scored on each held-out fold{with_lm}")
+    if cfg.name == "mipro":
+        return (f"zero-shot = the uncompiled {spec.name!r} program (its default instructions, no demos); "
+                f"compiled = {cfg.describe()} compiled on the other folds (MIPROv2 validates on "
+                f"{int(round(cfg.val_fraction * 100))}% of those, never on the held-out fold); both scored on "
+                f"each held-out fold{with_lm}")
+    return (f"zero-shot = the uncompiled {spec.name!r} program; compiled = {cfg.describe()} compiled on the "
+            f"other folds; both scored on each held-out fold{with_lm}")
 
 
 def _write_report(report_dir: Path, report: dict) -> Path:
@@ -173,265 +277,281 @@ def _write_report(report_dir: Path, report: dict) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------------
+# Stages
+# ------------------------------------------------------------------------------------------------------
+
+
+def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: dspy.LM | None = None,
+                  prompt_lm: dspy.LM | None = None, log: Callable[[str], None] | None = None) -> OptimizeRun:
+    """Resolve everything the run needs; raises ``ValueError`` (``FoldSizeError`` among them) before any LM call
+    when the program, its options, the data or the fold sizes do not work."""
+    from halluscope.artifacts import git_commit, signature_fields
+    from halluscope.programs.registry import get
+
+    log = log or logger.info
+    spec = get(config.program)
+    fit = getattr(spec, "fit", None)
+    if not spec.uses_lm and fit is None:
+        raise ValueError(f"program {spec.name!r} uses no LM and has no fit hook: there is nothing to optimise")
+    check = getattr(spec, "check_options", None)
+    options = check(dict(config.program_options)) if check else {**spec.options, **config.program_options}
+    cfg = optimizer_for(spec, config.optimizer)
+    if config.folds < 1:
+        raise ValueError(f"folds must be at least 1, not {config.folds}")
+    examples = slim_examples(examples, spec.extra_inputs)
+    if not examples:
+        raise ValueError(f"no examples in {config.source}")
+    if spec.demo_fields is not None:  # gold examples double as labeled demos (--max-labeled-demos)
+        examples = [ex.copy(**spec.demo_fields(ex)) for ex in examples]
+    check_fold_sizes(len(examples), config.folds, cfg)
+    test_examples = (slim_examples(config.test_examples, spec.extra_inputs)
+                     if config.test_examples is not None else None)
+
+    if spec.uses_lm:
+        task_lm = task_lm or dspy.settings.lm
+        if task_lm is None:
+            raise ValueError(f"program {spec.name!r} uses an LM: pass task_lm or configure one (halluscope.configure)")
+        prompt_lm = prompt_lm or task_lm
+        adapter = dspy.settings.adapter
+        task_rec = _lm_record(task_lm, config.task_lm_info,
+                              adapter=type(adapter).__name__ if adapter is not None else "ChatAdapter")
+        prompt_rec = _lm_record(prompt_lm, config.prompt_lm_info)
+    else:  # the fit hook alone: no LM is used, none is recorded
+        task_lm = prompt_lm = task_rec = prompt_rec = None
+
+    lang, metric = config.lang, config.metric
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    report_dir = (Path(config.report_dir or paths.outputs_dir() / "optimize")
+                  / f"{stamp}-{spec.name}-{lang}-{metric.replace('+', '_')}")
+    compared = _compared(spec, cfg, task_lm)
+    log(f"optimizing {spec.name} for {metric} on {len(examples)} items of {config.source}, "
+        f"{config.folds} fold(s), {cfg.describe()}")
+    log(f"task LM {task_lm.model}; prompt LM {prompt_lm.model}" if task_lm is not None
+        else "no LM: the program uses none")
+
+    git = git_commit()  # the code this run starts with
+    outputs = sorted({f for d in signature_fields(spec.build(**options)).values() for f in d["outputs"]})
+    meter = UsageMeter(task_lm, prompt_lm, task_outputs=outputs)
+    result = OptimizeResult(program=spec.name, metric=metric, lang=lang, source=config.source, n=len(examples),
+                            optimizer=cfg, compared=compared)
+    result.report.update({
+        "status": "running", "program": spec.name, "program_options": options, "metric": metric, "lang": lang,
+        "source": config.source, "n": len(examples), "folds": config.folds, "optimizer": cfg.to_dict(),
+        "optimizer_desc": cfg.describe(), "task_lm": task_rec, "prompt_lm": prompt_rec, "compared": compared,
+        "argv": config.argv,
+    })
+    return OptimizeRun(config=config, spec=spec, options=options, cfg=cfg, fit=fit, examples=examples,
+                       test_examples=test_examples, task_lm=task_lm, prompt_lm=prompt_lm, task_rec=task_rec,
+                       prompt_rec=prompt_rec, report_dir=report_dir, git=git, failures=FailureCounter(),
+                       meter=meter, result=result, log=log)
+
+
+def stage_cross_validate(run: OptimizeRun) -> None:
+    """``result.cv``: zero-shot vs compiled on every held-out fold; the report on disk grows fold by fold.
+    A failed fold compile does not raise here: ``result.cv.error`` says so and the folds done are kept."""
+    done: list = []
+
+    def on_fold(fr):  # keep what is done on disk as we go
+        done.append(fr.to_dict())
+        run.report["cv_partial"] = done
+        _write_report(run.report_dir, run.report)
+
+    cv = cross_validate(run.build, run.examples, run.config.metric, run.cfg, k=run.config.folds,
+                        task_lm=run.task_lm, prompt_lm=run.prompt_lm, extra_inputs=run.spec.extra_inputs,
+                        failures=run.failures, log=run.log, on_fold=on_fold, fit=run.fit)
+    run.result.cv = cv
+    run.report["cv"] = cv.to_dict()
+
+
+def stage_final_compile(run: OptimizeRun) -> None:
+    """``result.final``: the program compiled on all examples (raises ``CompileError``)."""
+    from halluscope.metrics.adapters import get_metric
+
+    run.log(f"\n-- final compile on all {len(run.examples)} items")
+    errors_before = run.failures.lm_errors
+    final, info = compile_program(run.build(), run.examples, get_metric(run.config.metric), run.cfg,
+                                  task_lm=run.task_lm, prompt_lm=run.prompt_lm, failures=run.failures,
+                                  fit=run.fit, metric_name=run.config.metric)
+    info["lm_errors"] = run.failures.lm_errors - errors_before
+    if info["lm_errors"]:
+        run.log(f"warning: {info['lm_errors']} LM calls failed during the final compile (scored 0 by the "
+                f"optimizer); rerunning the same command repeats only those calls (the rest are cached)")
+    run.result.final, run.result.final_info = final, info
+
+
+def stage_score_test(run: OptimizeRun) -> None:
+    """``result.test``: the final and the zero-shot program on the test examples."""
+    c = run.config
+    test = run.test_examples
+    scores, fails = evaluate_program(run.result.final, test, c.metric, threads=run.cfg.threads,
+                                     extra_inputs=run.spec.extra_inputs, progress=True, lm=run.task_lm)
+    zs_scores, zs_fails = evaluate_program(run.build(), test, c.metric, threads=run.cfg.threads,
+                                           extra_inputs=run.spec.extra_inputs, progress=True, lm=run.task_lm)
+    run.result.test = {"path": str(c.test_path) if c.test_path is not None else None, "split": c.test_split,
+                       "n": len(test), "data_hash": data_hash(test), "compiled": scores,
+                       "compiled_failures": fails, "zero_shot": zs_scores, "zero_shot_failures": zs_fails}
+
+
+def _collect_usage(run: OptimizeRun) -> None:
+    res = run.result
+    usage = run.meter.usage()
+    usage.update(run.failures.to_dict())
+    res.usage = usage
+    run.report.update(status=res.status, error=res.error, usage=usage, final=res.final_info, test=res.test)
+
+
+def stage_build_manifest(run: OptimizeRun) -> None:
+    """``result.manifest``: how the artifact was made and how good it is (see ``compiled/README.md``)."""
+    from halluscope.metrics.adapters import METRIC_LEVEL
+
+    c, res, cv = run.config, run.result, run.result.cv
+    res.manifest = {
+        "program_options": run.options,
+        "metric_level": METRIC_LEVEL[c.metric],
+        "dataset": c.dataset, "split": c.split, "context": c.context, "source": c.source,
+        "limit": c.limit,
+        "data": {"n": len(run.examples), "data_hash": data_hash(run.examples),
+                 "ids": [str(ex.get("id")) for ex in run.examples]},
+        "cv": ({"k": c.folds, "seed": run.cfg.seed, "stratified": True,
+                "folds": [f.to_dict() for f in cv.folds], "mean": {"zero_shot": cv.mean("zero_shot"),
+                                                                   "compiled": cv.mean("compiled")}}
+               if cv is not None else None),
+        "zero_shot": cv.mean("zero_shot") if cv is not None else None,
+        "final": res.final_info,
+        "test": res.test,
+        "compared": res.compared,
+        "task_lm": run.task_rec,
+        "prompt_lm": run.prompt_rec,
+        "optimizer": {**run.cfg.to_dict(), "description": run.cfg.describe()},
+        "usage": res.usage,
+        "dspy_version": dspy.__version__,
+        "python_version": platform.python_version(),
+        "git_commit": run.git.get("commit"),
+        "git_dirty": run.git.get("dirty"),
+    }
+
+
+def stage_write_artifact(run: OptimizeRun) -> None:
+    """``result.artifact``: the next version under ``compiled_dir`` (a ``CompiledDetector``)."""
+    from halluscope.artifacts import write_artifact
+
+    res = run.result
+    artifact = write_artifact(res.final, res.manifest, program_name=run.spec.name, lang=run.config.lang,
+                              metric=run.config.metric, root=run.config.compiled_dir)
+    res.artifact = artifact
+    run.report["artifact"] = {"path": str(artifact.path), "version": artifact.version,
+                              "content_hash": artifact.manifest["content_hash"]}
+
+
+def stage_write_report(run: OptimizeRun) -> None:
+    """``result.report_path``: ``report.json`` with the final status (written whatever happened)."""
+    run.report["status"] = run.result.status
+    if run.result.cv is not None:
+        run.report.pop("cv_partial", None)
+    run.result.report_path = _write_report(run.report_dir, run.report)
+
+
+def stage_track(run: OptimizeRun) -> None:
+    """``result.mlflow_run_id``: one MLflow run (params, metrics, the report and the artifact's files)."""
+    from halluscope.optimize.tracking import metric_key, track_run
+
+    c, res, cfg = run.config, run.result, run.cfg
+    cv, usage, artifact = res.cv, res.usage, res.artifact
+    metrics: dict[str, float] = {"n": len(run.examples), "seconds": usage["seconds"]}
+    metrics.update({k: v for k, v in usage.items() if isinstance(v, (int, float))})
+    step: dict[str, list] = {}
+    if cv is not None:
+        for which in ("zero_shot", "compiled"):
+            for m, d in cv.mean(which).items():
+                metrics[metric_key("cv", which, m)] = d["mean"]
+                metrics[metric_key("cv", which, m) + ".sd"] = d["sd"]
+        for f in cv.folds:
+            for which in ("zero_shot", "compiled"):
+                for m, v in getattr(f, which).items():
+                    metrics[metric_key(f"fold{f.fold}", which, m)] = v
+                    step.setdefault(metric_key("fold", which, m), []).append((f.fold, v))
+    if "val_score" in res.final_info:
+        metrics["final/val_score"] = res.final_info["val_score"]
+    if res.test:
+        for m, v in res.test["compiled"].items():
+            metrics[metric_key("test", m)] = v
+        for m, v in res.test["zero_shot"].items():
+            metrics[metric_key("test", "zero_shot", m)] = v
+    params = {
+        "program": run.spec.name, "metric": c.metric, "lang": c.lang, "source": c.source, "dataset": c.dataset,
+        "split": c.split, "context": c.context, "limit": c.limit, "folds": c.folds,
+        "seed": cfg.seed, "threads": cfg.threads, "optimizer": cfg.name,
+        "optimizer_desc": cfg.describe(), "auto": cfg.auto, "candidates": cfg.candidates, "trials": cfg.trials,
+        "max_bootstrapped_demos": cfg.max_bootstrapped_demos, "max_labeled_demos": cfg.max_labeled_demos,
+        "val_fraction": cfg.val_fraction, "lm": run.task_lm.model if run.task_lm is not None else None,
+        "task_lm": json.dumps(run.task_rec), "prompt_lm": json.dumps(run.prompt_rec),
+        "options": json.dumps(run.options, sort_keys=True),
+        "test": str(c.test_path) if c.test_path is not None else None,
+        "compiled_dir": str(c.compiled_dir) if c.compiled_dir else "compiled",
+        "artifact_version": artifact.version if artifact else None,
+    }
+    files = [res.report_path]
+    dirs = {"compiled": [artifact.path / "program.json", artifact.path / "manifest.json"]} if artifact else {}
+    res.mlflow_run_id = track_run("optimize", program=run.spec.name, lang=c.lang, params=params, metrics=metrics,
+                                  artifacts=files, tracking_uri=c.tracking_uri, step_metrics=step,
+                                  artifact_dirs=dirs, status=res.status,
+                                  tags={"halluscope.metric": c.metric,
+                                        "halluscope.artifact": str(artifact.path) if artifact else "none"})
+
+
+# ------------------------------------------------------------------------------------------------------
 # The run
 # ------------------------------------------------------------------------------------------------------
 
 
-def run_optimize(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, prompt_lm=None) -> int:
-    """Run ``optimize.py`` with parsed ``args``; returns the exit status (0 ok, 1 failed, 130 interrupted).
+def run_optimize(
+    config: OptimizeConfig,
+    examples: Sequence[Any],
+    *,
+    task_lm: dspy.LM | None = None,
+    prompt_lm: dspy.LM | None = None,
+    log: Callable[[str], None] | None = None,
+    on_stage: Callable[[str, OptimizeResult], None] | None = None,
+) -> OptimizeResult:
+    """Optimise ``config.program`` on ``examples``; see the module docstring for the stages.
 
-    ``task_lm``/``prompt_lm`` inject ready ``dspy.LM`` objects (tests, notebooks) instead of ``--lm``/``--prompt-lm``.
+    ``task_lm`` runs the program (default: the configured ``dspy.settings.lm``; unused when the program uses
+    no LM), ``prompt_lm`` proposes MIPROv2 instructions (default: ``task_lm``). ``log`` receives progress
+    lines; ``on_stage(name, result)`` is called after each stage (a command prints its tables there).
+    Raises ``ValueError`` from the ``prepare`` stage, before any LM call; afterwards a failed compile or an
+    interrupt is the result's ``status``, never an exception.
     """
-    import dspy
+    run = stage_prepare(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=log)
+    res = run.result
 
-    from halluscope.cli.common import load_examples, parse_options, setup_lm
-    from halluscope.cli.optimize import build_parser, validate_args
-    from halluscope.lm import make_lm
-    from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
-    from halluscope.artifacts import git_commit, write_artifact
-    from halluscope.optimize.cv import (CompileError, FailureCounter, FoldSizeError, OptimizerConfig, check_fold_sizes,
-                             compile_program, cross_validate, evaluate_program, slim_examples)
-    from halluscope.programs.registry import get
+    def step(name: str, fn: Callable[[OptimizeRun], None]) -> None:
+        res.stages.append(name)
+        fn(run)
+        if on_stage is not None:
+            on_stage(name, res)
 
-    parser = parser or build_parser()
-    validate_args(parser, args)
-    if args.quiet:
-        import logging
-
-        logging.getLogger("dspy").setLevel(logging.WARNING)
-    spec = get(args.program)
+    res.stages.append("prepare")
+    if on_stage is not None:
+        on_stage("prepare", res)
+    status, error = FINISHED, None
     try:
-        options = {**spec.options, **parse_options(args.option)}
-    except argparse.ArgumentTypeError as e:
-        parser.error(str(e))
-    examples, source = load_examples(args)
-    if not examples:
-        raise SystemExit(f"no examples in {source}")
-    lang = args.lang or (examples[0].get("lang") if args.dataset == "mushroom" else args.task) or "all"
-    examples = slim_examples(examples, spec.extra_inputs)
-    if spec.demo_fields is not None:  # gold examples double as labeled demos (--max-labeled-demos)
-        examples = [ex.copy(**spec.demo_fields(ex)) for ex in examples]
-    cfg = OptimizerConfig(name=args.optimizer, auto=args.auto, candidates=args.candidates, trials=args.trials,
-                          max_bootstrapped_demos=args.max_bootstrapped_demos,
-                          max_labeled_demos=args.max_labeled_demos, val_fraction=args.val_fraction,
-                          seed=args.seed, threads=args.threads, max_errors=args.max_errors)
-    try:
-        check_fold_sizes(len(examples), args.folds, cfg)
-    except FoldSizeError as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
-    test_examples = test_path = test_split = None
-    if args.test:  # checked before any LM call
-        test_examples, test_path, test_split = _load_test(args, lang)
-        test_examples = slim_examples(test_examples, spec.extra_inputs)
-
-    embedded = task_lm is None and args.prompt_lm is None and str(args.lm).startswith("local")
-    if embedded and args.prompt_max_tokens is None:
-        args.prompt_max_tokens = min(256, args.max_tokens)
-    if task_lm is None:
-        task_lm = setup_lm(args)
-    else:
-        dspy.configure(lm=task_lm, adapter=dspy.JSONAdapter() if args.adapter == "json" else dspy.ChatAdapter())
-    if prompt_lm is not None:
-        prompt_spec = args.prompt_lm or "injected"
-    elif args.prompt_lm is None:
-        prompt_lm = task_lm if args.prompt_max_tokens is None else task_lm.copy(max_tokens=args.prompt_max_tokens)
-        prompt_spec = args.lm
-    else:
-        prompt_lm = make_lm(args.prompt_lm, api_base=args.prompt_api_base, temperature=args.temperature,
-                            max_tokens=args.prompt_max_tokens or args.max_tokens)
-        prompt_spec = args.prompt_lm
-    task_rec = _lm_record(task_lm, args.lm, {"adapter": type(dspy.settings.adapter).__name__,
-                                             "max_tokens": args.max_tokens, "temperature": args.temperature})
-    prompt_rec = _lm_record(prompt_lm, prompt_spec, {"max_tokens": args.prompt_max_tokens or args.max_tokens})
-
-    def build():
-        return spec.build(**options)
-
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    report_dir = Path(args.report_dir or paths.outputs_dir() / "optimize") / f"{stamp}-{spec.name}-{lang}-{args.metric.replace('+', '_')}"
-    compared = (f"zero-shot = the uncompiled {spec.name!r} program (its default instructions, no demos); "
-                f"compiled = {cfg.describe()} compiled on the other folds (MIPROv2 validates on "
-                f"{int(round(cfg.val_fraction * 100))}% of those, never on the held-out fold); both scored on "
-                f"each held-out fold with the same task LM ({task_lm.model})"
-                if cfg.name == "mipro" else
-                f"zero-shot = the uncompiled {spec.name!r} program; compiled = {cfg.describe()} compiled on the "
-                f"other folds; both scored on each held-out fold with the same task LM ({task_lm.model})")
-    print(f"optimizing {spec.name} for {args.metric} on {len(examples)} items of {source}, "
-          f"{args.folds} fold(s), {cfg.describe()}", file=sys.stderr)
-    print(f"task LM {task_lm.model}; prompt LM {prompt_lm.model}", file=sys.stderr)
-
-    git = git_commit()  # the code this run starts with
-    failures = FailureCounter()
-    from halluscope.artifacts import signature_fields
-
-    outputs = sorted({f for d in signature_fields(build()).values() for f in d["outputs"]})
-    meter = UsageMeter(task_lm, prompt_lm, task_outputs=outputs)
-    report: dict[str, Any] = {
-        "status": "running", "program": spec.name, "program_options": options, "metric": args.metric, "lang": lang,
-        "source": source, "n": len(examples), "folds": args.folds, "optimizer": cfg.to_dict(),
-        "optimizer_desc": cfg.describe(), "task_lm": task_rec, "prompt_lm": prompt_rec, "compared": compared,
-        "argv": sys.argv[1:] if parser.prog == "optimize.py" else None,
-    }
-    cv = None
-    final = None
-    final_info: dict = {}
-    status, error = "FINISHED", None
-    try:
-        if args.folds >= 2:
-            cv_done: list = []
-
-            def on_fold(fr):  # keep what is done on disk as we go
-                cv_done.append(fr.to_dict())
-                report["cv_partial"] = cv_done
-                _write_report(report_dir, report)
-
-            cv = cross_validate(build, examples, args.metric, cfg, k=args.folds, task_lm=task_lm,
-                                prompt_lm=prompt_lm, extra_inputs=spec.extra_inputs, failures=failures,
-                                on_fold=on_fold)
-            report["cv"] = cv.to_dict()
-            if cv.folds:
-                done = "" if not cv.error else f" ({len(cv.folds)} of {args.folds} folds done)"
-                print(f"\n== {spec.name} on {source}: zero-shot vs compiled, {args.folds}-fold "
-                      f"cross-validation{done} ==")
-                print(f"compared: {compared}")
-                print(format_cv_table(cv, args.metric))
-            if cv.error:
-                raise CompileError(cv.error)
-        print(f"\n-- final compile on all {len(examples)} items", file=sys.stderr)
-        errors_before = failures.lm_errors
-        final, final_info = compile_program(build(), examples, get_metric(args.metric), cfg, task_lm=task_lm,
-                                            prompt_lm=prompt_lm, failures=failures)
-        final_info["lm_errors"] = failures.lm_errors - errors_before
-        if final_info["lm_errors"]:
-            print(f"warning: {final_info['lm_errors']} LM calls failed during the final compile (scored 0 by the "
-                  f"optimizer); rerunning the same command repeats only those calls (the rest are cached)",
-                  file=sys.stderr)
+        if config.folds >= 2:
+            step("cross_validate", stage_cross_validate)
+            if res.cv.error:
+                raise CompileError(res.cv.error)
+        step("final_compile", stage_final_compile)
     except CompileError as e:
-        status, error = "FAILED", str(e)
+        status, error = FAILED, str(e)
     except KeyboardInterrupt:
-        status, error = "KILLED", "interrupted"
-
-    test_res = None
-    if final is not None and test_examples is not None:
-        scores, fails = evaluate_program(final, test_examples, args.metric, threads=args.threads,
-                                         extra_inputs=spec.extra_inputs, progress=True)
-        zs_scores, zs_fails = evaluate_program(build(), test_examples, args.metric, threads=args.threads,
-                                               extra_inputs=spec.extra_inputs, progress=True)
-        test_res = {"path": str(test_path), "split": test_split, "n": len(test_examples),
-                    "data_hash": data_hash(test_examples), "compiled": scores, "compiled_failures": fails,
-                    "zero_shot": zs_scores, "zero_shot_failures": zs_fails}
-        print(f"\n== test {test_path} ({len(test_examples)} items) ==")
-        for m in _display_metrics(args.metric, list(scores)):
-            print(f"{m:>18}: zero-shot {_num(zs_scores.get(m))}   compiled {_num(scores.get(m))}")
-
-    usage = meter.usage()
-    usage.update(failures.to_dict())
-    report.update(status=status, error=error, usage=usage, final=final_info, test=test_res)
-
-    artifact = None
-    if status == "FINISHED" and final is not None:
-        manifest = {
-            "program_options": options,
-            "metric_level": METRIC_LEVEL[args.metric],
-            "dataset": args.dataset, "split": args.split, "context": args.context, "source": source,
-            "limit": args.limit,
-            "data": {"n": len(examples), "data_hash": data_hash(examples),
-                     "ids": [str(ex.get("id")) for ex in examples]},
-            "cv": ({"k": args.folds, "seed": args.seed, "stratified": True,
-                    "folds": [f.to_dict() for f in cv.folds], "mean": {"zero_shot": cv.mean("zero_shot"),
-                                                                       "compiled": cv.mean("compiled")}}
-                   if cv is not None else None),
-            "zero_shot": cv.mean("zero_shot") if cv is not None else None,
-            "final": final_info,
-            "test": test_res,
-            "compared": compared,
-            "task_lm": task_rec,
-            "prompt_lm": prompt_rec,
-            "optimizer": {**cfg.to_dict(), "description": cfg.describe()},
-            "usage": usage,
-            "dspy_version": dspy.__version__,
-            "python_version": platform.python_version(),
-            "git_commit": git.get("commit"),
-            "git_dirty": git.get("dirty"),
-        }
-        artifact = write_artifact(final, manifest, program_name=spec.name, lang=lang, metric=args.metric,
-                                  root=args.compiled_dir)
-        report["artifact"] = {"path": str(artifact.path), "version": artifact.version,
-                              "content_hash": artifact.manifest["content_hash"]}
-    report["status"] = status
-    if cv is not None:
-        report.pop("cv_partial", None)
-    report_path = _write_report(report_dir, report)
-
-    # ---- summary ----
-    print()
-    if artifact is not None:
-        print(f"artifact: {artifact.path} (version {artifact.version}, hash {artifact.manifest['content_hash'][:12]})")
-        from halluscope.artifacts import best_version, list_versions
-
-        best = best_version(list_versions(spec.name, lang, args.metric, root=args.compiled_dir))
-        if best is not None and best.version == artifact.version:
-            print(f"  load: load_compiled({spec.name!r}, lang={lang!r}, metric={args.metric!r})  (the best version)")
-        else:
-            print(f"  load: load_compiled({spec.name!r}, lang={lang!r}, metric={args.metric!r}, "
-                  f"version={artifact.version})  (by default v{best.version:04d} is served: "
-                  + ("real-data versions beat demo-data ones" if artifact.manifest.get("source", "").startswith("demo")
-                     else "it scores higher") + ")")
-    else:
-        print(f"NO ARTIFACT WRITTEN: the run {status.lower()}: {error}")
-        print(f"what was done is saved in {report_path}")
-    new = usage["lm_new_calls"]
-    print(f"LM calls: {usage['lm_calls']} ({usage['lm_cache_hits']} from cache, {new} new"
-          + (f"; {usage['engine_calls']} calls reached the model engine" if "engine_calls" in usage else "")
-          + f"), tokens {usage['lm_input_tokens']} in / {usage['lm_output_tokens']} out, "
-          + (f"task/prompt-model calls {usage['lm_task_calls']}/{usage['lm_prompt_calls']} "
-             f"(new {usage['lm_task_new_calls']}/{usage['lm_prompt_new_calls']}), " if "lm_task_calls" in usage else "")
-          + f"LM errors {failures.lm_errors}, wall time {usage['seconds']:.1f} s")
-    if new == 0 and usage["lm_calls"]:
-        print("  every LM call was served from DSPy's cache")
-    print(f"report: {report_path}")
-
-    if not args.no_mlflow:
-        from halluscope.optimize.tracking import metric_key, track_run
-
-        metrics: dict[str, float] = {"n": len(examples), "seconds": usage["seconds"]}
-        metrics.update({k: v for k, v in usage.items() if isinstance(v, (int, float))})
-        step: dict[str, list] = {}
-        if cv is not None:
-            for which in ("zero_shot", "compiled"):
-                for m, d in cv.mean(which).items():
-                    metrics[metric_key("cv", which, m)] = d["mean"]
-                    metrics[metric_key("cv", which, m) + ".sd"] = d["sd"]
-            for f in cv.folds:
-                for which in ("zero_shot", "compiled"):
-                    for m, v in getattr(f, which).items():
-                        metrics[metric_key(f"fold{f.fold}", which, m)] = v
-                        step.setdefault(metric_key("fold", which, m), []).append((f.fold, v))
-        if "val_score" in final_info:
-            metrics["final/val_score"] = final_info["val_score"]
-        if test_res:
-            for m, v in test_res["compiled"].items():
-                metrics[metric_key("test", m)] = v
-            for m, v in test_res["zero_shot"].items():
-                metrics[metric_key("test", "zero_shot", m)] = v
-        params = {
-            "program": spec.name, "metric": args.metric, "lang": lang, "source": source, "dataset": args.dataset,
-            "split": args.split, "context": args.context, "limit": args.limit, "folds": args.folds,
-            "seed": args.seed, "threads": args.threads, "optimizer": args.optimizer,
-            "optimizer_desc": cfg.describe(), "auto": cfg.auto, "candidates": cfg.candidates, "trials": cfg.trials,
-            "max_bootstrapped_demos": cfg.max_bootstrapped_demos, "max_labeled_demos": cfg.max_labeled_demos,
-            "val_fraction": cfg.val_fraction, "lm": task_lm.model, "task_lm": json.dumps(task_rec),
-            "prompt_lm": json.dumps(prompt_rec), "options": json.dumps(options, sort_keys=True),
-            "test": args.test, "compiled_dir": args.compiled_dir or "compiled",
-            "artifact_version": artifact.version if artifact else None,
-        }
-        files = [report_path]
-        dirs = {"compiled": [artifact.path / "program.json", artifact.path / "manifest.json"]} if artifact else {}
-        run_id = track_run("optimize", program=spec.name, lang=lang, params=params, metrics=metrics,
-                           artifacts=files, tracking_uri=args.tracking_uri, step_metrics=step,
-                           artifact_dirs=dirs, status=status,
-                           tags={"halluscope.metric": args.metric,
-                                 "halluscope.artifact": str(artifact.path) if artifact else "none"})
-        if run_id:
-            print(f"mlflow run: {run_id}")
-    return 0 if status == "FINISHED" else (130 if status == "KILLED" else 1)
+        status, error = KILLED, "interrupted"
+    res.status, res.error = status, error
+    if res.final is not None and run.test_examples is not None:
+        step("score_test", stage_score_test)
+    _collect_usage(run)
+    if res.status == FINISHED and res.final is not None:
+        step("build_manifest", stage_build_manifest)
+        step("write_artifact", stage_write_artifact)
+    step("write_report", stage_write_report)
+    if config.mlflow:
+        step("track", stage_track)
+    return res

@@ -344,11 +344,11 @@ def _opt_args(tmp_path, *extra):
 
 
 def _run_optimize(argv, lm):
-    from halluscope.cli.optimize import build_parser
-    from halluscope.optimize.run import run_optimize
+    """The optimize command (argparse -> OptimizeConfig -> run_optimize -> printed summary) with ``lm``."""
+    from halluscope.cli.optimize import build_parser, run
 
     p = build_parser()
-    return run_optimize(p.parse_args(argv), p, task_lm=lm)
+    return run(p.parse_args(argv), p, task_lm=lm)
 
 
 @pytest.fixture

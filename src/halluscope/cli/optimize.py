@@ -1,4 +1,5 @@
-"""``python optimize.py`` (and ``halluscope optimize``): its arguments; the run is :mod:`halluscope.optimize.run`.
+"""``python optimize.py`` (and ``halluscope optimize``): arguments, data, LMs and the printed summary; the run
+itself (stages, report, artifact, MLflow) is :func:`halluscope.optimize.run.run_optimize`.
 
     python optimize.py --metric iou --lang de                       # embedded model, demo data if none configured
     python optimize.py --metric iou --lang de --data-dir ../shared/data/mushroom --limit 16 \\
@@ -9,9 +10,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+from pathlib import Path
 
-from halluscope.cli.common import add_data_args, add_lm_args, resolve_dataset
+from halluscope.cli.common import add_data_args, add_lm_args, load_examples, parse_options, resolve_dataset, setup_lm
 from halluscope.metrics.adapters import METRIC_LEVEL, METRICS
 from halluscope.programs.registry import get, names
 
@@ -97,9 +100,9 @@ def validate_args(p: argparse.ArgumentParser, args) -> None:
         ok = [m for m, lvl in METRIC_LEVEL.items() if lvl == "response"]
         p.error(f"argument --metric: {args.metric!r} scores spans, but program {args.program!r} is response-level "
                 f"(choose from {', '.join(ok)})")
-    if not spec.uses_lm:
-        p.error(f"argument --program: {args.program!r} uses no LM: there is nothing to optimise "
-                f"(choose from LM programs)")
+    if not spec.uses_lm and getattr(spec, "fit", None) is None:
+        p.error(f"argument --program: {args.program!r} uses no LM and has no fit hook: there is nothing to "
+                f"optimise (choose from LM programs or programs with a fit hook)")
     if args.folds < 1:
         p.error(f"argument --folds: must be at least 1, not {args.folds}")
     if (args.candidates is None) != (args.trials is None):
@@ -120,12 +123,218 @@ def validate_args(p: argparse.ArgumentParser, args) -> None:
         p.error(f"argument --metric: HalluClean has no span labels; choose f1 or accuracy, not {args.metric!r}")
 
 
-def _run(args, parser: argparse.ArgumentParser) -> int:
-    from halluscope.optimize.run import run_optimize  # TEMPORARY: run.py still imports this module
+# ------------------------------------------------------------------------------------------------------
+# The run: arguments -> OptimizeConfig -> halluscope.optimize.run.run_optimize -> printed summary
+# ------------------------------------------------------------------------------------------------------
 
-    return run_optimize(args, parser)
+
+def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, prompt_lm=None) -> int:
+    """Run ``optimize.py`` with parsed ``args``; returns the exit status (0 ok, 1 failed, 130 interrupted).
+
+    ``task_lm``/``prompt_lm`` inject ready ``dspy.LM`` objects (tests, notebooks) instead of ``--lm``/``--prompt-lm``.
+    """
+    from halluscope.optimize.cv import FoldSizeError, OptimizerConfig, check_fold_sizes
+    from halluscope.optimize.run import OptimizeConfig, optimizer_for, run_optimize
+
+    parser = parser or build_parser()
+    validate_args(parser, args)
+    if args.quiet:
+        logging.getLogger("dspy").setLevel(logging.WARNING)
+    spec = get(args.program)
+    try:
+        options = parse_options(args.option, spec)  # defaults + -O, checked: unknown names exit 2
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
+    examples, source = load_examples(args)
+    if not examples:
+        raise SystemExit(f"no examples in {source}")
+    lang = args.lang or (examples[0].get("lang") if args.dataset == "mushroom" else args.task) or "all"
+    opt = OptimizerConfig(name=args.optimizer, auto=args.auto, candidates=args.candidates, trials=args.trials,
+                          max_bootstrapped_demos=args.max_bootstrapped_demos,
+                          max_labeled_demos=args.max_labeled_demos, val_fraction=args.val_fraction,
+                          seed=args.seed, threads=args.threads, max_errors=args.max_errors)
+    try:
+        check_fold_sizes(len(examples), args.folds, optimizer_for(spec, opt))
+    except FoldSizeError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    test_examples = test_path = test_split = None
+    if args.test:  # checked before any LM call
+        test_examples, test_path, test_split = _load_test(args, lang)
+
+    task_info: dict = {}
+    prompt_info: dict = {}
+    if spec.uses_lm:  # a program without an LM (fitted by its fit hook) needs none configured
+        task_lm, prompt_lm, task_info, prompt_info = _setup_lms(args, task_lm, prompt_lm)
+    config = OptimizeConfig(
+        program=spec.name, metric=args.metric, program_options=options, lang=lang, source=source,
+        folds=args.folds, optimizer=opt, compiled_dir=args.compiled_dir, report_dir=args.report_dir,
+        tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow, test_examples=test_examples,
+        test_path=test_path, test_split=test_split, dataset=args.dataset, split=args.split, context=args.context,
+        limit=args.limit, task_lm_info=task_info, prompt_lm_info=prompt_info,
+        argv=sys.argv[1:] if parser.prog == "optimize.py" else None,
+    )
+
+    def on_stage(name: str, res) -> None:
+        if name == "cross_validate" and res.cv.folds:
+            done = "" if not res.cv.error else f" ({len(res.cv.folds)} of {args.folds} folds done)"
+            print(f"\n== {res.program} on {source}: zero-shot vs compiled, {args.folds}-fold "
+                  f"cross-validation{done} ==")
+            print(f"compared: {res.compared}")
+            print(format_cv_table(res.cv, args.metric))
+        elif name == "score_test":
+            print(format_test_table(res.test, args.metric))
+        elif name == "write_report":
+            print(format_summary(res, compiled_dir=args.compiled_dir))
+
+    res = run_optimize(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=_stderr, on_stage=on_stage)
+    if res.mlflow_run_id:
+        print(f"mlflow run: {res.mlflow_run_id}")
+    return res.exit_code
+
+
+def _run(args, parser: argparse.ArgumentParser) -> int:
+    return run(args, parser)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    return _run(parser.parse_args(argv), parser)
+    return run(parser.parse_args(argv), parser)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _setup_lms(args, task_lm, prompt_lm):
+    """The task and prompt LMs the arguments name (or the injected ones), and what to record about each."""
+    import dspy
+
+    from halluscope.lm import make_lm
+
+    embedded = task_lm is None and args.prompt_lm is None and str(args.lm).startswith("local")
+    if embedded and args.prompt_max_tokens is None:
+        args.prompt_max_tokens = min(256, args.max_tokens)
+    if task_lm is None:
+        task_lm = setup_lm(args)
+    else:
+        dspy.configure(lm=task_lm, adapter=dspy.JSONAdapter() if args.adapter == "json" else dspy.ChatAdapter())
+    if prompt_lm is not None:
+        prompt_spec = args.prompt_lm or "injected"
+    elif args.prompt_lm is None:
+        prompt_lm = task_lm if args.prompt_max_tokens is None else task_lm.copy(max_tokens=args.prompt_max_tokens)
+        prompt_spec = args.lm
+    else:
+        prompt_lm = make_lm(args.prompt_lm, api_base=args.prompt_api_base, temperature=args.temperature,
+                            max_tokens=args.prompt_max_tokens or args.max_tokens)
+        prompt_spec = args.prompt_lm
+    task_info = {"spec": args.lm, "max_tokens": args.max_tokens, "temperature": args.temperature}
+    prompt_info = {"spec": prompt_spec, "max_tokens": args.prompt_max_tokens or args.max_tokens}
+    return task_lm, prompt_lm, task_info, prompt_info
+
+
+def _load_test(args, lang: str):
+    from halluscope.loaders.mushroom import load_mushroom
+
+    path = Path(args.test).expanduser()
+    split = args.test_split or ("test" if any(t in path.name.lower() for t in ("-tst", "test")) else "val")
+    try:
+        examples = load_mushroom(path, lang=lang, split=split, context=args.context)
+    except FileNotFoundError as e:
+        raise SystemExit(f"--test {path}: {e}\n(pass --context none if the test file has no context folder)")
+    except ValueError as e:
+        raise SystemExit(f"--test {path}: {e}")
+    if not examples:
+        raise SystemExit(f"--test {path}: no {lang} items")
+    if all(ex.get("label") is None for ex in examples):
+        raise SystemExit(f"--test {path}: the items carry no gold labels (an unlabelled test split?); "
+                         f"nothing to score")
+    return examples, path, split
+
+
+# ------------------------------------------------------------------------------------------------------
+# What the command prints
+# ------------------------------------------------------------------------------------------------------
+
+
+def _display_metrics(metric: str, available: list[str]) -> list[str]:
+    from halluscope.runner import SPAN_METRICS
+
+    extra = SPAN_METRICS if METRIC_LEVEL[metric] == "span" else ("accuracy", "f1", "balanced_accuracy")
+    out = [metric] + [m for m in extra if m != metric]
+    if METRIC_LEVEL[metric] == "span" and "f1" in available:
+        out.append("f1")
+    return [m for m in out if m in available or m == metric]
+
+
+def format_cv_table(cv, metric: str) -> str:
+    """Zero-shot vs compiled per fold and as mean ± sd (a :class:`halluscope.optimize.cv.CVResult`)."""
+    metrics = _display_metrics(metric, cv.metrics)
+    head = ["fold", "compile", "held-out"]
+    for m in metrics:
+        head += [f"{m} zero-shot", f"{m} compiled"]
+    rows = []
+    for f in cv.folds:
+        row = [str(f.fold), str(f.n_train), str(f.n_heldout)]
+        for m in metrics:
+            row += [_num(f.zero_shot.get(m)), _num(f.compiled.get(m))]
+        rows.append(row)
+    zs, cp = cv.mean("zero_shot"), cv.mean("compiled")
+    row = ["mean ± sd", "", ""]
+    for m in metrics:
+        row += [_msd(zs.get(m)), _msd(cp.get(m))]
+    rows.append(row)
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    lines = ["  ".join(x.rjust(w) for x, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def format_test_table(test: dict, metric: str) -> str:
+    """The final and the zero-shot program on ``--test`` (an ``OptimizeResult.test``)."""
+    scores, zs_scores = test["compiled"], test["zero_shot"]
+    lines = [f"\n== test {test['path']} ({test['n']} items) =="]
+    for m in _display_metrics(metric, list(scores)):
+        lines.append(f"{m:>18}: zero-shot {_num(zs_scores.get(m))}   compiled {_num(scores.get(m))}")
+    return "\n".join(lines)
+
+
+def format_summary(res, *, compiled_dir=None) -> str:
+    """The closing lines: the artifact (and how to load it) or why there is none, LM usage, the report."""
+    lines = [""]
+    artifact, usage = res.artifact, res.usage
+    if artifact is not None:
+        lines.append(f"artifact: {artifact.path} (version {artifact.version}, hash "
+                     f"{artifact.manifest['content_hash'][:12]})")
+        from halluscope.artifacts import best_version, list_versions
+
+        best = best_version(list_versions(res.program, res.lang, res.metric, root=compiled_dir))
+        call = f"load_compiled({res.program!r}, lang={res.lang!r}, metric={res.metric!r}"
+        if best is not None and best.version == artifact.version:
+            lines.append(f"  load: {call})  (the best version)")
+        else:
+            lines.append(f"  load: {call}, version={artifact.version})  (by default v{best.version:04d} is served: "
+                         + ("real-data versions beat demo-data ones"
+                            if artifact.manifest.get("source", "").startswith("demo") else "it scores higher") + ")")
+    else:
+        lines.append(f"NO ARTIFACT WRITTEN: the run {res.status.lower()}: {res.error}")
+        lines.append(f"what was done is saved in {res.report_path}")
+    new = usage["lm_new_calls"]
+    lines.append(
+        f"LM calls: {usage['lm_calls']} ({usage['lm_cache_hits']} from cache, {new} new"
+        + (f"; {usage['engine_calls']} calls reached the model engine" if "engine_calls" in usage else "")
+        + f"), tokens {usage['lm_input_tokens']} in / {usage['lm_output_tokens']} out, "
+        + (f"task/prompt-model calls {usage['lm_task_calls']}/{usage['lm_prompt_calls']} "
+           f"(new {usage['lm_task_new_calls']}/{usage['lm_prompt_new_calls']}), " if "lm_task_calls" in usage else "")
+        + f"LM errors {usage['lm_errors']}, wall time {usage['seconds']:.1f} s")
+    if new == 0 and usage["lm_calls"]:
+        lines.append("  every LM call was served from DSPy's cache")
+    lines.append(f"report: {res.report_path}")
+    return "\n".join(lines)
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _msd(d) -> str:
+    return "-" if not d else f"{d['mean']:.4f} ± {d['sd']:.4f}"
