@@ -7,7 +7,7 @@ The public API::
     configure("local")                                        # the embedded model (or any DSPy model string)
     detector = load_compiled("spans", lang="de", metric="iou")  # a verified CompiledDetector
     detection = detect(detector, answer, question=question)   # spans with probabilities, label, score, ...
-    program = get_program("halluclean").build(task="qa")      # any registered program, uncompiled
+    program = get_program("halluclean").make(task="qa")       # any registered program, uncompiled, options checked
 
 Names are resolved on first use, so ``import halluscope.contract`` (or any core module) does not import the
 programs, the optimizer or MLflow.
