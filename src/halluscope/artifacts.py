@@ -381,7 +381,10 @@ def check_compatible(program: dspy.Module, manifest: dict, state: dict, where: P
             problems.append(f"{name}: {PROGRAM_FILE} holds {len(saved_fields)} fields, the signature has {n_fields}")
         if st.get("lm") is not None:
             problems.append(f"{name}: {PROGRAM_FILE} carries an LM; artifacts never do (refusing to load it)")
-    extra = sorted(k for k in state if k != "metadata" and k not in code)
+    own = set(program.dump_state()) - set(code)  # state the program saves besides predictors (fitted parameters)
+    if own - set(state):
+        problems.append(f"{PROGRAM_FILE} lacks the program's own state {sorted(own - set(state))}")
+    extra = sorted(k for k in state if k != "metadata" and k not in code and k not in own)
     if extra:
         problems.append(f"{PROGRAM_FILE} has state for predictors the code does not build: {extra}")
     if problems:
