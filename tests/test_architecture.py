@@ -25,6 +25,7 @@ FOLDERS = {
     "halluscope.metrics": ROOT / "metrics",
     "halluscope.loaders": ROOT / "loaders",
     "halluscope.optimize": ROOT / "optimize",
+    "halluscope.retrievers": ROOT / "retrievers",
 }
 
 # The layers, bottom up: a module may import its own layer and the layers below, never above.
@@ -35,6 +36,7 @@ LAYER_OF_PACKAGE = {
     "halluscope.programs": 2,
     "halluscope.metrics": 2,
     "halluscope.loaders": 2,
+    "halluscope.retrievers": 2,
     "halluscope.optimize": 3,
     "halluscope.cli": 4,
 }

@@ -4,6 +4,7 @@
     halluscope optimize --metric iou --lang de        # same as python optimize.py
     halluscope detect --lang de --answer "..."
     halluscope compare --metric iou
+    halluscope index build docs/ --out indexes/docs   # a knowledge base for MEDICO
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import sys
 
 from halluscope.cli import compare, detect, evaluate
+from halluscope.cli import index as index_cmd
 from halluscope.cli import optimize as optimize_cmd
 
 __all__ = ["build_parser", "main"]
@@ -24,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     optimize_cmd.add_parser(sub)
     detect.add_parser(sub)
     compare.add_parser(sub)
+    index_cmd.add_parser(sub)
     return parser
 
 
