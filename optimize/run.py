@@ -328,6 +328,8 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
         f"{config.folds} fold(s), {cfg.describe()}")
     log(f"task LM {task_lm.model}; prompt LM {prompt_lm.model}" if task_lm is not None
         else "no LM: the program uses none")
+    if fit is not None and config.optimizer.name != "fit":
+        log(f"{spec.name} has a fit hook: it is fitted by it; the {config.optimizer.name} settings are not used")
 
     git = git_commit()  # the code this run starts with
     outputs = sorted({f for d in signature_fields(spec.build(**options)).values() for f in d["outputs"]})
