@@ -1,6 +1,6 @@
 """Optimisation: cross-validated compiles (:mod:`.cv`), the optimize run as stages (:mod:`.run`) and MLflow
 tracking (:mod:`.tracking`). The production path (load a compiled artifact, detect) is not here: see
-:mod:`halluscope.artifacts` and :mod:`halluscope.detect`; the command line is :mod:`halluscope.cli.optimize`."""
+:mod:`halluscope.artifacts` and :mod:`halluscope.detector`; the command line is :mod:`halluscope.cli.optimize`."""
 
 from halluscope.optimize.cv import OptimizerConfig, compile_program, cross_validate
 from halluscope.optimize.run import OptimizeConfig, OptimizeResult, run_optimize

@@ -130,7 +130,7 @@ class OptimizeResult:
     final_info: dict = field(default_factory=dict)
     test: dict | None = None  # test-set scores (compiled and zero-shot)
     manifest: dict | None = None  # what build_manifest made (write_artifact completes it)
-    artifact: Any = None  # halluscope.detect.CompiledDetector as written
+    artifact: Any = None  # halluscope.detector.CompiledDetector as written
     report: dict = field(default_factory=dict)  # report.json's content
     report_path: Path | None = None
     usage: dict = field(default_factory=dict)

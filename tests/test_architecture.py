@@ -41,7 +41,7 @@ LAYER_OF_PACKAGE = {
     "halluscope.cli": 4,
 }
 ABOVE = {  # roof modules in src/halluscope
-    "halluscope.runner": 3, "halluscope.detect": 3, "halluscope.artifacts": 3,
+    "halluscope.runner": 3, "halluscope.detector": 3, "halluscope.artifacts": 3,
 }
 
 
@@ -179,6 +179,15 @@ def test_public_api_names_resolve():
         halluscope.nope  # noqa: B018
 
 
+def test_no_public_name_is_shadowed_by_a_submodule():
+    """Importing ``halluscope.<x>`` sets the attribute ``x`` on the package: a submodule named like a public
+    function would replace it (``halluscope.detect`` the module instead of ``detect`` the function)."""
+    import pkgutil
+
+    submodules = {m.name for m in pkgutil.iter_modules(halluscope.__path__)}
+    assert not submodules & set(halluscope.__all__), submodules & set(halluscope.__all__)
+
+
 def test_only_halluscope_is_a_top_level_package():
     import tomllib
 
@@ -196,8 +205,16 @@ def test_wheel_installs_only_the_halluscope_package(tmp_path):
     """``pip install .`` (not editable) puts only ``halluscope`` and its dist-info into site-packages."""
     import zipfile
 
+    import shutil
+
+    src = tmp_path / "src-copy"  # a copy: setuptools leaves a build/ folder in the tree it builds
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in {f.relative_to(ROOT).parts[0] for f in FOLDERS.values()}:
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp_path),
-                           str(ROOT)], capture_output=True, text=True, timeout=600)
+                           str(src)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("halluscope-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

@@ -376,7 +376,7 @@ def test_optimize_end_to_end_artifact_mlflow_detect_compare(tmp_path, demo_env, 
     assert m["usage"]["lm_calls"] > 0
 
     # detect (Python API and the halluscope command) on a JSONL file
-    from halluscope.detect import detect_jsonl
+    from halluscope.detector import detect_jsonl
 
     inp = tmp_path / "answers.jsonl"
     inp.write_text(json.dumps({"id": "a1", "question": "Q?", "answer": "Die Provinz heißt Álava."}) + "\n"
@@ -572,7 +572,7 @@ def test_unlabelled_test_file_is_refused(tmp_path, demo_env):
 
 def test_detect_routes_halluclean_artifacts_by_their_task():
     from halluscope.contract import Detection, to_prediction
-    from halluscope.detect import detect
+    from halluscope.detector import detect
 
     seen = {}
 

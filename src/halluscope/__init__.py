@@ -24,9 +24,9 @@ __version__ = "0.1.0"
 _API = {
     "configure": "halluscope.lm",
     "load_compiled": "halluscope.artifacts",
-    "detect": "halluscope.detect",
-    "detect_jsonl": "halluscope.detect",
-    "CompiledDetector": "halluscope.detect",
+    "detect": "halluscope.detector",
+    "detect_jsonl": "halluscope.detector",
+    "CompiledDetector": "halluscope.detector",
     "get_program": "halluscope.programs.registry",
     "Detection": "halluscope.contract",
     "Span": "halluscope.contract",
@@ -40,7 +40,7 @@ __all__ = [*_API, "__version__"]
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily below
     from halluscope.artifacts import load_compiled
     from halluscope.contract import Detection, Evidence, Span, Unit
-    from halluscope.detect import CompiledDetector, detect, detect_jsonl
+    from halluscope.detector import CompiledDetector, detect, detect_jsonl
     from halluscope.lm import configure
     from halluscope.programs.registry import get as get_program
 

@@ -38,7 +38,7 @@ import orjson
 from dspy.utils.saving import get_dependency_versions
 
 from halluscope import paths
-from halluscope.detect import CompiledDetector
+from halluscope.detector import CompiledDetector
 from halluscope.programs.registry import get
 
 __all__ = [

@@ -21,7 +21,7 @@ from typing import Any
 from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
 from halluscope.cli.common import add_lm_args, setup_lm
-from halluscope.detect import detect, detect_jsonl
+from halluscope.detector import detect, detect_jsonl
 from halluscope.files import write_text_atomic
 from halluscope.loaders.mushroom import LANGS
 from halluscope.metrics.adapters import METRICS
