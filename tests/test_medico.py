@@ -1,0 +1,207 @@
+"""MEDICO with a scripted LM: every branch of retrieval, fusion, detection, ensemble and correction."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dspy
+import pytest
+
+from halluscope.programs.medico import (Medico, fit_combiner, medico_report, preservation, quoted,
+                                        verdict_probability)
+from halluscope.programs.registry import get
+from halluscope.retrievers.kb import build_index
+from halluscope.testing import scripted_lm
+
+Q = "What is the capital of France?"
+CONTEXT = "Paris is the capital and largest city of France.\n\nLyon is a city in France known for its food."
+WRONG = "The capital of France is Lyon, a city on the Rhône."
+
+
+def responder(revise=lambda a: a.replace("Lyon", "Paris"), summary="Paris is the capital of France."):
+    """Detect flags answers that mention Lyon or Marseille; IdentifySpans quotes them; Revise applies ``revise``."""
+
+    def respond(call):
+        out = call.outputs
+        if "verdict" in out:
+            bad = [w for w in ("Lyon", "Marseille") if w in call.inputs["answer"]]
+            return {"verdict": bool(bad), "rationale": (f'The answer says "{bad[0]}" but [1] says "Paris".'
+                                                        if bad else "Supported by [1].")}
+        if "summary" in out:
+            return {"summary": summary}
+        if "spans" in out:
+            return {"spans": [w for w in ("Lyon", "Marseille") if w in call.inputs["answer"]]}
+        if "revision" in out:
+            return {"revision": revise(call.inputs["answer"])}
+        raise AssertionError(out)
+
+    return respond
+
+
+def run(module, lm, **inputs):
+    with dspy.context(lm=lm):
+        return module(question=inputs.get("question", Q), answer=inputs.get("answer", WRONG), lang="en",
+                      context=inputs.get("context", CONTEXT), task="qa")
+
+
+def test_helpers():
+    assert preservation("abcd", "abcd") == 1.0 and preservation("abcd", "abXd") == 0.75
+    assert preservation("ab", "completely different") == 0.0 and preservation("", "") == 1.0
+    assert verdict_probability(True) == pytest.approx(0.7311, abs=1e-4)
+    assert verdict_probability(False, tau=0.1) < 1e-4 and verdict_probability(None) == 0.5
+    assert quoted('says "Lyon" and “Rhône” and «Nice» and 「東京」') == ["Lyon", "Rhône", "Nice", "東京"]
+
+
+def test_approved_in_the_first_round_with_spans_and_evidence():
+    lm = scripted_lm(responder())
+    pred = run(get("medico").make(), lm)
+    det = pred.detection
+    assert det.label is True and det.score == pytest.approx(verdict_probability(True))
+    assert [WRONG[s.start:s.end] for s in det.spans] == ["Lyon"]  # "Paris" (an evidence quote) does not map
+    assert pred.unmatched_quotes == 1
+    assert det.evidence and det.evidence[0].source == "context" and "Paris" in det.evidence[0].text
+    assert det.revision == "The capital of France is Paris, a city on the Rhône."
+    assert pred.correction == "approved" and len(pred.rounds) == 1
+    r = pred.rounds[0]
+    assert r["accepted"] and r["approved"] and r["spans"] == ["Lyon"]
+    assert r["preservation"] == pytest.approx(preservation(WRONG, det.revision))
+    detect_calls = [c for c in lm.engine.calls if "verdict" in c.outputs]
+    assert detect_calls[0].inputs["evidence"].startswith("[1] (context) Paris is the capital")
+    assert det.to_dict()["evidence"][0]["source"] == "context"
+
+
+def test_supported_answer_is_not_flagged_and_correction_can_be_disabled():
+    lm = scripted_lm(responder())
+    pred = run(get("medico").make(), lm, answer="The capital of France is Paris.")
+    assert pred.label is False and pred.correction == "not_flagged" and pred.rounds == [] and pred.revision is None
+    pred = run(get("medico").make(correct=False), lm)
+    assert pred.label is True and pred.correction == "disabled" and pred.revision is None
+    assert run(get("medico").make(), lm, answer="  ").correction == "not_flagged"
+
+
+def test_revision_rejected_by_preservation_every_round():
+    lm = scripted_lm(responder(revise=lambda a: "Paris."))
+    pred = run(get("medico").make(max_rounds=3, delta=0.5), lm)
+    assert pred.correction == "max_rounds" and pred.revision is None and len(pred.rounds) == 3
+    assert all(not r["accepted"] and "below delta 0.5" in r["reason"] for r in pred.rounds)
+    assert all(r["preservation"] < 0.5 for r in pred.rounds)
+    revise_calls = [c for c in lm.engine.calls if "revision" in c.outputs]
+    assert [c.temperature for c in revise_calls][1:] == [0.7, 0.7]  # retried as a fresh sample
+    # the same revision passes a looser gate
+    assert run(get("medico").make(max_rounds=3, delta=0.0), lm).rounds[0]["accepted"]
+
+
+def test_max_rounds_when_the_detector_never_approves():
+    lm = scripted_lm(responder(revise=lambda a: a.replace("Lyon", "Marseille").replace("Marseille,", "Marseille,")))
+    pred = run(get("medico").make(max_rounds=3), lm)
+    assert pred.correction == "max_rounds" and len(pred.rounds) == 3
+    first = pred.rounds[0]
+    assert first["accepted"] and not first["approved"] and first["reason"] == "still flagged"
+    assert pred.revision == "The capital of France is Marseille, a city on the Rhône."
+    assert [r["reason"] for r in pred.rounds[1:]] == ["unchanged", "unchanged"]
+    report = medico_report([None], [pred])
+    assert report["flagged"] == 1 and report["approved_after_round_3"] == 0.0 and report["mean_preservation"] > 0.5
+
+
+def test_approved_after_two_rounds_is_reported_per_round():
+    lm = scripted_lm(responder(revise=lambda a: a.replace("Lyon", "Marseille") if "Lyon" in a
+                               else a.replace("Marseille", "Paris")))
+    pred = run(get("medico").make(), lm)
+    assert pred.correction == "approved" and [r["approved"] for r in pred.rounds] == [False, True]
+    assert pred.revision.startswith("The capital of France is Paris")
+    rep = medico_report([None, None], [pred, run(get("medico").make(), lm, answer="Paris.")])
+    assert rep["flagged"] == 1 and rep["approved_after_round_1"] == 0.0 and rep["approved_after_round_2"] == 1.0
+
+
+class _Boom(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(500)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_failed_sources_are_counted_named_and_detection_goes_on(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Boom)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/s"
+        module = get("medico").make(sources="context,kb,files,search", kb=str(tmp_path / "no-index"),
+                                    files=str(tmp_path / "missing.pdf"), search=url)
+        pred = run(module, scripted_lm(responder()))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert set(pred.failed_sources) == {"kb", "files", "search"}
+    assert "halluscope index build" in pred.failed_sources["kb"] and "HTTP 500" in pred.failed_sources["search"]
+    assert pred.failures == {"source_kb": 1, "source_files": 1, "source_search": 1}
+    assert pred.label is True and pred.detection.evidence[0].source == "context"
+    assert medico_report([None], [pred])["failed_source_search"] == 1
+    with pytest.raises(ValueError, match="unknown evidence source"):
+        get("medico").make(sources="context,wiki")
+
+
+def test_kb_files_kg_pooled_reranked_and_top_l(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in [
+        {"id": "fr", "text": "Paris is the capital of France."}, {"id": "de", "text": "Berlin is the capital of Germany."},
+        {"id": "x", "text": "Bananas are yellow."}]))
+    build_index(corpus, tmp_path / "ix")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("France's capital city is Paris.")
+    (tmp_path / "docs" / "empty.txt").write_text("")
+    (tmp_path / "kg.tsv").write_text("Paris\tcapital_of\tFrance\n")
+    module = get("medico").make(sources="kb,files,kg", kb=str(tmp_path / "ix"), files=str(tmp_path / "docs"),
+                                kg=str(tmp_path / "kg.tsv"), top_l=3)
+    pred = run(module, scripted_lm(responder()), context="")
+    texts = [e.text for e in pred.detection.evidence]
+    assert len(texts) == 3 and "Bananas are yellow." not in texts and texts[0] == "Paris is the capital of France."
+    module.top_l = 10
+    pred = run(module, scripted_lm(responder()), context="")
+    assert {e.source for e in pred.detection.evidence} == {"kb", "file", "kg"}
+    assert "1 skipped" in pred.source_notes["files"] and pred.failed_sources == {}
+
+
+def test_summary_fusion_and_its_fallback():
+    lm = scripted_lm(responder(summary="Paris is the capital."))
+    pred = run(get("medico").make(fuse="summary", correct=False), lm)
+    assert [c.inputs["evidence"] for c in lm.engine.calls if "verdict" in c.outputs] == ["Paris is the capital."]
+    lm = scripted_lm(responder(summary=""))
+    pred = run(get("medico").make(fuse="summary", correct=False), lm)
+    assert pred.failures == {"fuse": 1}
+    assert [c.inputs["evidence"] for c in lm.engine.calls if "verdict" in c.outputs][0].startswith("[1] (context)")
+
+
+def test_ensemble_fitted_saved_as_json_and_used(tmp_path):
+    (tmp_path / "kg.tsv").write_text("Paris\tcapital_of\tFrance\n")
+    train = [dspy.Example(question=Q, answer=a, context=CONTEXT, label=lab).with_inputs("question", "answer", "context")
+             for a, lab in [(WRONG, True), ("Paris is the capital.", False), ("It is Marseille.", True),
+                            ("The capital is Paris.", False), ("Lyon.", None)]]
+    lm = scripted_lm(responder())
+    module = get("medico").make(sources="context,kg", kg=str(tmp_path / "kg.tsv"))
+    assert module.dump_state()["combiner"] == {"fitted": False}
+    with dspy.context(lm=lm):
+        info = fit_combiner(module, train, "f1")
+    assert info["n"] == 4 and info["features"] == ["context", "kg", "fused"] and info["train_accuracy"] == 1.0
+    state = json.loads(json.dumps(module.dump_state()))
+    fresh = get("medico").make(sources="context,kg", kg=str(tmp_path / "kg.tsv"))
+    fresh.load_state(state)
+    assert fresh.combiner == module.combiner
+    pred = run(fresh, lm, answer=WRONG)
+    assert set(pred.source_p) == {"fused", "context", "kg"} and pred.label is True and pred.score > 0.5
+    assert pred.score == pytest.approx(fresh.combine(pred.source_p))
+    assert run(fresh, lm, answer="The capital is Paris.").label is False
+    assert run(get("medico").make(sources="context,kg", kg=str(tmp_path / "kg.tsv"), ensemble=False)
+               .load_state(state), lm).source_p == {"fused": pytest.approx(verdict_probability(True))}
+    with pytest.raises(ValueError, match="no training example"):
+        fit_combiner(module, train[-1:], "f1")
+
+
+def test_registered_with_a_fit_hook_and_documented_options():
+    spec = get("medico")
+    assert spec.fit is fit_combiner and spec.level == "response" and spec.default_metric == "f1"
+    assert all(spec.option_help[name] for name in spec.options)
+    assert isinstance(spec.make(), Medico)
