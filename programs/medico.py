@@ -63,6 +63,8 @@ from halluscope.text import map_substrings
 __all__ = ["SOURCES", "Medico", "preservation", "verdict_probability", "quoted", "fit_combiner", "medico_report"]
 
 SOURCES = ("context", "kb", "files", "kg", "search")
+# Per-stage output budgets (tokens): small models ramble until max_tokens.
+MAX_TOKENS = {"summarize": 256, "detect": 160, "identify": 96, "revise": 192}
 _QUOTES = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|„([^“”\n]+)[“”]|«\s*([^»\n]+?)\s*»|「([^」\n]+)」')
 
 
@@ -105,7 +107,7 @@ class Medico(dspy.Module):
     """MEDICO (see the module docstring).
 
     Args:
-        sources: comma-separated evidence sources, any of context, kb, files, kg, search.
+        sources: comma-separated evidence sources, any of context, kb, files, kg, search; none = no evidence.
         kb: knowledge-base index folder (halluscope index build SOURCE --out DIR) for the kb source.
         files: a folder or comma-separated files (TXT, Markdown, PDF, DOCX) for the files source.
         kg: a triples file (TSV or N-Triples) for the kg source.
@@ -130,7 +132,7 @@ class Medico(dspy.Module):
                  files_max_mb: float = 20.0, max_evidence_chars: int = 6000, retry_temperature: float = 0.7):
         super().__init__()
         names = [s.strip() for s in (sources.split(",") if isinstance(sources, str) else sources) if s.strip()]
-        unknown = [s for s in names if s not in SOURCES]
+        unknown = [s for s in names if s not in SOURCES and s != "none"]
         if unknown or not names:
             raise ValueError(f"medico: unknown evidence source(s) {unknown or '(none given)'}; "
                              f"choose from {', '.join(SOURCES)}")
@@ -138,7 +140,7 @@ class Medico(dspy.Module):
             raise ValueError(f"medico: fuse must be 'concat' or 'summary', not {fuse!r}")
         if rerank not in ("bm25", "none"):
             raise ValueError(f"medico: rerank must be 'bm25' or 'none', not {rerank!r}")
-        self.sources = list(dict.fromkeys(names))
+        self.sources = [s for s in dict.fromkeys(names) if s != "none"]  # "none": zero evidence
         self.k, self.top_l, self.rerank, self.fuse = int(k), int(top_l), rerank, fuse
         self.correct, self.max_rounds, self.delta = bool(correct), int(max_rounds), float(delta)
         self.tau, self.ensemble = float(tau), bool(ensemble)
@@ -225,7 +227,8 @@ class Medico(dspy.Module):
         text = self.render(pieces)
         if self.fuse == "summary" and text:
             try:
-                summary = (self.summarize(question=question, answer=answer, evidence=text).summary or "").strip()
+                summary = (self.summarize(question=question, answer=answer, evidence=text,
+                                          config={"max_tokens": MAX_TOKENS["summarize"]}).summary or "").strip()
             except AdapterParseError:
                 summary = ""
             if summary:
@@ -234,10 +237,11 @@ class Medico(dspy.Module):
         return text
 
     # -- detection ----------------------------------------------------------------------------------------
-    def judge(self, question: str, answer: str, evidence: str, failures: dict, **config) -> tuple[bool | None, str]:
+    def judge(self, question: str, answer: str, evidence: str, failures: dict) -> tuple[bool | None, str]:
         """(verdict, rationale); an output that does not parse is ``(None, "")`` and ``failures["parse"]``."""
         try:
-            out = self.detect(question=question, answer=answer, evidence=evidence, **config)
+            out = self.detect(question=question, answer=answer, evidence=evidence,
+                              config={"max_tokens": MAX_TOKENS["detect"]})
         except AdapterParseError:
             failures["parse"] = failures.get("parse", 0) + 1
             return None, ""
@@ -270,15 +274,16 @@ class Medico(dspy.Module):
         status = "max_rounds"
         for r in range(1, self.max_rounds + 1):
             retry = bool(rounds) and not rounds[-1]["accepted"]
-            config = {"config": {"rollout_id": r, "temperature": self.retry_temperature}} if retry else {}
+            sample = {"rollout_id": r, "temperature": self.retry_temperature} if retry else {}
             rec: dict = {"round": r, "spans": [], "revision": "", "preservation": 0.0, "accepted": False,
                          "approved": False, "reason": ""}
             try:
                 spans = [str(s) for s in (self.identify(question=question, answer=current, evidence=evidence,
-                                                        rationale=why, **config).spans or []) if str(s).strip()]
+                                                        rationale=why, config={**sample, "max_tokens": MAX_TOKENS["identify"]}
+                                                        ).spans or []) if str(s).strip()]
                 rec["spans"] = spans
                 revision = (self.revise(question=question, answer=current, evidence=evidence, spans=spans,
-                                        **config).revision or "").strip()
+                                        config={**sample, "max_tokens": MAX_TOKENS["revise"]}).revision or "").strip()
             except AdapterParseError:
                 failures["revise_parse"] = failures.get("revise_parse", 0) + 1
                 rec["reason"] = "output did not parse"

@@ -205,3 +205,10 @@ def test_registered_with_a_fit_hook_and_documented_options():
     assert spec.fit is fit_combiner and spec.level == "response" and spec.default_metric == "f1"
     assert all(spec.option_help[name] for name in spec.options)
     assert isinstance(spec.make(), Medico)
+
+
+def test_zero_evidence_source():
+    lm = scripted_lm(responder())
+    pred = run(get("medico").make(sources="none", correct=False), lm)
+    assert pred.detection.evidence == [] and pred.failed_sources == {} and pred.label is True
+    assert [c.inputs["evidence"] for c in lm.engine.calls if "verdict" in c.outputs] == [""]
