@@ -212,3 +212,28 @@ def test_zero_evidence_source():
     pred = run(get("medico").make(sources="none", correct=False), lm)
     assert pred.detection.evidence == [] and pred.failed_sources == {} and pred.label is True
     assert [c.inputs["evidence"] for c in lm.engine.calls if "verdict" in c.outputs] == [""]
+
+
+def test_optimize_fits_the_combiner_and_the_artifact_loads_it(tmp_path):
+    """``python optimize.py --program medico`` path: the fit hook replaces the prompt optimizer; the fitted
+    combiner is in the JSON artifact and comes back with load_compiled."""
+    from halluscope.artifacts import load_compiled
+    from halluscope.optimize.run import FINISHED, OptimizeConfig, run_optimize
+
+    examples = [dspy.Example(id=f"e{i}", question=Q, answer=a, context=CONTEXT, lang="en", task="qa",
+                             label=lab).with_inputs("question", "answer", "lang", "context", "task")
+                for i, (a, lab) in enumerate([(WRONG, True), ("Paris is the capital.", False),
+                                              ("It is Marseille.", True), ("The capital is Paris.", False)] * 2)]
+    lm = scripted_lm(responder())
+    config = OptimizeConfig(program="medico", metric="f1", lang="qa", source="fixture", folds=2,
+                            program_options={"correct": False}, compiled_dir=tmp_path / "compiled",
+                            report_dir=tmp_path / "reports", mlflow=False)
+    with dspy.context(lm=lm):
+        res = run_optimize(config, examples, task_lm=lm, prompt_lm=lm)
+    assert res.status == FINISHED, res.error
+    assert res.final.combiner["fitted"] and res.final.combiner["features"] == ["context", "fused"]
+    state = json.loads((res.artifact.path / "program.json").read_text())
+    assert state["combiner"] == res.final.combiner
+    with dspy.context(lm=lm):
+        loaded = load_compiled("medico", lang="qa", metric="f1", root=tmp_path / "compiled")
+        assert loaded.program.combiner == res.final.combiner
