@@ -31,10 +31,15 @@ Pipeline for a question q and an answer o (one :class:`Medico` call):
 
 Likelihood p(True)
 ------------------
-The verdict's token log-probabilities are not available through DSPy's adapters for every LM, so MEDICO uses
-the documented **fallback**: p(True) = σ(±1/τ) — the verdict as ±1 divided by the temperature ``tau`` through
-a logistic (τ = 1: 0.731 / 0.269; small τ → 1 / 0); an undecided (unparseable) verdict is 0.5. The ensemble
-combiner is fitted on these features, so it learns how much to trust each source's verdict.
+Every detection asks the LM for token log-probabilities (``logprobs=True``, 5 alternatives). Where the LM returns
+them (OpenAI-compatible servers and other providers that report ``logprobs``), p(True) = σ((log p_T − log p_F)/τ)
+with p_T / p_F the probability mass of the true-like / false-like alternatives of the verdict's first token
+(:func:`logprob_probability`; a side absent from the alternatives gets the rest of the mass). Where the LM returns
+none — the embedded llama.cpp engine and the scripted test LM today — the documented **fallback** is used:
+p(True) = σ(±1/τ), the verdict as ±1 divided by the temperature ``tau`` through a logistic (τ = 1: 0.731 / 0.269;
+small τ → 1 / 0); an undecided (unparseable) verdict is 0.5. ``likelihood`` in the prediction says which one
+the fused detection used. The ensemble combiner is fitted on these features, so it learns how much to trust
+each source's verdict.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from halluscope.retrievers.search import SearchRetriever
 from halluscope.signatures.medico import Detect, Fuse, IdentifySpans, Revise
 from halluscope.text import map_substrings
 
-__all__ = ["SOURCES", "Medico", "preservation", "verdict_probability", "quoted", "fit_combiner", "medico_report"]
+__all__ = ["SOURCES", "Medico", "preservation", "verdict_probability", "logprob_probability", "quoted", "fit_combiner", "medico_report"]
 
 SOURCES = ("context", "kb", "files", "kg", "search")
 # Per-stage output budgets (tokens): small models ramble until max_tokens.
@@ -81,6 +86,57 @@ def verdict_probability(verdict: bool | None, tau: float = 1.0) -> float:
         return 0.5
     z = (1.0 if verdict else -1.0) / max(float(tau), 1e-6)
     return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
+
+
+def _entries(logprobs) -> list[dict]:
+    content = logprobs.get("content") if isinstance(logprobs, dict) else getattr(logprobs, "content", None)
+    out = []
+    for e in content or []:
+        e = e if isinstance(e, dict) else {"token": getattr(e, "token", ""), "logprob": getattr(e, "logprob", None),
+                                           "top_logprobs": getattr(e, "top_logprobs", None) or []}
+        out.append(e)
+    return out
+
+
+def _side(token: str) -> str | None:
+    t = str(token or "").strip().strip('"').lower()
+    if t and "true".startswith(t[:4]) and t[0] == "t":
+        return "T"
+    if t and "false".startswith(t[:5]) and t[0] == "f":
+        return "F"
+    return None
+
+
+def logprob_probability(logprobs, tau: float = 1.0) -> float | None:
+    """p(True) from the token log-probabilities of a Detect output, or ``None`` when they are missing.
+
+    The verdict token is the first true-like or false-like token after the text ``verdict`` (ChatAdapter's
+    ``[[ ## verdict ## ]]`` or JSON's ``"verdict":``). p_T and p_F are the summed probabilities of its
+    true-like and false-like alternatives (the chosen token included); a side without any alternative gets
+    ``1 − `` the other. Returns σ((log p_T − log p_F)/τ)."""
+    entries = _entries(logprobs)
+    text = ""
+    for e in entries:
+        tok = str(e.get("token") or "")
+        if "verdict" in text.lower() and _side(tok) and e.get("logprob") is not None:
+            mass = {"T": 0.0, "F": 0.0}
+            alts = [(tok, e["logprob"])] + [(a.get("token") if isinstance(a, dict) else getattr(a, "token", ""),
+                                             a.get("logprob") if isinstance(a, dict) else getattr(a, "logprob", None))
+                                            for a in (e.get("top_logprobs") or [])]
+            seen = set()
+            for t, lp in alts:
+                side = _side(t)
+                if side and lp is not None and t not in seen:
+                    seen.add(t)
+                    mass[side] += math.exp(float(lp))
+            if mass["T"] <= 0:
+                mass["T"] = max(1.0 - mass["F"], 1e-9)
+            if mass["F"] <= 0:
+                mass["F"] = max(1.0 - mass["T"], 1e-9)
+            z = (math.log(mass["T"]) - math.log(mass["F"])) / max(float(tau), 1e-6)
+            return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
+        text += tok
+    return None
 
 
 def quoted(text: str) -> list[str]:
@@ -119,7 +175,8 @@ class Medico(dspy.Module):
         correct: run the span-then-revise correction loop on flagged answers.
         max_rounds: most correction rounds.
         delta: lowest preservation Prev(o, o') a revision may have; lower ones are rejected.
-        tau: temperature of the verdict likelihood fallback p(True) = sigmoid(+-1/tau).
+        tau: temperature of the likelihood p(True): sigmoid((log p_T - log p_F)/tau) from token log-probabilities,
+            else the verdict fallback sigmoid(+-1/tau).
         ensemble: use the fitted logistic-regression combiner when there is one.
         files_max_mb: size limit per user file in MB.
         max_evidence_chars: most characters of fused evidence shown to the LM.
@@ -239,13 +296,22 @@ class Medico(dspy.Module):
     # -- detection ----------------------------------------------------------------------------------------
     def judge(self, question: str, answer: str, evidence: str, failures: dict) -> tuple[bool | None, str]:
         """(verdict, rationale); an output that does not parse is ``(None, "")`` and ``failures["parse"]``."""
+        return self.judge_p(question, answer, evidence, failures)[:2]
+
+    def judge_p(self, question: str, answer: str, evidence: str,
+                failures: dict) -> tuple[bool | None, str, float, str]:
+        """(verdict, rationale, p(True), how p was obtained: "logprobs" or "verdict")."""
         try:
             out = self.detect(question=question, answer=answer, evidence=evidence,
-                              config={"max_tokens": MAX_TOKENS["detect"]})
+                              config={"max_tokens": MAX_TOKENS["detect"], "logprobs": True, "top_logprobs": 5})
         except AdapterParseError:
             failures["parse"] = failures.get("parse", 0) + 1
-            return None, ""
-        return _as_bool(out.verdict), str(out.rationale or "")
+            return None, "", 0.5, "verdict"
+        verdict = _as_bool(out.verdict)
+        p = logprob_probability(out.get("logprobs"), self.tau) if verdict is not None else None
+        if p is None:
+            return verdict, str(out.rationale or ""), verdict_probability(verdict, self.tau), "verdict"
+        return verdict, str(out.rationale or ""), p, "logprobs"
 
     def source_features(self, question: str, answer: str, context: str) -> dict[str, float]:
         """p(True) per configured source (its own evidence only; a failed or empty source: 0.5) and fused."""
@@ -254,11 +320,10 @@ class Medico(dspy.Module):
         feats = {}
         for name in self.sources:
             pieces = self.select(found.get(name, []), question, answer)
-            feats[name] = verdict_probability(self.judge(question, answer, self.render(pieces), failures)[0],
-                                              self.tau) if pieces else 0.5
+            feats[name] = self.judge_p(question, answer, self.render(pieces), failures)[2] if pieces else 0.5
         pieces = self.select([e for n in self.sources for e in found.get(n, [])], question, answer)
         evidence = self.fuse_evidence(question, answer, pieces, failures)
-        feats["fused"] = verdict_probability(self.judge(question, answer, evidence, failures)[0], self.tau)
+        feats["fused"] = self.judge_p(question, answer, evidence, failures)[2]
         return feats
 
     def combine(self, feats: dict[str, float]) -> float:
@@ -319,14 +384,12 @@ class Medico(dspy.Module):
         failures: dict[str, int] = {f"source_{name}": 1 for name in failed}
         pieces = self.select([e for n in self.sources for e in found.get(n, [])], question, answer)
         evidence = self.fuse_evidence(question, answer, pieces, failures)
-        verdict, rationale = self.judge(question, answer, evidence, failures)
-        score = verdict_probability(verdict, self.tau)
+        verdict, rationale, score, likelihood = self.judge_p(question, answer, evidence, failures)
         source_p: dict[str, float] = {"fused": round(score, 6)}
         if self.ensemble and self.combiner.get("fitted"):
             for name in self.sources:
                 own = self.select(found.get(name, []), question, answer)
-                source_p[name] = round(verdict_probability(
-                    self.judge(question, answer, self.render(own), failures)[0], self.tau) if own else 0.5, 6)
+                source_p[name] = round(self.judge_p(question, answer, self.render(own), failures)[2] if own else 0.5, 6)
             score = self.combine(source_p)
             label = score > 0.5
         else:
@@ -338,7 +401,7 @@ class Medico(dspy.Module):
             revision, rounds, status = self.correct_answer(question, answer, evidence, rationale, failures)
         det = Detection(answer=answer, spans=[Span(s.start, s.end, s.prob) for s in mapped], label=label,
                         score=score, rationale=rationale, revision=revision, failures=failures, evidence=pieces)
-        return to_prediction(det, verdict=verdict, source_p=source_p, rounds=rounds, correction=status,
+        return to_prediction(det, verdict=verdict, likelihood=likelihood, source_p=source_p, rounds=rounds, correction=status,
                              failed_sources=failed, source_notes=dict(self.source_notes),
                              unmatched_quotes=stats.unmatched)
 

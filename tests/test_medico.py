@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -237,3 +238,47 @@ def test_optimize_fits_the_combiner_and_the_artifact_loads_it(tmp_path):
     with dspy.context(lm=lm):
         loaded = load_compiled("medico", lang="qa", metric="f1", root=tmp_path / "compiled")
         assert loaded.program.combiner == res.final.combiner
+
+
+def _logprob_lm(p_true: float):
+    """The scripted LM, plus token log-probabilities on Detect outputs: the verdict token has p_true / 1-p_true."""
+    import dataclasses
+    import math
+
+    from dspy.lm15 import TokenLogprob, TopLogprob
+
+    from halluscope.testing import ScriptedEngine
+
+    class LogprobEngine(ScriptedEngine):
+        def complete(self, request):
+            resp = super().complete(request)
+            text = resp.message.parts[0].text
+            if "[[ ## verdict ## ]]" not in text:
+                return resp
+            head, rest = text.split("[[ ## verdict ## ]]", 1)
+            value = rest.strip().split()[0]
+            lt, lf = math.log(p_true), math.log(1 - p_true)
+            toks = [TokenLogprob(head + "[[ ## verdict ## ]]\n", -0.01),
+                    TokenLogprob(value, lt if value == "True" else lf,
+                                 top=(TopLogprob("True", lt), TopLogprob("False", lf), TopLogprob("Maybe", -9.0))),
+                    TokenLogprob(rest.split(value, 1)[1], -0.5)]
+            return dataclasses.replace(resp, logprobs=tuple(toks))
+
+    scripted_lm(responder())  # installs the signature tap the engine reads
+    return dspy.LM("scripted/logprobs", engine=LogprobEngine(responder()), cache=False)
+
+
+def test_likelihood_from_token_logprobs_where_the_lm_gives_them():
+    from halluscope.programs.medico import logprob_probability
+
+    pred = run(get("medico").make(correct=False), _logprob_lm(0.9))
+    assert pred.likelihood == "logprobs" and pred.score == pytest.approx(0.9, abs=1e-6) and pred.label is True
+    pred = run(get("medico").make(correct=False, tau=0.5), _logprob_lm(0.9))
+    assert pred.score == pytest.approx(1 / (1 + (0.1 / 0.9) ** 2), abs=1e-6)  # sharpened by the temperature
+    pred = run(get("medico").make(correct=False), scripted_lm(responder()))
+    assert pred.likelihood == "verdict" and pred.score == pytest.approx(verdict_probability(True))
+    # JSON-style output, the other side missing from the alternatives
+    entries = {"content": [{"token": '{"verdict": ', "logprob": -0.1, "top_logprobs": []},
+                           {"token": "false", "logprob": math.log(0.8), "top_logprobs": []}]}
+    assert logprob_probability(entries) == pytest.approx(0.2)
+    assert logprob_probability({"content": []}) is None and logprob_probability(None) is None
