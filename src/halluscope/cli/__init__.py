@@ -5,6 +5,8 @@
     halluscope detect --lang de --answer "..."
     halluscope compare --metric iou
     halluscope index build docs/ --out indexes/docs   # a knowledge base for MEDICO
+    halluscope serve --program spans --lang de        # HTTP API + web page on 127.0.0.1:8000
+    halluscope ui                                     # the MLflow UI on the project's runs (offline)
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 from halluscope.cli import compare, detect, evaluate
 from halluscope.cli import index as index_cmd
 from halluscope.cli import optimize as optimize_cmd
+from halluscope.cli import serve as serve_cmd
+from halluscope.cli import ui as ui_cmd
 
 __all__ = ["build_parser", "main"]
 
@@ -27,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     detect.add_parser(sub)
     compare.add_parser(sub)
     index_cmd.add_parser(sub)
+    serve_cmd.add_parser(sub)
+    ui_cmd.add_parser(sub)
     return parser
 
 
