@@ -18,7 +18,10 @@
    zero-shot one on them.
 5. ``build_manifest``, ``write_artifact`` (only when the run finished): ``compiled/<program>/<lang>/<metric>/vNNNN/``.
 6. ``write_report`` (always): ``<report_dir>/<stamp>-<program>-<lang>-<metric>/report.json``.
-7. ``track`` (unless ``mlflow=False``): one MLflow run with params, per-fold and mean metrics, the files.
+7. ``track`` (unless ``mlflow=False``): an MLflow parent run with params, per-fold and mean metrics, the files
+   and the examples as an MLflow dataset (name, split, content hash); under it one child run per fold
+   (zero-shot and compiled scores on the held-out fold, which is the child's dataset) and one for the final
+   compile, so the MLflow UI's own run comparison works.
 
 A program whose :class:`~halluscope.programs.registry.ProgramSpec` has a ``fit`` hook is fitted by it
 (``fit(module, trainset, metric_name) -> info``) instead of MIPROv2/BootstrapFewShot; the optimizer recorded
@@ -46,6 +49,7 @@ from typing import Any, Callable, Sequence
 import dspy
 
 from halluscope import paths
+from halluscope.redact import redact_argv, redact_obj
 from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
                                     compile_program, cross_validate, evaluate_program, slim_examples)
 
@@ -273,7 +277,8 @@ def _compared(spec, cfg: OptimizerConfig, task_lm) -> str:
 def _write_report(report_dir: Path, report: dict) -> Path:
     from halluscope.files import write_text_atomic
 
-    return write_text_atomic(report_dir / "report.json", json.dumps(report, indent=2, ensure_ascii=False, default=str))
+    text = json.dumps(redact_obj(json.loads(json.dumps(report, default=str))), indent=2, ensure_ascii=False)
+    return write_text_atomic(report_dir / "report.json", text)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -340,7 +345,7 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
         "status": "running", "program": spec.name, "program_options": options, "metric": metric, "lang": lang,
         "source": config.source, "n": len(examples), "folds": config.folds, "optimizer": cfg.to_dict(),
         "optimizer_desc": cfg.describe(), "task_lm": task_rec, "prompt_lm": prompt_rec, "compared": compared,
-        "argv": config.argv,
+        "argv": redact_argv(config.argv),
     })
     return OptimizeRun(config=config, spec=spec, options=options, cfg=cfg, fit=fit, examples=examples,
                        test_examples=test_examples, task_lm=task_lm, prompt_lm=prompt_lm, task_rec=task_rec,
@@ -453,8 +458,56 @@ def stage_write_report(run: OptimizeRun) -> None:
     run.result.report_path = _write_report(run.report_dir, run.report)
 
 
+def _dataset_name(c: OptimizeConfig) -> str:
+    return "/".join(str(x) for x in (c.dataset or c.source, c.lang) if x)
+
+
+def _datasets(run: OptimizeRun) -> list[dict]:
+    """The examples (and the test examples) as MLflow dataset records: name, split, content hash, size."""
+    c = run.config
+    out = [{"name": _dataset_name(c), "split": c.split or "train", "content_hash": data_hash(run.examples),
+            "n": len(run.examples), "source": c.source}]
+    if run.result.test:
+        out.append({"name": _dataset_name(c), "split": c.test_split or "test", "n": run.result.test["n"],
+                    "content_hash": run.result.test["data_hash"],
+                    "source": str(c.test_path) if c.test_path is not None else c.source})
+    return out
+
+
+def _track_children(run: OptimizeRun, parent: str, params: dict) -> list[str]:
+    """One child run per cross-validation fold and one for the final compile, nested under ``parent``."""
+    from halluscope.optimize.tracking import metric_key, track_run
+
+    c, res = run.config, run.result
+    common = {k: params[k] for k in ("program", "metric", "lang", "optimizer", "optimizer_desc", "seed", "lm")}
+    by_id = {str(ex.get("id")): ex for ex in run.examples}
+    ids = []
+    for f in (res.cv.folds if res.cv is not None else []):
+        metrics = {"n_train": f.n_train, "n_heldout": f.n_heldout, "seconds": f.seconds}
+        for which in ("zero_shot", "compiled"):
+            metrics.update({metric_key(which, m): v for m, v in getattr(f, which).items()})
+            metrics.update({metric_key(which, "failures", k): v for k, v in getattr(f, f"{which}_failures").items()})
+        if "val_score" in f.compile_info:
+            metrics["val_score"] = f.compile_info["val_score"]
+        heldout = [by_id[i] for i in f.heldout_ids if i in by_id]
+        ds = [{"name": _dataset_name(c), "split": f"{c.split or 'train'}/fold{f.fold}-heldout", "n": len(heldout),
+               "content_hash": data_hash(heldout), "source": c.source}]
+        ids.append(track_run("optimize.fold", program=run.spec.name, lang=c.lang, params={**common, "fold": f.fold},
+                             metrics=metrics, tracking_uri=c.tracking_uri, parent_run_id=parent, datasets=ds,
+                             run_name=f"fold {f.fold}", tags={"halluscope.metric": c.metric}))
+    if res.final is not None:
+        info = res.final_info
+        metrics = {k: v for k, v in info.items() if isinstance(v, (int, float))}
+        ids.append(track_run("optimize.final", program=run.spec.name, lang=c.lang,
+                             params={**common, "n_train": len(run.examples)}, metrics=metrics,
+                             tracking_uri=c.tracking_uri, parent_run_id=parent, datasets=_datasets(run)[:1],
+                             run_name="final compile", tags={"halluscope.metric": c.metric}))
+    return ids
+
+
 def stage_track(run: OptimizeRun) -> None:
-    """``result.mlflow_run_id``: one MLflow run (params, metrics, the report and the artifact's files)."""
+    """``result.mlflow_run_id``: the MLflow parent run (params, metrics, the report and the artifact's files,
+    the dataset) with a child run per fold and one for the final compile."""
     from halluscope.optimize.tracking import metric_key, track_run
 
     c, res, cfg = run.config, run.result, run.cfg
@@ -496,9 +549,11 @@ def stage_track(run: OptimizeRun) -> None:
     dirs = {"compiled": [artifact.path / "program.json", artifact.path / "manifest.json"]} if artifact else {}
     res.mlflow_run_id = track_run("optimize", program=run.spec.name, lang=c.lang, params=params, metrics=metrics,
                                   artifacts=files, tracking_uri=c.tracking_uri, step_metrics=step,
-                                  artifact_dirs=dirs, status=res.status,
+                                  artifact_dirs=dirs, status=res.status, datasets=_datasets(run),
                                   tags={"halluscope.metric": c.metric,
                                         "halluscope.artifact": str(artifact.path) if artifact else "none"})
+    if res.mlflow_run_id is not None:
+        _track_children(run, res.mlflow_run_id, params)
 
 
 # ------------------------------------------------------------------------------------------------------

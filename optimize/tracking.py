@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from halluscope import paths
+from halluscope.redact import REDACTED, known_secrets, redact  # the one redaction function (re-exported)
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -40,24 +41,12 @@ __all__ = [
     "redact_params",
     "metric_key",
     "track_run",
+    "log_datasets",
     "runs_table",
     "plot_scores",
 ]
 
-REDACTED = "***"
-
 _SECRET_NAME = re.compile(r"(api[_-]?key|apikey|token|secret|passw(or)?d|authorization|credential)", re.I)
-_SECRET_VALUE = re.compile(
-    r"(sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}"  # OpenAI / Anthropic
-    r"|AKIA[0-9A-Z]{16}"  # AWS access key id
-    r"|hf_[A-Za-z0-9]{20,}"  # Hugging Face
-    r"|gh[pousr]_[A-Za-z0-9]{20,}"  # GitHub
-    r"|xox[abprs]-[A-Za-z0-9\-]{10,}"  # Slack
-    r"|AIza[0-9A-Za-z_\-]{30,}"  # Google
-    r"|gsk_[A-Za-z0-9]{20,})"  # Groq
-)
-_SECRET_ASSIGN = re.compile(
-    r"""(["']?(?:api[_-]?key|apikey|token|secret|password|authorization)["']?\s*[:=]\s*["']?)([^"',\s}]+)""", re.I)
 
 
 def default_tracking_uri() -> str:
@@ -80,25 +69,6 @@ def experiment_name(program: str, lang: str | None) -> str:
 # ------------------------------------------------------------------------------------------------------
 
 
-def _env_secrets() -> list[str]:
-    out = []
-    for k, v in os.environ.items():
-        if v and len(v) >= 8 and _SECRET_NAME.search(k) and v.lower() not in ("true", "false", "not-needed"):
-            out.append(v)
-    return out
-
-
-def redact(value: Any, extra_secrets: Sequence[str] = ()) -> str:
-    """``value`` as a string with anything secret-looking replaced by ``***``."""
-    s = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
-    for secret in (*extra_secrets, *_env_secrets()):
-        if secret and len(secret) >= 8:
-            s = s.replace(secret, REDACTED)
-    s = _SECRET_VALUE.sub(REDACTED, s)
-    s = _SECRET_ASSIGN.sub(lambda m: m.group(1) + REDACTED, s)
-    return s
-
-
 def redact_params(params: Mapping[str, Any], extra_secrets: Sequence[str] = ()) -> dict[str, str]:
     """Params as MLflow strings: secret-named keys fully redacted, values scrubbed, None -> "None"."""
     out = {}
@@ -112,7 +82,7 @@ def redact_params(params: Mapping[str, Any], extra_secrets: Sequence[str] = ()) 
 
 
 def _file_has_secret(path: Path, extra_secrets: Sequence[str] = ()) -> bool:
-    secrets = [s for s in (*extra_secrets, *_env_secrets()) if s and len(s) >= 8]
+    secrets = [s for s in (*extra_secrets, *known_secrets()) if s and len(s) >= 4]
     if not secrets:
         return False
     try:
@@ -187,18 +157,21 @@ def track_run(
     status: str = "FINISHED",
     run_name: str | None = None,
     strict: bool = False,
+    parent_run_id: str | None = None,
+    datasets: Sequence[Mapping[str, Any]] = (),
 ) -> str | None:
     """Record one finished run in MLflow and return its run id.
 
     ``kind`` is "optimize" or "evaluate"; ``metrics`` are logged once (non-numbers and NaN are skipped);
     ``step_metrics`` maps a name to ``[(step, value), ...]`` (e.g. per-fold scores); ``artifacts`` are files
     logged at the root, ``artifact_dirs`` maps a folder name inside the run to files. ``status`` is FINISHED,
-    FAILED or KILLED. Tracking never takes a run down: with ``strict=False`` (the default) an MLflow error is
+    FAILED or KILLED. ``parent_run_id`` nests the run under another (the UI shows it as a child run);
+    ``datasets`` are logged as MLflow dataset inputs (see :func:`log_datasets`). Tracking never takes a run down: with ``strict=False`` (the default) an MLflow error is
     printed and None returned.
     """
     try:
         return _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_metrics, tags,
-                      artifact_dirs, status, run_name)
+                      artifact_dirs, status, run_name, parent_run_id, datasets)
     except Exception as e:
         if strict:
             raise
@@ -208,7 +181,7 @@ def track_run(
 
 
 def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_metrics, tags, artifact_dirs,
-           status, run_name) -> str:
+           status, run_name, parent_run_id=None, datasets=()) -> str:
     import math
 
     from mlflow.entities import Metric, Param
@@ -221,6 +194,8 @@ def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_m
     all_tags = {"halluscope.kind": kind, "halluscope.program": program, "halluscope.lang": lang or "all",
                 "git.commit": git.get("commit") or "unknown", "git.dirty": str(git.get("dirty")),
                 **{k: v for k, v in (tags or {}).items()}}
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(exp_id, run_name=run_name or f"{kind}-{program}-{lang}-{time.strftime('%Y%m%d-%H%M%S')}",
                             tags={k: redact(v)[:5000] for k, v in all_tags.items()})
     run_id = run.info.run_id
@@ -230,6 +205,8 @@ def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_m
         plist = [Param(k, v) for k, v in p.items()]
         for i in range(0, len(plist), 100):
             client.log_batch(run_id, params=plist[i:i + 100])
+        if datasets:
+            log_datasets(client, run_id, datasets)
         mlist = []
         for k, v in metrics.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
@@ -258,6 +235,25 @@ def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_m
         raise
     client.set_terminated(run_id, status)
     return run_id
+
+
+def log_datasets(client, run_id: str, datasets: Sequence[Mapping[str, Any]]) -> None:
+    """Log each ``{"name", "split", "content_hash", "n", "source"}`` as an MLflow dataset input of the run.
+
+    The dataset's digest is the first 16 hex digits of ``content_hash`` (MLflow keeps at most 36 characters);
+    the full hash, the split and the item count are in its profile, and the split is its context tag (the UI
+    shows it beside the dataset's name)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = []
+    for d in datasets:
+        h = str(d.get("content_hash") or "")
+        profile = {"content_hash": h, "split": d.get("split"), "num_rows": d.get("n")}
+        ds = Dataset(name=redact(str(d["name"]))[:500], digest=h[:16] or "none", source_type="local",
+                     source=redact(json.dumps({"uri": str(d.get("source") or d["name"])})),
+                     profile=json.dumps(profile))
+        inputs.append(DatasetInput(ds, tags=[InputTag("mlflow.data.context", str(d.get("split") or "train"))]))
+    client.log_inputs(run_id, datasets=inputs)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -305,6 +301,8 @@ def runs_table(
                                   order_by=["attributes.start_time DESC"], page_token=token)
         for r in page:
             t = r.data.tags
+            if "mlflow.parentRunId" in t:  # a fold or the final compile of an optimize run: in its parent
+                continue
             k = t.get("halluscope.kind", "?")
             if kind is not None and k != kind:
                 continue

@@ -413,7 +413,8 @@ def test_optimize_end_to_end_artifact_mlflow_detect_compare(tmp_path, demo_env, 
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("halluscope/spans/de")
-    run = client.search_runs([exp.experiment_id])[0]
+    run = client.search_runs([exp.experiment_id],
+                             filter_string="tags.`halluscope.kind` = 'optimize'")[0]  # the parent run
     assert run.info.status == "FINISHED"
     assert "cv/compiled/iou" in run.data.metrics and "fold1/zero_shot/iou" in run.data.metrics
     assert run.data.params["optimizer"] == "mipro"
@@ -465,7 +466,8 @@ def test_lm_failing_mid_run_writes_no_artifact(tmp_path, demo_env, capsys):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    run = client.search_runs([client.get_experiment_by_name("halluscope/spans/de").experiment_id])[0]
+    run = client.search_runs([client.get_experiment_by_name("halluscope/spans/de").experiment_id],
+                             filter_string="tags.`halluscope.kind` = 'optimize'")[0]  # the parent run
     assert run.info.status == "FAILED"
 
 

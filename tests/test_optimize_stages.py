@@ -314,7 +314,8 @@ def test_fit_program_through_the_cli_needs_no_lm(tmp_path, fit_program, monkeypa
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    run = client.search_runs([client.get_experiment_by_name(f"halluscope/{PROGRAM}/de").experiment_id])[0]
+    run = client.search_runs([client.get_experiment_by_name(f"halluscope/{PROGRAM}/de").experiment_id],
+                             filter_string="tags.`halluscope.kind` = 'optimize'")[0]  # the parent run
     assert run.info.status == "FINISHED"
     assert run.data.params["optimizer"] == "fit" and "cv/compiled/f1" in run.data.metrics
 
