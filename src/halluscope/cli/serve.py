@@ -1,0 +1,108 @@
+"""``halluscope serve``: an HTTP API and a web page for compiled detectors (see :mod:`halluscope.serve.app`).
+
+    halluscope serve --program spans --lang de                       # http://127.0.0.1:8000/ and /docs
+    halluscope serve --program spans --lang de --lang en --port 9000  # several languages at once
+    halluscope serve --program halluclean --task qa --version 1
+    HALLUSCOPE_SERVE_KEY=... halluscope serve --lang de --host 0.0.0.0   # a key is required off loopback
+
+The artifacts are loaded (and verified) once at start-up; the LM is configured only when a loaded program
+uses one. Clients send ``X-API-Key`` when a key is set.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+import time
+
+from halluscope.artifacts import ArtifactError, load_compiled
+from halluscope.cli.common import add_lm_args, setup_lm
+from halluscope.detector import CompiledDetector
+from halluscope.metrics.adapters import METRICS
+from halluscope.programs.registry import get, names
+from halluscope.serve.app import Limits, create_app
+
+KEY_ENV = "HALLUSCOPE_SERVE_KEY"
+
+
+def add_parser(subparsers) -> None:
+    s = subparsers.add_parser("serve", help="serve compiled detectors over HTTP (JSON API + web page)")
+    g = s.add_argument_group("what to serve")
+    g.add_argument("--program", choices=names(), default="spans")
+    g.add_argument("--lang", action="append", default=[], metavar="LANG",
+                   help="language of an artifact to load (repeat for several)")
+    g.add_argument("--task", action="append", default=[], metavar="TASK",
+                   help="HalluClean task of a response-level artifact to load (repeat for several)")
+    g.add_argument("--metric", choices=list(METRICS), default=None,
+                   help="metric the artifacts were optimised for (default: the program's)")
+    g.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best of each")
+    g.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
+    n = s.add_argument_group("server")
+    n.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    n.add_argument("--port", type=int, default=8000)
+    n.add_argument("--require-key", default=os.environ.get(KEY_ENV), metavar="KEY",
+                   help=f"API key clients must send as X-API-Key (default ${KEY_ENV}); required off loopback")
+    n.add_argument("--timeout", type=float, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
+    n.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes)
+    n.add_argument("--max-batch", type=int, default=Limits.max_batch)
+    n.add_argument("--lm-concurrency", type=int, default=1,
+                   help="requests inside LM programs at once (1 for the embedded model)")
+    n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_lm_args(s)
+    s.set_defaults(func=cmd_serve)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: assume it is reachable from elsewhere
+
+
+def resolve_detectors(args) -> list[CompiledDetector]:
+    """The compiled detectors the arguments name, loaded and verified (raises ArtifactError/ValueError).
+
+    This is the one place that knows where artifacts come from: another source (a model registry URI) plugs in
+    here and hands :func:`halluscope.serve.create_app` more ``CompiledDetector`` objects."""
+    spec = get(args.program)
+    metric = args.metric or spec.default_metric
+    keys = [*args.lang, *args.task]
+    if not keys:
+        raise ValueError("name at least one --lang or --task to serve")
+    return [load_compiled(args.program, lang=key, metric=metric, version=args.version, root=args.compiled_dir)
+            for key in dict.fromkeys(keys)]
+
+
+def cmd_serve(args) -> int:
+    import uvicorn  # the server itself; imported here so other commands do not pay for it
+
+    t0 = time.perf_counter()
+    if not is_loopback(args.host) and not args.require_key:
+        print(f"halluscope serve: refusing to listen on {args.host} without an API key: set ${KEY_ENV} or pass "
+              f"--require-key (clients then send X-API-Key)", file=sys.stderr)
+        return 2
+    try:
+        limits = Limits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, timeout_s=args.timeout)
+        detectors = resolve_detectors(args)
+    except (ArtifactError, ValueError) as e:
+        print(f"halluscope serve: {e}", file=sys.stderr)
+        return 2
+    for d in detectors:
+        print(f"loaded {d.name}/{d.lang}/{d.metric} v{d.version:04d} ({d.content_hash[:12]}) from {d.path}",
+              file=sys.stderr)
+    if get(args.program).uses_lm:
+        lm = setup_lm(args)
+        compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
+        if compiled_with:
+            print(f"warning: compiled with {', '.join(sorted(compiled_with))}; serving with {lm.model}",
+                  file=sys.stderr)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(detectors, api_key=args.require_key, limits=limits, lm_concurrency=args.lm_concurrency,
+                     startup_seconds=round(time.perf_counter() - t0, 3))
+    print(f"serving on http://{args.host}:{args.port}/ (API docs at /docs)", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
