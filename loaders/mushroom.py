@@ -180,6 +180,12 @@ def _gold(rec: Mapping) -> tuple[list, list, dict, bool | None]:
     return hard, soft, annotations, bool(hard)
 
 
+def _safe_file_id(item_id: Any) -> bool:
+    """Whether ``item_id`` can name ``<id>.context.txt`` inside the context folder (no path parts)."""
+    text = str(item_id)
+    return bool(text) and not text.startswith(".") and not any(c in text for c in ("/", "\\", "\0", ":"))
+
+
 def _context_root(path_or_dir: Path, split: str, context_dir: str | os.PathLike | None) -> Path:
     if context_dir is not None:
         return Path(context_dir)
@@ -298,6 +304,10 @@ def load_mushroom(
                 continue
             if "id" not in rec:
                 raise ValueError(f"{path}: line {lineno}: record has no 'id'")
+            if context != "none" and not _safe_file_id(rec["id"]):  # ids name the context files
+                raise ValueError(f"{path}: line {lineno}: field 'id': expected a file-name-safe id (no '/', '\\', "
+                                 f"leading '.'), got {rec['id']!r}; it would name a context file outside the "
+                                 f"context folder")
             if not isinstance(rec.get("model_output_text"), str):
                 stats["skipped_no_output"] += 1
                 warnings.warn(

@@ -703,4 +703,5 @@ register(ProgramSpec(
     level="span",
     default_metric="iou",
     report=report,
+    endpoint_options=("samplers", "improver"),
 ))

@@ -469,4 +469,5 @@ register(ProgramSpec(
     default_metric="f1",
     report=medico_report,
     fit=fit_combiner,
+    endpoint_options=("search",),
 ))

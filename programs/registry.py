@@ -161,6 +161,11 @@ class ProgramSpec:
     # combiner's weights) and returns information about the fit; optimize uses it instead of a prompt
     # optimizer when set.
     fit: Callable[[dspy.Module, list, str], dict] | None = None
+    # Options whose values choose an LM, a model server or a network endpoint (FINCH-ZK's samplers, MEDICO's
+    # search URL): credentials from the environment go where they say. An artifact whose manifest sets one of
+    # them to anything but the default or an embedded/configured LM ("self", "local") is refused on load
+    # unless the loading user opts in (halluscope.artifacts.load_compiled(trust_endpoints=True)).
+    endpoint_options: tuple[str, ...] = ()
 
     def __post_init__(self):
         _build_parameters(self.build, self.name)  # refuses catch-alls and options without defaults

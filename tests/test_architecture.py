@@ -29,7 +29,7 @@ FOLDERS = {
 }
 
 # The layers, bottom up: a module may import its own layer and the layers below, never above.
-CORE = {"halluscope.contract", "halluscope.text", "halluscope.lm", "halluscope.files", "halluscope.paths",
+CORE = {"halluscope.contract", "halluscope.text", "halluscope.lm", "halluscope.files", "halluscope.paths", "halluscope.redact",
         "halluscope.parallel", "halluscope.retrieval", "halluscope.tasks", "halluscope.testing"}
 LAYER_OF_PACKAGE = {
     "halluscope.signatures": 1,
@@ -227,6 +227,8 @@ def test_wheel_installs_only_the_halluscope_package(tmp_path):
 
 
 def test_cli_runs_from_another_directory_and_writes_there(tmp_path):
+    for name in ("index.html", "app.js", "style.css"):  # the web page of halluscope serve (package data)
+        assert f"halluscope/serve/static/{name}" in names, name
     """Outputs land under the working directory (or $HALLUSCOPE_HOME), never next to the package."""
     import os
 

@@ -38,6 +38,7 @@ import orjson
 from dspy.utils.saving import get_dependency_versions
 
 from halluscope import paths
+from halluscope.redact import redact, redact_obj
 from halluscope.detector import CompiledDetector
 from halluscope.programs.registry import get
 
@@ -47,6 +48,8 @@ __all__ = [
     "ArtifactNotFoundError",
     "ArtifactIntegrityError",
     "ArtifactMismatchError",
+    "ArtifactEndpointError",
+    "check_endpoint_options",
     "VersionInfo",
     "signature_fields",
     "content_hash",
@@ -80,6 +83,50 @@ class ArtifactIntegrityError(ArtifactError):
 
 class ArtifactMismatchError(ArtifactError):
     """The artifact does not fit the program the code builds today (fields, predictors, program)."""
+
+
+class ArtifactEndpointError(ArtifactError):
+    """The artifact's build options choose an LM, a model server or an endpoint, which would receive the loading
+    user's credentials; refused unless the user opts in (``trust_endpoints=True``)."""
+
+
+# LM settings an artifact may set on an embedded/configured LM ("self", "local"): none of them moves a request.
+_SAFE_LM_SETTINGS = {"temperature", "seed", "max_tokens", "top_p", "top_k", "n", "rollout_id", "cache"}
+
+
+def _chooses_endpoint(value: Any) -> bool:
+    """Whether an option value names an LM, server or URL other than the configured LM (``self``) or the embedded
+    one (``local``) with harmless settings (:data:`_SAFE_LM_SETTINGS`)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return False
+    if isinstance(value, str):
+        for part in (p.strip() for p in value.split(",") if p.strip()):
+            name, _, query = part.partition("?")
+            keys = {q.partition("=")[0].strip() for q in query.split("&") if q}
+            if name.strip() not in ("self", "local") or not keys <= _SAFE_LM_SETTINGS:
+                return True
+        return False
+    if isinstance(value, dict):
+        rest = {k for k in value if k != "lm"}
+        return _chooses_endpoint(str(value.get("lm", "self"))) or not rest <= _SAFE_LM_SETTINGS
+    if isinstance(value, (list, tuple)):
+        return any(_chooses_endpoint(v) for v in value)
+    return True
+
+
+def check_endpoint_options(spec, options: dict, where: str | os.PathLike = "artifact") -> None:
+    """Refuse (:class:`ArtifactEndpointError`) options of ``spec.endpoint_options`` that an artifact set to an
+    LM, server or URL other than the program's default or ``self``/``local``: the manifest's content hash is
+    unkeyed, so anyone who can edit an artifact could otherwise send the loading user's API keys anywhere."""
+    defaults = spec.options
+    bad = [name for name in getattr(spec, "endpoint_options", ())
+           if name in options and options[name] != defaults.get(name) and _chooses_endpoint(options[name])]
+    if bad:
+        shown = ", ".join(f"{n}={redact(options[n])}" for n in bad)
+        raise ArtifactEndpointError(
+            f"{where}: the artifact's program options choose where LM or search requests (and the credentials "
+            f"from your environment) go: {shown}. Refusing to load it; if you trust this artifact, load it with "
+            f"load_compiled(..., trust_endpoints=True) (halluscope detect --trust-artifact-endpoints)")
 
 
 @dataclass(frozen=True)
@@ -222,7 +269,7 @@ def write_artifact(
     base = artifact_dir(program_name, lang, metric, root)
     base.mkdir(parents=True, exist_ok=True)
     data = _program_bytes(program)
-    m = dict(manifest)
+    m = redact_obj(dict(manifest))  # no credential (an API key, user:pass@ in a server URL) is ever written
     m.update(format=ARTIFACT_FORMAT, program=program_name, lang=lang, metric=metric,
              predictors=signature_fields(program), program_file=PROGRAM_FILE,
              program_sha256=hashlib.sha256(data).hexdigest())
@@ -400,9 +447,14 @@ def load_compiled(
     metric: str,
     version: int | str | None = None,
     root: str | os.PathLike | None = None,
+    trust_endpoints: bool = False,
 ) -> CompiledDetector:
     """Load the best (or the pinned ``version``) compiled ``program`` for ``lang``/``metric``, verified.
     Configure an LM (:func:`halluscope.configure`) before calling it.
+
+    An artifact whose options choose an LM, model server or URL (a FINCH-ZK sampler, MEDICO's search endpoint)
+    other than the configured/embedded LM is refused (:class:`ArtifactEndpointError`) unless
+    ``trust_endpoints=True``: the content hash detects accidental damage, not a deliberate edit.
 
     Example::
 
@@ -438,6 +490,8 @@ def load_compiled(
     except KeyError as e:
         raise ArtifactMismatchError(str(e)) from None
     options = manifest.get("program_options") or {}
+    if not trust_endpoints:  # before anything is built from the options
+        check_endpoint_options(spec, options, chosen.path)
     try:
         module = spec.make(**options)
     except (TypeError, ValueError) as e:  # ValueError: includes UnknownOptionError naming the valid options

@@ -28,6 +28,7 @@ import dspy
 from halluscope.contract import Detection
 from halluscope.files import read_jsonl, write_text_atomic
 from halluscope.parallel import map_items
+from halluscope.redact import redact
 from halluscope.tasks import HALLUCLEAN_TASKS
 
 __all__ = ["CompiledDetector", "detect", "detect_jsonl", "read_answers"]
@@ -95,6 +96,10 @@ def read_answers(path: str | os.PathLike) -> list[dict]:
         answer = rec.get("answer", rec.get("model_output_text"))
         if not isinstance(answer, str):
             raise ValueError(f"{path}: line {lineno}: no 'answer' (or 'model_output_text') string")
+        for name in ("lang", "question", "model_input", "context", "task"):
+            if rec.get(name) is not None and not isinstance(rec[name], str):
+                raise ValueError(f"{path}: line {lineno}: field {name!r}: expected a string, got "
+                                 f"{type(rec[name]).__name__} {rec[name]!r}")
         row = dict(rec)
         row.update(id=str(rec.get("id", lineno)), answer=answer,
                    question=rec.get("question", rec.get("model_input")) or "",
@@ -126,7 +131,7 @@ def detect_jsonl(
                          lang=row["lang"] or default_lang, **extra)
             return {"id": row["id"], "ok": True, **det.to_dict()}
         except Exception as e:  # one bad item never stops the file
-            return {"id": row["id"], "ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            return {"id": row["id"], "ok": False, "error": redact(f"{type(e).__name__}: {str(e)[:300]}")}
 
     t0 = time.perf_counter()
     results = map_items(one, rows, threads=threads, progress=progress, desc="detect", unit="answer")

@@ -33,6 +33,7 @@ import dspy
 from dspy.lm15 import Message, Response, Usage
 
 from halluscope import paths
+from halluscope.redact import redact_url, register_secret
 
 __all__ = [
     "DEFAULT_LM",
@@ -300,6 +301,7 @@ def make_lm(
             api_key = "not-needed"  # OpenAI-compatible local servers ignore it, the client insists on one
     if api_key:
         extra["api_key"] = api_key
+        register_secret(api_key)  # never written anywhere halluscope records text (halluscope.redact)
     return dspy.LM(spec, temperature=temperature, max_tokens=max_tokens, cache=cache, **extra, **kwargs)
 
 
@@ -381,4 +383,4 @@ def usage_of(entries: list[dict]) -> LMUsage:
 def describe(lm: dspy.LM) -> str:
     """A loggable identity of an LM (model string + server), never its API key."""
     base = lm.kwargs.get("api_base")
-    return json.dumps({"model": lm.model, **({"api_base": base} if base else {})})
+    return json.dumps({"model": redact_url(lm.model), **({"api_base": redact_url(base)} if base else {})})

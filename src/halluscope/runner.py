@@ -17,6 +17,7 @@ import dspy
 
 from halluscope.lm import LMUsage, history_since, usage_of
 from halluscope.parallel import map_items
+from halluscope.redact import redact
 from halluscope.metrics.adapters import METRIC_LEVEL, aggregate
 from halluscope.metrics.classification import classification_report
 
@@ -107,7 +108,7 @@ def run_eval(
             return program(**kwargs)
         except Exception as e:  # the run goes on; this example is a counted failure
             with lock:
-                errors.append(f"{ex.get('id', '?')}: {type(e).__name__}: {str(e)[:300]}")
+                errors.append(redact(f"{ex.get('id', '?')}: {type(e).__name__}: {str(e)[:300]}"))
             return _Failure(type(e).__name__)
 
     t0 = time.perf_counter()

@@ -39,6 +39,9 @@ def add_parser(subparsers) -> None:
     d.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best one")
     d.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
     d.add_argument("--list", action="store_true", help="list the versions and exit")
+    d.add_argument("--trust-artifact-endpoints", action="store_true",
+                   help="load an artifact even if its options choose LMs, model servers or URLs (e.g. FINCH-ZK "
+                        "samplers) that would receive your API keys; only for artifacts you trust")
     src = d.add_mutually_exclusive_group()
     src.add_argument("--answer", help="one answer to check")
     src.add_argument("--input", help="JSONL file of answers (answer/model_output_text, question, context, id)")
@@ -71,7 +74,7 @@ def cmd_detect(args) -> int:
         raise SystemExit("halluscope detect: give --answer TEXT or --input FILE.jsonl (or --list)")
     try:
         detector = load_compiled(args.program, lang=args.lang, metric=args.metric, version=args.version,
-                            root=args.compiled_dir)
+                            root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)
     except (ArtifactError, ValueError) as e:
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2

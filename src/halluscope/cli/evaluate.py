@@ -17,6 +17,7 @@ from halluscope.cli.common import add_data_args, add_lm_args, load_examples, par
 from halluscope.loaders.mushroom import write_submission
 from halluscope.optimize.tracking import track_run
 from halluscope.programs.registry import get, names
+from halluscope.redact import redact_obj
 from halluscope.runner import run_eval
 
 
@@ -93,8 +94,9 @@ def write_outputs(out_dir: Path, program: str, examples, result, dataset: str) -
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     files.append(full)
     summ = out_dir / f"{program}.summary.json"
-    summ.write_text(json.dumps({"summary": result.summary(), "errors": result.errors[:50], "report": result.report},
-                               indent=2, default=str), encoding="utf-8")
+    summ.write_text(json.dumps(redact_obj(json.loads(json.dumps(
+        {"summary": result.summary(), "errors": result.errors[:50], "report": result.report}, default=str))),
+        indent=2), encoding="utf-8")
     files.append(summ)
     return files
 

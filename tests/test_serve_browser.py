@@ -1,0 +1,230 @@
+"""The web page of ``halluscope serve`` in a real browser: the operating system's headless Chromium, driven by
+Selenium through the OS chromedriver (Debian: ``apt-get install chromium chromium-driver``). No browser is
+downloaded. Screenshots go to ``outputs/serve/``.
+
+The server runs in this process (uvicorn on a thread) with a deterministic no-LM fixture program whose detection
+has every part the page shows (spans of several probabilities, units, rationale, revision, evidence), and the
+span detector on a scripted LM.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import dspy
+import httpx
+import pytest
+import uvicorn
+
+from halluscope import artifacts as A
+from halluscope.contract import Detection, Evidence, Span, Unit, to_prediction
+from halluscope.programs.registry import REGISTRY, ProgramSpec, register
+from halluscope.serve import create_app
+from halluscope.testing import scripted_lm
+
+CHROMIUM = next((p for p in (os.environ.get("HALLUSCOPE_CHROMIUM"), shutil.which("chromium"),
+                             shutil.which("chromium-browser"), "/usr/bin/chromium") if p and Path(p).is_file()), None)
+CHROMEDRIVER = next((p for p in (os.environ.get("HALLUSCOPE_CHROMEDRIVER"), shutil.which("chromedriver"),
+                                 "/usr/bin/chromedriver") if p and Path(p).is_file()), None)
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="no system Chromium/chromedriver: install them with `apt-get install chromium chromium-driver` "
+           "(Debian/Ubuntu; .ci/run does this when it runs as root)")
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extra: pip install -e '.[test]'")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+SHOTS = Path(__file__).resolve().parent.parent / "outputs" / "serve"
+ANSWER = "The capital of Australia is Sydney, which became the capital in 1901."
+REVISION = "The capital of Australia is Canberra, which became the capital in 1913."
+EVIDENCE = "Canberra is the capital city of Australia. It was selected as the site of the capital in 1908."
+
+
+class PageFixture(dspy.Module):
+    """A no-LM detector with every part of the contract filled in, at fixed offsets of ``ANSWER``."""
+
+    def forward(self, answer: str = "", context: str = "", **_):
+        i, j = answer.find("Sydney"), answer.find("1901")
+        spans = [Span(i, i + 6, 0.9)] + ([Span(j, j + 4, 0.35)] if j >= 0 else [])
+        cut = answer.find(",")
+        units = [Unit("claim", 0, cut, answer[:cut], "contradiction", 0.9, "evidence names Canberra"),
+                 Unit("claim", cut + 2, len(answer), answer[cut + 2:], "neutral", 0.35)]
+        return to_prediction(Detection(
+            answer=answer, spans=spans if i >= 0 else [], label=True, score=0.9, units=units,
+            rationale="The evidence says Canberra, not Sydney.", revision=REVISION,
+            evidence=[Evidence(context or EVIDENCE, source="context", id="passage-1", score=1.0)]))
+
+
+def _register_fixture() -> None:
+    if "page-fixture" not in REGISTRY:
+        register(ProgramSpec(name="page-fixture", build=PageFixture, description="browser-test fixture",
+                             uses_lm=False))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    _register_fixture()
+    root = tmp_path_factory.mktemp("compiled")
+    A.write_artifact(PageFixture(), {"source": "fixture"}, program_name="page-fixture", lang="en", metric="iou",
+                     root=root)
+    from halluscope.programs.span_detector import SpanDetector
+
+    A.write_artifact(SpanDetector(), {"source": "fixture"}, program_name="spans", lang="de", metric="iou", root=root)
+    detectors = [A.load_compiled("page-fixture", lang="en", metric="iou", root=root),
+                 A.load_compiled("spans", lang="de", metric="iou", root=root)]
+    lm = scripted_lm({"spans": [{"text": "Bonn", "probability": 0.8}]})
+    app = create_app(detectors, lm=lm, adapter=dspy.JSONAdapter())
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield base
+    srv.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium.webdriver.chrome.service import Service
+
+    os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager fetch anything
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=375,1400", "--no-first-run", "--disable-extensions"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    # a phone's viewport (Chromium keeps desktop windows wider than 375 px)
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 375, "height": 1400, "deviceScaleFactor": 1, "mobile": True})
+    yield driver
+    driver.quit()
+
+
+def _open(browser, server):
+    browser.get(server + "/")
+    WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#artifact option")) == 2)
+
+
+def _wait_result(browser):
+    WebDriverWait(browser, 20).until(EC.visibility_of_element_located((By.ID, "result")))
+    WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "status").text == "Done.")
+
+
+def test_page_highlights_spans_by_probability_at_375px(browser, server):
+    _open(browser, server)
+    labels = [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#artifact option")]
+    assert labels[0].startswith("page-fixture · lang en · v0001") and labels[1].startswith("spans · lang de")
+    browser.find_element(By.ID, "example").click()
+    assert browser.find_element(By.ID, "answer").get_property("value") == ANSWER
+    browser.find_element(By.ID, "submit").click()
+    _wait_result(browser)
+
+    marks = browser.find_elements(By.CSS_SELECTOR, "#highlighted mark.span")
+    assert [m.text for m in marks] == ["Sydney", "1901"]
+    assert [float(m.get_attribute("data-prob")) for m in marks] == [0.9, 0.35]
+    assert marks[0].get_attribute("title") == "p = 0.90 · claim 1: contradiction"
+    assert marks[1].get_attribute("title") == "p = 0.35 · claim 2: neutral"
+    alphas = [float(m.value_of_css_property("background-color").rstrip(")").split(",")[-1]) for m in marks]
+    assert alphas[0] > alphas[1] > 0  # more probable = more intense
+    assert "hard" in marks[0].get_attribute("class") and "soft" in marks[1].get_attribute("class")
+    assert browser.find_element(By.ID, "highlighted").text == ANSWER  # the text itself is untouched
+
+    assert browser.find_element(By.ID, "rationale").text == "The evidence says Canberra, not Sydney."
+    rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#units tbody tr")]
+    assert rows[0][1:] == ["claim", "The capital of Australia is Sydney", "contradiction", "0.90"]
+    assert rows[1][3:] == ["neutral", "0.35"]
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#revision del")] == ["Sydney,", "1901."]
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#revision ins")] == ["Canberra,", "1913."]
+    evidence = browser.find_element(By.ID, "evidence-list").text
+    assert EVIDENCE in evidence and "passage-1" in evidence
+    assert "page-fixture en iou v0001" in browser.find_element(By.ID, "provenance").text
+
+    # fits 375 px: nothing scrolls sideways
+    assert browser.execute_script("return window.innerWidth") == 375
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= 375
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / "page-375px.png"))
+    assert (SHOTS / "page-375px.png").stat().st_size > 10_000
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors  # no script errors, no blocked (CSP) or failed fetches
+
+
+def test_page_is_keyboard_usable_with_the_scripted_lm(browser, server):
+    _open(browser, server)
+    select = browser.find_element(By.ID, "artifact")
+    select.send_keys(Keys.ARROW_DOWN)  # keyboard choice of the second detector: spans, scripted LM
+    WebDriverWait(browser, 5).until(lambda d: select.get_property("value") == "1")
+    answer = browser.find_element(By.ID, "answer")
+    answer.clear()
+    answer.send_keys("Die Hauptstadt von Deutschland ist Bonn.")
+    answer.send_keys(Keys.CONTROL, Keys.ENTER)  # Ctrl+Enter submits
+    _wait_result(browser)
+    assert browser.switch_to.active_element.get_attribute("id") == "result"  # focus moved to the result
+    browser.switch_to.active_element.send_keys(Keys.TAB)
+    focused = browser.switch_to.active_element
+    assert focused.tag_name == "mark" and focused.text == "Bonn"
+    assert focused.get_attribute("aria-label").startswith("possibly hallucinated, probability 0.80")
+    assert browser.find_element(By.ID, "units-box").get_property("hidden") is True
+    assert browser.find_element(By.ID, "revision-box").get_property("hidden") is True
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 1024, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+    browser.save_screenshot(str(SHOTS / "page-1024px-keyboard.png"))
+
+
+def test_page_reports_errors_and_needs_a_key_when_set(browser, tmp_path):
+    _register_fixture()
+    A.write_artifact(PageFixture(), {"source": "fixture"}, program_name="page-fixture", lang="en", metric="iou",
+                     root=tmp_path)
+    app = create_app([A.load_compiled("page-fixture", lang="en", metric="iou", root=tmp_path)], api_key="k-123")
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        browser.get(f"http://127.0.0.1:{port}/")
+        WebDriverWait(browser, 10).until(lambda d: "needs an API key" in d.find_element(By.ID, "status").text)
+        assert browser.find_element(By.ID, "key-row").get_property("open") is True
+        key = browser.find_element(By.ID, "api-key")
+        key.send_keys("k-123")
+        key.send_keys(Keys.TAB)  # change event: the detectors are listed with the key
+        WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#artifact option")) == 1)
+        answer = browser.find_element(By.ID, "answer")
+        browser.execute_script("arguments[0].value = arguments[1]", answer, "x" * 20_001)  # over the limit
+        browser.find_element(By.ID, "submit").click()
+        WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "status").text.startswith("Error:"))
+        assert "answer" in browser.find_element(By.ID, "status").text
+    finally:
+        srv.should_exit = True
+        thread.join(10)
