@@ -32,14 +32,15 @@ the rest of the larger class following when the smaller runs out).
 from __future__ import annotations
 
 import json
-import os
-import sys
+import logging
 from pathlib import Path
 
 import dspy
 
 from halluscope import paths
 from halluscope.tasks import HALLUCLEAN_TASKS, TASK_ALIASES, canonical_task
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "HALLUCLEAN_TASKS",
@@ -260,11 +261,11 @@ _DEMO_RECORDS: dict[str, list[dict]] = {
 def halluclean_demo(task: str, limit: int | None = None, notice: bool = True) -> list[dspy.Example]:
     """Two hand-written cases of ``task`` (one right, one hallucinated), in the same schema as the data.
 
-    Prints :data:`HALLUCLEAN_DEMO_NOTICE` to stderr unless ``notice=False``: demo numbers mean nothing.
+    Logs :data:`HALLUCLEAN_DEMO_NOTICE` as a warning unless ``notice=False``: demo numbers mean nothing.
     """
     task = canonical_task(task)
     if notice:
-        print(HALLUCLEAN_DEMO_NOTICE, file=sys.stderr)
+        logger.warning(HALLUCLEAN_DEMO_NOTICE)
     data = _DEMO_RECORDS[task]
     records = [{"id": k, **v} for k, v in data.items()] if isinstance(data, dict) else data
     cases: list[dict] = []

@@ -180,6 +180,10 @@ def _gold(rec: Mapping) -> tuple[list, list, dict, bool | None]:
     return hard, soft, annotations, bool(hard)
 
 
+#: The gold of one record by the rules above (public: the generic loader reads span columns by them too).
+gold_from_record = _gold
+
+
 def _safe_file_id(item_id: Any) -> bool:
     """Whether ``item_id`` can name ``<id>.context.txt`` inside the context folder (no path parts)."""
     text = str(item_id)

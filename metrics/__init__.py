@@ -6,7 +6,7 @@
 * :mod:`metrics.adapters` - DSPy metric adapters ``(example, prediction, trace=None) -> float``.
 """
 
-from .adapters import METRIC_LEVEL, METRICS, aggregate, get_metric
+from .adapters import METRIC_LEVEL, METRICS, RESPONSE_METRICS, SPAN_METRICS, aggregate, get_metric
 from .classification import (
     accuracy,
     balanced_accuracy,
@@ -52,6 +52,8 @@ __all__ = [
     # DSPy adapters
     "METRICS",
     "METRIC_LEVEL",
+    "SPAN_METRICS",
+    "RESPONSE_METRICS",
     "get_metric",
     "aggregate",
 ]

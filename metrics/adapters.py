@@ -51,6 +51,8 @@ __all__ = [
     "f1_metric",
     "METRICS",
     "METRIC_LEVEL",
+    "SPAN_METRICS",
+    "RESPONSE_METRICS",
     "get_metric",
     "aggregate",
 ]
@@ -246,6 +248,13 @@ METRIC_LEVEL: dict[str, str] = {
     "accuracy": "response",
     "f1": "response",
 }
+
+#: What an evaluation reports on span gold: the official Mu-SHROOM scores (``iou+corr`` is their mean, left out).
+SPAN_METRICS: tuple[str, ...] = ("iou", "corr", "maxiou")
+#: What an evaluation reports on a response-level ``label``: the numbers of
+#: :func:`halluscope.metrics.classification.classification_report`.
+RESPONSE_METRICS: tuple[str, ...] = ("accuracy", "precision", "recall", "f1", "balanced_accuracy")
+assert all(METRIC_LEVEL[m] == "span" for m in SPAN_METRICS)
 
 
 def get_metric(name: str) -> Callable[..., float]:

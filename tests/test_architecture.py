@@ -22,6 +22,7 @@ FOLDERS = {
     "halluscope": ROOT / "src" / "halluscope",
     "halluscope.signatures": ROOT / "signatures",
     "halluscope.programs": ROOT / "programs",
+    "halluscope.programs.grounded": ROOT / "programs" / "grounded",
     "halluscope.metrics": ROOT / "metrics",
     "halluscope.loaders": ROOT / "loaders",
     "halluscope.optimize": ROOT / "optimize",
@@ -34,6 +35,7 @@ CORE = {"halluscope.contract", "halluscope.text", "halluscope.lm", "halluscope.f
 LAYER_OF_PACKAGE = {
     "halluscope.signatures": 1,
     "halluscope.programs": 2,
+    "halluscope.programs.grounded": 2,
     "halluscope.metrics": 2,
     "halluscope.loaders": 2,
     "halluscope.retrievers": 2,

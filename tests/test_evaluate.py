@@ -120,8 +120,10 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="mushroom"):
         main(["evaluate", "--program", "mark-all", "--lang", "de", "--data-dir", str(tmp_path),
               "--no-progress", "--no-mlflow"])
-    with pytest.raises(SystemExit, match="--limit"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # a usage error: exit status 2, the argument named
         main(["evaluate", "--program", "mark-all", "--limit", "0", "--no-mlflow"])
+    assert e.value.code == 2 and "argument --limit: must be at least 1, not 0" in capsys.readouterr().err
 
 
 def test_dataset_defaults_to_halluclean_when_a_task_is_named():

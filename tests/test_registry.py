@@ -19,7 +19,7 @@ from halluscope.programs.registry import (InvalidOptionError, OptionError, Progr
                                           get, names)
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILTIN = ["direct", "direct+routing", "finch", "halluclean", "logits", "mark-all", "medico", "spans"]
+BUILTIN = ["direct", "direct+routing", "finch", "grounded", "halluclean", "logits", "mark-all", "medico", "spans"]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -108,7 +108,8 @@ def test_catch_all_and_missing_defaults_are_refused_at_registration():
 
 
 def test_fit_is_an_optional_field():
-    assert all(get(n).fit is None for n in BUILTIN if n != "medico")  # medico fits its ensemble combiner
+    # medico fits its ensemble combiner, grounded its unit combiner
+    assert all(get(n).fit is None for n in BUILTIN if n not in ("medico", "grounded"))
 
     def fit(module, trainset, metric_name):
         return {"n": len(trainset), "metric": metric_name}

@@ -114,6 +114,7 @@ def detect_jsonl(
     out_path: str | os.PathLike,
     *,
     lang: str | None = None,
+    task: str | None = None,
     threads: int = 1,
     progress: bool = True,
     extra_inputs: Iterable[str] = (),
@@ -128,7 +129,7 @@ def detect_jsonl(
         try:
             extra = {k: row.get(k) for k in extra_inputs}
             det = detect(detector, row["answer"], question=row["question"], context=row["context"],
-                         lang=row["lang"] or default_lang, **extra)
+                         lang=row["lang"] or default_lang, task=row.get("task") or task, **extra)
             return {"id": row["id"], "ok": True, **det.to_dict()}
         except Exception as e:  # one bad item never stops the file
             return {"id": row["id"], "ok": False, "error": redact(f"{type(e).__name__}: {str(e)[:300]}")}

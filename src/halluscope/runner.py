@@ -18,13 +18,10 @@ import dspy
 from halluscope.lm import LMUsage, history_since, usage_of
 from halluscope.parallel import map_items
 from halluscope.redact import redact
-from halluscope.metrics.adapters import METRIC_LEVEL, aggregate
+from halluscope.metrics.adapters import RESPONSE_METRICS, SPAN_METRICS, aggregate
 from halluscope.metrics.classification import classification_report
 
-__all__ = ["EvalResult", "run_eval", "score_predictions", "SPAN_METRICS", "RESPONSE_METRICS"]
-
-SPAN_METRICS = ("iou", "corr", "maxiou")
-RESPONSE_METRICS = ("accuracy", "precision", "recall", "f1", "balanced_accuracy")
+__all__ = ["EvalResult", "run_eval", "score_predictions"]
 
 
 @dataclass
@@ -142,5 +139,3 @@ def run_eval(
 class _Failure:
     kind: str
 
-
-assert set(SPAN_METRICS) <= set(METRIC_LEVEL)

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from halluscope.cli import compare, detect, evaluate
+from halluscope.cli.common import setup_logging
 from halluscope.cli import index as index_cmd
 from halluscope.cli import optimize as optimize_cmd
 from halluscope.cli import serve as serve_cmd
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    setup_logging()
     args = build_parser().parse_args(argv)
     return args.func(args)
 

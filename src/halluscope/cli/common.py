@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
-from pathlib import Path
+from typing import NoReturn
 
+# Before anything imports litellm (through dspy): read its bundled cost map, send no telemetry.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+from halluscope.lm import configure  # noqa: E402
+from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_names, get_dataset
+from halluscope.loaders.generic import FIELDS, parse_column_mapping
+from halluscope.loaders.mushroom import CONTEXT_VARIANTS
+from halluscope.programs.registry import OptionError
 
 
 
@@ -34,8 +42,6 @@ def parse_options(pairs: list[str] | None, spec=None) -> dict:
             out[k.strip()] = v
     if spec is None:
         return out
-    from halluscope.programs.registry import OptionError
-
     try:
         return spec.check_options(out)
     except OptionError as e:
@@ -57,21 +63,36 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", default=None, help="DSPy disk cache folder (default .cache/dspy or $HALLUSCOPE_CACHE_DIR)")
 
 
-def add_data_args(p: argparse.ArgumentParser, *, lang_required: bool = False) -> None:
-    from halluscope.loaders.mushroom import CONTEXT_VARIANTS, LANGS, SPLITS
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """``--dataset`` and the data arguments; what ``--lang``/``--task``/``--split`` mean is each dataset's
+    :class:`~halluscope.loaders.registry.DatasetSpec` (the help text is read from the registry)."""
+    specs = [get_dataset(n) for n in dataset_names()]
+
+    def roles(attr: str) -> str:
+        used = [f"{s.name}: {getattr(s, attr).meaning}" for s in specs if getattr(s, attr).meaning]
+        unused = [s.name for s in specs if not getattr(s, attr).meaning]
+        return "; ".join(used) + (f" (not used by {', '.join(unused)})" if unused else "")
 
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", choices=["mushroom", "halluclean"], default=None,
-                   help="default: halluclean when --task is given, else mushroom")
-    g.add_argument("--lang", choices=list(LANGS), default=None if not lang_required else "en",
-                   help="Mu-SHROOM language (default: en for the demo set, required for real data)")
-    g.add_argument("--split", choices=list(SPLITS), default="val")
+    g.add_argument("--dataset", choices=[s.name for s in specs], default=None,
+                   help="; ".join(f"{s.name}: {s.description}" for s in specs)
+                        + " (default: halluclean when --task is given, else mushroom)")
+    g.add_argument("--lang", default=None, help=roles("lang"))
+    g.add_argument("--task", default=None, help=roles("task"))
+    g.add_argument("--split", default=None,
+                   help="; ".join(f"{s.name}: {'|'.join(s.splits)} (default {s.default_split})" if s.splits
+                                  else f"{s.name}: a split of the source (needed when it has several)"
+                                  for s in specs))
     g.add_argument("--data-dir", default=None,
-                   help="Mu-SHROOM root (with val/ and context/) or the HalluClean folder; default $HALLUSCOPE_DATA_DIR "
-                        "(Mu-SHROOM) / $HALLUSCOPE_HALLUCLEAN_DIR (HalluClean), else the built-in demo set")
+                   help="mushroom: the data root (with val/ and context/) or a JSONL file; halluclean: its folder; "
+                        "generic: the file, folder or Hub name. Default $HALLUSCOPE_DATA_DIR (mushroom) / "
+                        "$HALLUSCOPE_HALLUCLEAN_DIR (halluclean), else the built-in demo set")
+    g.add_argument("--column", action="append", metavar="FIELD=COLUMN", default=None,
+                   help="generic: the column holding a field of the common schema, e.g. --column answer=response "
+                        "(repeatable; fields: " + ", ".join(FIELDS) + ")")
     g.add_argument("--context", choices=list(CONTEXT_VARIANTS), default="native",
-                   help="retrieved context given to the detector (Mu-SHROOM)")
-    g.add_argument("--task", default=None, help="HalluClean task: qa, dialogue, summarization, mwp, self_contradiction")
+                   help="retrieved context given to the detector (mushroom); none drops the context column "
+                        "(generic)")
     g.add_argument("--limit", type=int, default=None, help="only the first N items (cases)")
 
 
@@ -82,48 +103,75 @@ def resolve_dataset(args) -> str:
     return args.dataset
 
 
-def load_examples(args) -> tuple[list, str]:
-    """The examples the data arguments name, and a short description of where they came from."""
-    resolve_dataset(args)
+def usage_error(args, message: str) -> NoReturn:
+    """Print ``halluscope <command>: error: message`` and exit with status 2 (argparse's usage error)."""
+    command = getattr(args, "command", None)
+    print(f"{'halluscope ' + command if command else 'halluscope'}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def check_data_args(args) -> DatasetSpec:
+    """The dataset ``args`` name, with ``args.lang``/``args.task``/``args.split`` checked and normalised by its
+    spec (task aliases resolved, the default split filled in). An argument the dataset refuses or needs is
+    a usage error (exit status 2) naming it."""
+    spec = get_dataset(resolve_dataset(args))
+    try:
+        args.columns = parse_column_mapping(getattr(args, "column", None))
+        args.lang, args.task, args.split = spec.check_args(lang=args.lang, task=args.task, split=args.split,
+                                                           columns=args.columns)
+    except DatasetArgumentError as e:
+        usage_error(args, str(e))
     if args.limit is not None and args.limit < 1:
-        raise SystemExit(f"--limit must be at least 1, not {args.limit}")
-    if args.dataset == "halluclean":
-        from halluscope.loaders.halluclean import HALLUCLEAN_TASKS, halluclean_demo, load_halluclean
+        usage_error(args, f"argument --limit: must be at least 1, not {args.limit}")
+    return spec
 
-        if args.task not in HALLUCLEAN_TASKS:
-            raise SystemExit(f"--task is required with --dataset halluclean; choose one of: {', '.join(HALLUCLEAN_TASKS)}")
-        data_dir = args.data_dir or os.environ.get("HALLUSCOPE_HALLUCLEAN_DIR")
-        if data_dir is None:
-            print("!!! USING THE BUILT-IN HALLUCLEAN DEMO CASES — pass --data-dir ../shared/data/halluclean "
-                  "or set HALLUSCOPE_HALLUCLEAN_DIR for real data !!!", file=sys.stderr)
-            examples = halluclean_demo(args.task)
-            return (examples[: args.limit] if args.limit else examples), f"halluclean-demo/{args.task}"
-        return load_halluclean(data_dir, args.task, limit=args.limit), f"halluclean/{args.task}"
 
-    from halluscope.loaders.demo import DEMO_NOTICE, demo_data_dir
-    from halluscope.loaders.mushroom import load_mushroom, resolve_data_dir
-
-    root = resolve_data_dir(args.data_dir)
-    lang = args.lang
-    if root is None:
-        print(DEMO_NOTICE, file=sys.stderr)
-        root = demo_data_dir()
-        lang = args.lang = lang or "en"  # the resolved language is what gets recorded
-        source = "demo"
-    else:
-        if lang is None and Path(root).is_dir():
-            raise SystemExit("--lang is required with a Mu-SHROOM data directory")
-        source = "mushroom"
-    examples = load_mushroom(root, lang=lang, split=args.split, context=args.context, limit=args.limit)
-    return examples, f"{source}/{lang}/{args.split}/context={args.context}"
+def load_examples(args) -> tuple[list, str]:
+    """The examples the data arguments name (checked by :func:`check_data_args`), and a short description of
+    where they came from. The key results are recorded under is ``get_dataset(args.dataset).key(args.lang,
+    args.task, examples)``."""
+    spec = check_data_args(args)
+    try:
+        examples, source = spec.load(args.data_dir, lang=args.lang, task=args.task, split=args.split,
+                                     context=args.context, limit=args.limit, columns=args.columns)
+    except DatasetArgumentError as e:
+        usage_error(args, str(e))
+    return examples, source
 
 
 def setup_lm(args, *, needed: bool = True):
-    from halluscope.lm import configure
-
     if not needed:
         return None
     return configure(args.lm, cache_dir=args.cache_dir, adapter=args.adapter, api_base=args.api_base,
                      api_key=args.api_key, max_tokens=args.max_tokens, temperature=args.temperature)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (a test's capture, a redirected stream)."""
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(_Formatter())
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Show the library's log messages (``halluscope.*`` loggers: demo-data notices, warnings, progress) on
+    stderr, once per process. The library itself only logs; the command line decides where it goes."""
+    root = logging.getLogger("halluscope")
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        root.addHandler(_StderrHandler())
+    root.setLevel(level)

@@ -3,6 +3,7 @@
     halluscope detect --lang de --answer "Die spanische Provinz heißt Álava." --question "..."
     halluscope detect --lang de --metric iou --input answers.jsonl --output spans.jsonl
     halluscope detect --lang de --list                      # the versions there are, best marked
+    halluscope detect --task qa --program halluclean --answer "..."   # a HalluClean artifact (keyed by task)
 
 Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``question`` (or ``model_input``),
 ``context``, ``lang`` and ``id`` are optional. Each output row is ``{"id", "ok", ...Detection.to_dict()}``
@@ -20,21 +21,23 @@ from typing import Any
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
-from halluscope.cli.common import add_lm_args, setup_lm
+from halluscope.cli.common import add_lm_args, resolve_dataset, setup_lm, usage_error
 from halluscope.detector import detect, detect_jsonl
 from halluscope.files import write_text_atomic
-from halluscope.loaders.mushroom import LANGS
+from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
-from halluscope.tasks import HALLUCLEAN_TASKS
 
 
 def add_parser(subparsers) -> None:
     d = subparsers.add_parser("detect", help="run a compiled artifact on one answer or a JSONL file of answers")
     d.add_argument("--program", choices=names(), default="spans")
-    d.add_argument("--lang", choices=[*LANGS, *HALLUCLEAN_TASKS], required=True, metavar="LANG|TASK",
-                   help="language the artifact was compiled for (Mu-SHROOM: " + ", ".join(LANGS)
-                        + "), or the HalluClean task of a response-level artifact (" + ", ".join(HALLUCLEAN_TASKS) + ")")
+    d.add_argument("--dataset", choices=dataset_names(), default=None,
+                   help="the dataset the artifact was compiled on: it says what --lang/--task mean "
+                        "(default: halluclean when --task is given, else mushroom)")
+    d.add_argument("--lang", default=None, help="the language the artifact was compiled for (e.g. de)")
+    d.add_argument("--task", default=None, help="the task the artifact was compiled for (HalluClean: qa, dialogue, "
+                                                "summarization, mwp, self_contradiction)")
     d.add_argument("--metric", choices=list(METRICS), default="iou", help="metric the artifact was optimised for")
     d.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best one")
     d.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
@@ -56,10 +59,19 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_detect(args) -> int:
+    dataset = get_dataset(resolve_dataset(args))
+    try:
+        lang, task, _ = dataset.check_args(lang=args.lang, task=args.task)
+    except DatasetArgumentError as e:
+        usage_error(args, str(e))
+    if not (lang or task):
+        usage_error(args, "give --lang LANG or --task TASK: artifacts are stored per language or task "
+                          "(compiled/<program>/<lang or task>/<metric>/)")
+    key = dataset.key(lang, task)
     if args.list:
-        versions = list_versions(args.program, args.lang, args.metric, root=args.compiled_dir, include_invalid=True)
+        versions = list_versions(args.program, key, args.metric, root=args.compiled_dir, include_invalid=True)
         if not versions:
-            print(f"no compiled {args.program} for {args.lang}/{args.metric}")
+            print(f"no compiled {args.program} for {key}/{args.metric}")
             return 1
         best = best_version([v for v in versions if v.manifest is not None])
         for v in versions:
@@ -73,8 +85,8 @@ def cmd_detect(args) -> int:
     if args.answer is None and args.input is None:
         raise SystemExit("halluscope detect: give --answer TEXT or --input FILE.jsonl (or --list)")
     try:
-        detector = load_compiled(args.program, lang=args.lang, metric=args.metric, version=args.version,
-                            root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)
+        detector = load_compiled(args.program, lang=key, metric=args.metric, version=args.version,
+                                 root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)
     except (ArtifactError, ValueError) as e:
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2
@@ -88,7 +100,7 @@ def cmd_detect(args) -> int:
         print(f"warning: the artifact was compiled with {compiled_with}; running it with {lm.model}", file=sys.stderr)
     extra_inputs = get(args.program).extra_inputs
     if args.answer is not None:
-        det = detect(detector, args.answer, question=args.question, context=args.context, lang=args.lang)
+        det = detect(detector, args.answer, question=args.question, context=args.context, lang=lang, task=task)
         line = json.dumps({"id": "answer", "ok": True, **det.to_dict()}, ensure_ascii=False)
         if args.output:
             out = write_text_atomic(args.output, line + "\n")
@@ -99,7 +111,7 @@ def cmd_detect(args) -> int:
     out = Path(args.output) if args.output else paths.outputs_dir() / "detect" / time.strftime(
         "%Y%m%d-%H%M%S") / "detections.jsonl"
     try:
-        stats = detect_jsonl(detector, args.input, out, lang=args.lang, threads=args.threads,
+        stats = detect_jsonl(detector, args.input, out, lang=lang, task=task, threads=args.threads,
                              progress=not args.no_progress, extra_inputs=extra_inputs)
     except (OSError, ValueError) as e:
         print(f"halluscope detect: {e}", file=sys.stderr)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from halluscope import paths
 from halluscope.cli.common import add_data_args, add_lm_args, load_examples, parse_options, setup_lm
-from halluscope.loaders.mushroom import write_submission
+from halluscope.loaders import DatasetSpec, get_dataset
 from halluscope.optimize.tracking import track_run
 from halluscope.programs.registry import get, names
 from halluscope.redact import redact_obj
@@ -57,29 +57,29 @@ def cmd_evaluate(args) -> int:
         summary["engine_truncated_prompts"] = lm.engine.stats.truncated
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     out_dir = Path(args.out_dir or paths.outputs_dir()) / f"{spec.name}-{source.replace('/', '_').replace('=', '-')}-{stamp}"
-    files = write_outputs(out_dir, spec.name, examples, result, args.dataset)
+    dataset = get_dataset(args.dataset)
+    files = write_outputs(out_dir, spec.name, examples, result, dataset)
     print_summary(spec.name, source, summary, result)
     print(f"predictions: {', '.join(str(f) for f in files)}")
     if not args.no_mlflow:
-        params = {"program": spec.name, "source": source, "lm": lm.model if lm is not None else "none",
+        params = {"program": spec.name, "dataset": dataset.name, "source": source, "lm": lm.model if lm is not None else "none",
                   "threads": args.threads, "limit": args.limit, "context": args.context,
                   "options": json.dumps(options, sort_keys=True)}
-        run_id = track_run("evaluate", program=spec.name, lang=args.lang or args.task, params=params,
-                           metrics={k: v for k, v in summary.items() if isinstance(v, (int, float))},
+        run_id = track_run("evaluate", program=spec.name, lang=dataset.key(args.lang, args.task, examples),
+                           params=params, metrics={k: v for k, v in summary.items() if isinstance(v, (int, float))},
                            artifacts=files, tracking_uri=args.tracking_uri)
         print(f"mlflow run: {run_id}")
     return 0
 
 
-def write_outputs(out_dir: Path, program: str, examples, result, dataset: str) -> list[Path]:
-    """The official submission JSONL (Mu-SHROOM) and every prediction in the common contract."""
+def write_outputs(out_dir: Path, program: str, examples, result, dataset: DatasetSpec) -> list[Path]:
+    """The dataset's official submission file (when its task has one, e.g. Mu-SHROOM) and every prediction
+    in the common contract."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
-    if dataset == "mushroom":
-        ok = [(ex.id, p) for ex, p in zip(examples, result.predictions)]
+    if dataset.submission is not None:
         sub = out_dir / f"{program}.submission.jsonl"
-        write_submission(sub, [i for i, _ in ok],
-                         [p if p is not None else {"hard_labels": [], "soft_labels": []} for _, p in ok])
+        dataset.submission(sub, [ex.id for ex in examples], result.predictions)
         files.append(sub)
     full = out_dir / f"{program}.predictions.jsonl"
     with open(full, "w", encoding="utf-8") as f:

@@ -14,8 +14,17 @@ import logging
 import sys
 from pathlib import Path
 
-from halluscope.cli.common import add_data_args, add_lm_args, load_examples, parse_options, resolve_dataset, setup_lm
-from halluscope.metrics.adapters import METRIC_LEVEL, METRICS
+import dspy
+
+from halluscope.artifacts import best_version, list_versions
+from halluscope.cli.common import (add_data_args, add_lm_args, check_data_args, load_examples, parse_options,
+                                   setup_lm, setup_logging)
+from halluscope.lm import make_lm
+from halluscope.loaders import get_dataset
+from halluscope.loaders.mushroom import load_mushroom
+from halluscope.metrics.adapters import METRIC_LEVEL, METRICS, SPAN_METRICS
+from halluscope.optimize.cv import FoldSizeError, OptimizerConfig, check_fold_sizes
+from halluscope.optimize.run import OptimizeConfig, optimizer_for, run_optimize
 from halluscope.programs.registry import get, names
 
 
@@ -94,7 +103,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def validate_args(p: argparse.ArgumentParser, args) -> None:
-    resolve_dataset(args)
+    dataset = check_data_args(args)  # --lang/--task/--split/--column as the dataset reads them (exit 2)
+    problem = dataset.metric_problem(args.metric, METRIC_LEVEL[args.metric])
+    if problem:
+        p.error(f"argument --metric: {problem}")
     spec = get(args.program)
     if spec.level == "response" and METRIC_LEVEL[args.metric] == "span":
         ok = [m for m, lvl in METRIC_LEVEL.items() if lvl == "response"]
@@ -117,10 +129,6 @@ def validate_args(p: argparse.ArgumentParser, args) -> None:
         p.error("--optimizer bootstrap with no demos would compile nothing; allow some demos")
     if not 0.0 < args.val_fraction < 1.0:
         p.error("argument --val-fraction: must be between 0 and 1")
-    if args.dataset == "mushroom" and METRIC_LEVEL[args.metric] == "span":
-        pass  # Mu-SHROOM carries both span and label gold
-    if args.dataset == "halluclean" and METRIC_LEVEL[args.metric] == "span":
-        p.error(f"argument --metric: HalluClean has no span labels; choose f1 or accuracy, not {args.metric!r}")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -133,9 +141,6 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
 
     ``task_lm``/``prompt_lm`` inject ready ``dspy.LM`` objects (tests, notebooks) instead of ``--lm``/``--prompt-lm``.
     """
-    from halluscope.optimize.cv import FoldSizeError, OptimizerConfig, check_fold_sizes
-    from halluscope.optimize.run import OptimizeConfig, optimizer_for, run_optimize
-
     parser = parser or build_parser()
     validate_args(parser, args)
     if args.quiet:
@@ -148,7 +153,11 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     examples, source = load_examples(args)
     if not examples:
         raise SystemExit(f"no examples in {source}")
-    lang = args.lang or (examples[0].get("lang") if args.dataset == "mushroom" else args.task) or "all"
+    dataset = get_dataset(args.dataset)
+    problem = dataset.metric_problem(args.metric, METRIC_LEVEL[args.metric], examples)  # "auto": the rows decide
+    if problem:
+        parser.error(f"argument --metric: {problem}")
+    lang = dataset.key(args.lang, args.task, examples)  # compiled/<program>/<lang>/<metric>/
     opt = OptimizerConfig(name=args.optimizer, auto=args.auto, candidates=args.candidates, trials=args.trials,
                           max_bootstrapped_demos=args.max_bootstrapped_demos,
                           max_labeled_demos=args.max_labeled_demos, val_fraction=args.val_fraction,
@@ -197,6 +206,7 @@ def _run(args, parser: argparse.ArgumentParser) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    setup_logging()
     parser = build_parser()
     return run(parser.parse_args(argv), parser)
 
@@ -207,10 +217,6 @@ def _stderr(line: str) -> None:
 
 def _setup_lms(args, task_lm, prompt_lm):
     """The task and prompt LMs the arguments name (or the injected ones), and what to record about each."""
-    import dspy
-
-    from halluscope.lm import make_lm
-
     embedded = task_lm is None and args.prompt_lm is None and str(args.lm).startswith("local")
     if embedded and args.prompt_max_tokens is None:
         args.prompt_max_tokens = min(256, args.max_tokens)
@@ -233,8 +239,6 @@ def _setup_lms(args, task_lm, prompt_lm):
 
 
 def _load_test(args, lang: str):
-    from halluscope.loaders.mushroom import load_mushroom
-
     path = Path(args.test).expanduser()
     split = args.test_split or ("test" if any(t in path.name.lower() for t in ("-tst", "test")) else "val")
     try:
@@ -257,8 +261,6 @@ def _load_test(args, lang: str):
 
 
 def _display_metrics(metric: str, available: list[str]) -> list[str]:
-    from halluscope.runner import SPAN_METRICS
-
     extra = SPAN_METRICS if METRIC_LEVEL[metric] == "span" else ("accuracy", "f1", "balanced_accuracy")
     out = [metric] + [m for m in extra if m != metric]
     if METRIC_LEVEL[metric] == "span" and "f1" in available:
@@ -305,8 +307,6 @@ def format_summary(res, *, compiled_dir=None) -> str:
     if artifact is not None:
         lines.append(f"artifact: {artifact.path} (version {artifact.version}, hash "
                      f"{artifact.manifest['content_hash'][:12]})")
-        from halluscope.artifacts import best_version, list_versions
-
         best = best_version(list_versions(res.program, res.lang, res.metric, root=compiled_dir))
         call = f"load_compiled({res.program!r}, lang={res.lang!r}, metric={res.metric!r}"
         if best is not None and best.version == artifact.version:

@@ -1,0 +1,368 @@
+"""One loader for anything HuggingFace ``datasets`` can open, mapped onto the common example schema.
+
+The source is a local file (``.jsonl``/``.json``/``.ndjson``, ``.csv``/``.tsv``, ``.parquet``/``.pq``), a local
+folder of such files, or a HuggingFace Hub dataset name (``owner/name``; needs the network). Columns are
+mapped onto the fields of the common schema; a field whose column has the field's own name needs no
+mapping::
+
+    from halluscope.loaders.generic import load_generic
+    examples = load_generic("answers.csv", {"answer": "response", "label": "is_hallucinated"})
+
+    halluscope evaluate --dataset generic --data-dir answers.csv --column answer=response \\
+        --column label=is_hallucinated --program mark-all
+
+Fields
+------
+========================= ========================================================================================
+field                     what it becomes (column missing: the default)
+========================= ========================================================================================
+``answer`` (required)     the text to check (a column named ``answer`` or ``model_output_text``)
+``question``              the question/prompt (``question`` or ``model_input``; default ``""``)
+``context``               reference text given to the detector (default ``""``; ``context="none"`` drops it)
+``id``                    the item id (default ``<file stem>-<row number>``)
+``lang``                  the language (default: the ``lang`` argument, else ``""``)
+``task``                  the task, e.g. a HalluClean task (default: the ``task`` argument, else ``""``)
+``hard_labels``           gold spans ``[[start, end], ...]`` (character offsets into ``answer``, end excluded)
+``soft_labels``           gold ``[{"start", "end", "prob"}, ...]``; either span column is derived from the other
+``label``                 gold response label, True = hallucinated (default: ``bool(hard_labels)`` for span
+                          data, else ``None`` = unlabelled)
+``reference``             the gold correct text, for revision metrics (default ``None``)
+========================= ========================================================================================
+
+Span columns may hold lists or their JSON text (as in a CSV). Label encodings (case and surrounding
+spaces ignored): hallucinated = ``True``, ``1``, ``"1"``, ``"true"``, ``"t"``, ``"yes"``, ``"y"``,
+``"hallucinated"``, ``"hallucination"``, ``"incorrect"``, ``"unfaithful"``; not hallucinated = ``False``, ``0``,
+``"0"``, ``"false"``, ``"f"``, ``"no"``, ``"n"``, ``"correct"``, ``"not hallucinated"`` (also with ``_`` or
+``-``), ``"faithful"``, ``"factual"``; unlabelled = null, NaN or ``""``. Anything else is an error naming the
+row. (A column with the opposite sense, e.g. ``answerable``, needs converting first.)
+
+``lang``/``task`` arguments: with a ``lang``/``task`` column they keep only the rows with that value (case
+ignored); without one they set it on every row. The dataset is span-level when the rows carry span labels,
+else response-level. Every other column is kept on the example as metadata (e.g. ``model_output_logits``
+for the logits baseline); an ``annotations`` mapping loses the ``None`` entries Arrow adds when annotator
+ids differ between rows. Examples are ``dspy.Example`` s with inputs ``question, answer, lang, context,
+task``, like the HalluClean loader's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from halluscope.loaders.halluclean import INPUT_FIELDS
+from halluscope.loaders.mushroom import gold_from_record
+from halluscope.loaders.registry import DatasetArgumentError
+
+__all__ = [
+    "FIELDS",
+    "REQUIRED_FIELDS",
+    "DEFAULT_COLUMNS",
+    "LOCAL_FORMATS",
+    "HALLUCINATED_VALUES",
+    "CORRECT_VALUES",
+    "ColumnError",
+    "parse_column_mapping",
+    "decode_label",
+    "open_rows",
+    "load_generic",
+    "load_generic_dataset",
+]
+
+#: The fields of the common schema a column can be mapped to.
+FIELDS: tuple[str, ...] = ("id", "question", "answer", "context", "lang", "task",
+                           "hard_labels", "soft_labels", "label", "reference")
+REQUIRED_FIELDS: tuple[str, ...] = ("answer",)
+#: Columns tried, in order, for a field that is not mapped explicitly.
+DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
+    **{f: (f,) for f in FIELDS},
+    "question": ("question", "model_input"),
+    "answer": ("answer", "model_output_text"),
+}
+#: File suffix -> ``datasets`` builder.
+LOCAL_FORMATS: dict[str, str] = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".csv": "csv",
+                                 ".tsv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+HALLUCINATED_VALUES = frozenset({"1", "true", "t", "yes", "y", "hallucinated", "hallucination", "incorrect",
+                                 "unfaithful"})
+CORRECT_VALUES = frozenset({"0", "false", "f", "no", "n", "correct", "not hallucinated", "not_hallucinated",
+                            "not-hallucinated", "faithful", "factual"})
+
+
+class ColumnError(DatasetArgumentError):
+    """A column mapping that does not fit the data (a missing column, an unknown field)."""
+
+
+# -- arguments ------------------------------------------------------------------------------------------
+
+def parse_column_mapping(pairs: Iterable[str] | Mapping[str, str] | None) -> dict[str, str]:
+    """``["answer=response", "label=gold"]`` (or a mapping) -> ``{"answer": "response", "label": "gold"}``.
+
+    Raises :class:`ColumnError` for a pair without ``=``, an unknown field or a field mapped twice."""
+    if pairs is None:
+        return {}
+    items = list(pairs.items()) if isinstance(pairs, Mapping) else []
+    if not isinstance(pairs, Mapping):
+        for pair in pairs:
+            field, sep, column = str(pair).partition("=")
+            if not sep or not field.strip() or not column.strip():
+                raise ColumnError(f"argument --column: {pair!r} is not FIELD=COLUMN "
+                                  f"(fields: {', '.join(FIELDS)})")
+            items.append((field, column))
+    out: dict[str, str] = {}
+    for field, column in items:
+        field, column = str(field).strip(), str(column).strip()
+        if field not in FIELDS:
+            raise ColumnError(f"argument --column: unknown field {field!r}; map one of: {', '.join(FIELDS)}")
+        if field in out and out[field] != column:
+            raise ColumnError(f"argument --column: field {field!r} mapped twice ({out[field]!r} and {column!r})")
+        out[field] = column
+    return out
+
+
+# -- values ---------------------------------------------------------------------------------------------
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _text(v: Any) -> str:
+    return "" if _missing(v) else v if isinstance(v, str) else str(v)
+
+
+def decode_label(value: Any) -> bool | None:
+    """A gold label in one of the accepted encodings (module docstring) -> True (hallucinated), False or
+    None (unlabelled). ``ValueError`` for anything else."""
+    if _missing(value):
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        if value in (0, 1):
+            return bool(value)
+        raise ValueError(f"{value!r} is not a label (numbers: 0 or 1)")
+    s = str(value).strip().lower()
+    if s == "":
+        return None
+    if s in HALLUCINATED_VALUES:
+        return True
+    if s in CORRECT_VALUES:
+        return False
+    raise ValueError(f"{value!r} is not a label; hallucinated: {', '.join(sorted(HALLUCINATED_VALUES))}; "
+                     f"not hallucinated: {', '.join(sorted(CORRECT_VALUES))}")
+
+
+def _spans(v: Any) -> Any:
+    """A span column's value: a list, or its JSON text (CSV); missing -> None."""
+    if _missing(v):
+        return None
+    if isinstance(v, str):
+        s = v.strip()
+        return json.loads(s) if s else None
+    return list(v)
+
+
+def _clean_meta(name: str, v: Any) -> Any:
+    if name == "annotations" and isinstance(v, Mapping):  # Arrow's union of annotator ids: drop the phantoms
+        return {k: a for k, a in v.items() if a is not None}
+    return v
+
+
+# -- opening --------------------------------------------------------------------------------------------
+
+@contextmanager
+def _quiet_datasets():
+    """No progress bars or info lines from ``datasets`` while a file is opened (they would fill the log)."""
+    # `datasets` is imported where it is used: it pulls in pyarrow and pandas (about a second), which no other
+    # command needs.
+    import datasets
+    from datasets.utils import logging as ds_logging
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    level = ds_logging.get_verbosity()
+    datasets.disable_progress_bars()
+    ds_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        ds_logging.set_verbosity(level)
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def _is_hub_name(source: str) -> bool:
+    """``owner/name`` or ``name``, not a file name with a known suffix (a missing local file, then)."""
+    return bool(_HUB_NAME.match(source)) and Path(source).suffix.lower() not in LOCAL_FORMATS
+
+
+def open_rows(source: str | os.PathLike, *, split: str | None = None,
+              cache_dir: str | os.PathLike | None = None) -> tuple[list[dict], list[str], str]:
+    """``(rows, columns, where)`` of a local file/folder or a Hub dataset, one split of it.
+
+    ``split=None`` takes the only split (a local file is one split, ``train``); with several, it must be
+    named. A missing local path raises ``FileNotFoundError``; an unknown suffix or split ``ValueError``.
+    """
+    import datasets  # heavy (pyarrow, pandas): imported only when a generic dataset is opened
+
+    text = str(source)
+    p = Path(text).expanduser()
+    cache = None if cache_dir is None else str(cache_dir)
+    with _quiet_datasets():
+        if p.is_file():
+            fmt = LOCAL_FORMATS.get(p.suffix.lower())
+            if fmt is None:
+                raise ValueError(f"{p}: unknown file type {p.suffix!r}; the generic loader reads "
+                                 f"{', '.join(LOCAL_FORMATS)}")
+            kwargs = {"delimiter": "\t"} if p.suffix.lower() == ".tsv" else {}
+            where = str(p)
+            data = datasets.load_dataset(fmt, data_files=str(p), cache_dir=cache, **kwargs)
+        elif p.is_dir():
+            where = str(p)
+            data = datasets.load_dataset(str(p), cache_dir=cache)
+        elif not _is_hub_name(text):
+            raise FileNotFoundError(f"no such data file or folder: {p}")
+        else:
+            where = f"hub:{text}"
+            try:
+                data = datasets.load_dataset(text, cache_dir=cache)
+            except Exception as e:  # offline, unknown name, gated...
+                raise FileNotFoundError(f"{text!r} is no local file or folder, and the HuggingFace Hub could not "
+                                        f"open it ({type(e).__name__}: {str(e)[:300]})") from None
+    splits = list(data)
+    if split is None:
+        if len(splits) != 1:
+            raise DatasetArgumentError(f"argument --split: {where} has the splits {', '.join(splits)}; "
+                                       f"name one")
+        split = splits[0]
+    elif split not in data:
+        raise DatasetArgumentError(f"argument --split: {where} has no split {split!r} (it has "
+                                   f"{', '.join(splits)})")
+    table = data[split]
+    return table.to_list(), list(table.column_names), where if len(splits) == 1 else f"{where}[{split}]"
+
+
+# -- rows -> examples ---------------------------------------------------------------------------------------
+
+def _resolve_columns(columns: Mapping[str, str], have: list[str], where: str) -> dict[str, str]:
+    """``{field: column}`` for every field that has a column: the explicit mapping, else the defaults."""
+    have_set = set(have)
+    listing = ", ".join(have) or "(none)"
+    out: dict[str, str] = {}
+    for field, column in columns.items():
+        if column not in have_set:
+            raise ColumnError(f"argument --column: {where} has no column {column!r} (mapped to {field!r}); "
+                              f"its columns are: {listing}")
+        out[field] = column
+    for field in FIELDS:
+        if field not in out:
+            found = next((c for c in DEFAULT_COLUMNS[field] if c in have_set), None)
+            if found is not None:
+                out[field] = found
+    for field in REQUIRED_FIELDS:
+        if field not in out:
+            looked = " or ".join(repr(c) for c in DEFAULT_COLUMNS[field])
+            raise ColumnError(f"argument --column: {where} has no column for the required field {field!r} "
+                              f"(looked for {looked}; map one with --column {field}=COLUMN); its columns are: "
+                              f"{listing}")
+    return out
+
+
+def _case(row: dict, index: int, cols: dict[str, str], *, stem: str, where: str, lang: str | None,
+          task: str | None, context: str | None) -> dict:
+    used = set(cols.values())
+    get = lambda f: row.get(cols[f]) if f in cols else None  # noqa: E731
+    item_id = _text(get("id")) or f"{stem}-{index}"
+    at = f"{where}: row {index} (id {item_id!r})"
+    case: dict[str, Any] = {
+        "id": item_id,
+        "question": _text(get("question")),
+        "answer": _text(get("answer")),
+        "context": "" if context == "none" else _text(get("context")),
+        "lang": _text(get("lang")).strip().lower() if "lang" in cols else (lang or ""),
+        "task": _text(get("task")).strip() if "task" in cols else (task or ""),
+    }
+    label = None
+    if "label" in cols:
+        try:
+            label = decode_label(get("label"))
+        except ValueError as e:
+            raise ValueError(f"{at}: column {cols['label']!r}: {e}") from None
+    if "hard_labels" in cols or "soft_labels" in cols:
+        try:
+            hard, soft, _, span_label = gold_from_record({"hard_labels": _spans(get("hard_labels")),
+                                                          "soft_labels": _spans(get("soft_labels"))})
+        except (ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
+            which = " / ".join(repr(cols[f]) for f in ("hard_labels", "soft_labels") if f in cols)
+            raise ValueError(f"{at}: column {which}: not span labels ({type(e).__name__}: {e})") from None
+        if span_label is not None:
+            case["hard_labels"], case["soft_labels"] = hard, soft
+            if label is None:
+                label = span_label
+        else:
+            case["hard_labels"] = case["soft_labels"] = None
+    case["label"] = label
+    case["reference"] = None if _missing(get("reference")) else _text(get("reference"))
+    for name, value in row.items():  # the other columns: metadata
+        if name not in used and name not in case:
+            case[name] = _clean_meta(name, value)
+    return case
+
+
+def load_generic(
+    source: str | os.PathLike,
+    columns: Mapping[str, str] | Iterable[str] | None = None,
+    *,
+    split: str | None = None,
+    lang: str | None = None,
+    task: str | None = None,
+    context: str | None = None,
+    limit: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> list[dspy.Example]:
+    """The rows of ``source`` as ``dspy.Example`` s in the common schema (see the module docstring).
+
+    ``columns``: ``{field: column}`` (or ``["field=column", ...]``). ``lang``/``task`` filter by (or fill in)
+    those fields; ``context="none"`` blanks the context; ``limit`` keeps the first rows after filtering.
+    Raises :class:`ColumnError` naming the source, the column and the columns there are.
+    """
+    mapping = parse_column_mapping(columns)
+    if limit is not None and (isinstance(limit, bool) or int(limit) < 0):
+        raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
+    rows, have, where = open_rows(source, split=split, cache_dir=cache_dir)
+    cols = _resolve_columns(mapping, have, where)
+    stem = Path(str(source)).stem if Path(str(source)).expanduser().exists() else str(source).rsplit("/", 1)[-1]
+    want_lang = lang.strip().lower() if lang else None
+    want_task = task.strip().lower() if task else None
+    cases = []
+    for i, row in enumerate(rows):
+        if limit is not None and len(cases) >= int(limit):
+            break
+        case = _case(row, i, cols, stem=stem, where=where, lang=want_lang, task=task, context=context)
+        if want_lang and "lang" in cols and case["lang"] != want_lang:
+            continue
+        if want_task and "task" in cols and case["task"].lower() != want_task:
+            continue
+        cases.append(case)
+    return [dspy.Example(**c).with_inputs(*INPUT_FIELDS) for c in cases]
+
+
+def load_generic_dataset(data_dir=None, *, lang=None, task=None, split=None, context=None, limit=None,
+                         columns=None) -> tuple[list[dspy.Example], str]:
+    """The registry's uniform loader: ``data_dir`` is the file, folder or Hub name."""
+    if data_dir is None or str(data_dir) == "":
+        raise DatasetArgumentError("argument --data-dir: --dataset generic needs the data: a local "
+                                   f"{'/'.join(LOCAL_FORMATS)} file, a folder of them, or a HuggingFace Hub name")
+    examples = load_generic(data_dir, columns, split=split, lang=lang, task=task, context=context, limit=limit)
+    p = Path(str(data_dir)).expanduser()
+    parts = ["generic", p.name if p.exists() else str(data_dir).replace("/", "_"), split,
+             lang and f"lang={lang}", task and f"task={task}"]
+    return examples, "/".join(x for x in parts if x)
