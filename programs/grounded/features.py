@@ -1,0 +1,135 @@
+"""Unit features of one answer: the signals of ``grounded`` side by side, one row per unit.
+
+Groups (each switched by a build option of the program):
+
+* always: ``is_num``, ``is_cjk``, ``is_cap`` (a capitalised word that does not start the answer or a
+  sentence), ``log_len``, ``rel_pos`` (position in the answer, 0-1);
+* ``support`` (:mod:`.support`): exact/prefix/fuzzy/phrase support in the context and the question, and
+  the derived ``unsup`` (1 - best of context-prefix, context-phrase, question-prefix support), its mean over
+  the ``window`` neighbours on each side (``win_unsup``), over the whole answer (``item_unsup``), its
+  interactions with being a number or a capitalised word, and ``no_context`` (the item has no evidence);
+* ``idf``: the unit's IDF over the split's evidence (:class:`.support.IdfTable`) and ``idf_unsup``;
+* ``genlogits`` (:mod:`.genlogits`): the generating model's token logits, and their window mean;
+* ``lm`` (:mod:`.lmscore`): the embedded LM's log-probability of the unit's tokens with vs. without the
+  evidence (``lm_delta``, its window mean) and without it (``lm_lp``), ``lm_missing``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from halluscope.programs.grounded.genlogits import gen_features
+from halluscope.programs.grounded.support import IdfTable, TextIndex, support_features
+from halluscope.programs.grounded.units import AnswerUnit, units_of
+
+__all__ = ["feature_names", "ItemFeatures", "item_features"]
+
+BASE = ("is_num", "is_cjk", "is_cap", "log_len", "rel_pos")
+SUPPORT = ("ctx_exact", "ctx_prefix", "ctx_fuzzy", "ctx_phrase", "q_exact", "q_prefix", "q_fuzzy",
+           "unsup", "win_unsup", "item_unsup", "num_unsup", "cap_unsup", "no_context")
+IDF = ("idf", "idf_unsup")
+GEN = ("gen_low", "gen_first", "gen_missing", "win_gen")
+LM = ("lm_delta", "lm_lp", "win_lm_delta", "lm_missing")
+
+
+def feature_names(support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False) -> list[str]:
+    names = list(BASE)
+    if support:
+        names += SUPPORT
+    if idf:
+        names += IDF
+    if genlogits:
+        names += GEN
+    if lm:
+        names += LM
+    return names
+
+
+@dataclass
+class ItemFeatures:
+    units: list[AnswerUnit]
+    names: list[str]
+    X: np.ndarray                      # (n_units, n_features)
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+def _window_mean(vals: list[float], w: int) -> list[float]:
+    n = len(vals)
+    out = []
+    for i in range(n):
+        nb = [vals[j] for j in range(max(0, i - w), min(n, i + w + 1)) if j != i]
+        out.append(sum(nb) / len(nb) if nb else vals[i])
+    return out
+
+
+_SENT_END = set(".!?。！？\n:;")
+
+
+def _is_cap(answer: str, u: AnswerUnit) -> float:
+    if u.kind != "word" or not u.text[:1].isupper():
+        return 0.0
+    before = answer[:u.start].rstrip()
+    if not before or before[-1] in _SENT_END:
+        return 0.0
+    return 1.0
+
+
+def item_features(answer: str, question: str = "", context: str = "", *, names: list[str],
+                  idf_table: IdfTable | None = None, tokens=None, logits=None, lm_rows=None,
+                  window: int = 2, fuzzy: bool = True) -> ItemFeatures:
+    """Features of every unit of ``answer`` in the order ``names``; ``lm_rows`` are the per-unit features of
+    :func:`.lmscore.lm_unit_features` (or None when the LM signal is off or failed)."""
+    units = units_of(answer or "")
+    failures: dict[str, int] = {}
+    n = len(units)
+    if n == 0:
+        return ItemFeatures(units, names, np.zeros((0, len(names))), failures)
+    cols: dict[str, list[float]] = {}
+    cols["is_num"] = [1.0 if u.kind == "num" else 0.0 for u in units]
+    cols["is_cjk"] = [1.0 if u.kind == "cjk" else 0.0 for u in units]
+    cols["is_cap"] = [_is_cap(answer, u) for u in units]
+    cols["log_len"] = [math.log1p(len(u.norm)) for u in units]
+    cols["rel_pos"] = [i / max(1, n - 1) for i in range(n)]
+    wanted = set(names)
+    if wanted & set(SUPPORT) or "idf_unsup" in wanted:
+        ctx = TextIndex.of(context or "")
+        q = TextIndex.of(question or "")
+        if ctx.empty:
+            failures["no_evidence"] = 1
+        sup = support_features(units, ctx, q, fuzzy=fuzzy)
+        for k in sup[0]:
+            cols[k] = [f[k] for f in sup]
+        unsup = [1.0 - max(f["ctx_prefix"], f["ctx_phrase"], f["q_prefix"]) for f in sup]
+        cols["unsup"] = unsup
+        cols["win_unsup"] = _window_mean(unsup, window)
+        cols["item_unsup"] = [sum(unsup) / n] * n
+        cols["num_unsup"] = [a * b for a, b in zip(cols["is_num"], unsup)]
+        cols["cap_unsup"] = [a * b for a, b in zip(cols["is_cap"], unsup)]
+        cols["no_context"] = [1.0 if ctx.empty else 0.0] * n
+    if wanted & set(IDF):
+        table = idf_table or IdfTable()
+        cols["idf"] = [table.idf(u.norm) for u in units]
+        un = cols.get("unsup") or [1.0] * n
+        cols["idf_unsup"] = [a * b for a, b in zip(cols["idf"], un)]
+    if wanted & set(GEN):
+        g, fails = gen_features(answer, units, tokens, logits)
+        for k, v in fails.items():
+            failures[k] = failures.get(k, 0) + v
+        for k in ("gen_low", "gen_first", "gen_missing"):
+            cols[k] = [f[k] for f in g]
+        cols["win_gen"] = _window_mean(cols["gen_low"], window)
+    if wanted & set(LM):
+        if lm_rows is None or len(lm_rows) != n:
+            lm_rows = [{"lm_delta": 0.0, "lm_lp": 0.0, "lm_missing": 1.0}] * n
+        for k in ("lm_delta", "lm_lp", "lm_missing"):
+            cols[k] = [float(r[k]) for r in lm_rows]
+        cols["win_lm_delta"] = _window_mean(cols["lm_delta"], window)
+    X = np.array([cols[k] for k in names], dtype=float).T
+    bad = ~np.isfinite(X)
+    if bad.any():
+        failures["nonfinite_features"] = int(bad.sum())
+        X = np.where(bad, 0.0, X)
+    return ItemFeatures(units, names, X, failures)

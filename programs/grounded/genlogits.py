@@ -1,0 +1,80 @@
+"""Signal 3: the generating model's own token logits (Mu-SHROOM ``model_output_tokens``/``model_output_logits``).
+
+Tokens are aligned with the answer's characters by :func:`halluscope.programs.baselines.token_offsets`; each
+token's logit becomes a z-score within the answer (``(mean - logit) / sd``: positive = less sure than the
+model's average token). A unit gets
+
+* ``gen_low``: the largest such score of the tokens overlapping it (its least confident piece),
+* ``gen_first``: the score of the token where the unit starts (where the model chose the word),
+
+both clipped to [-4, 4]. When the data carries no logits (``"no_logits"``), tokens or logits that are not lists
+(e.g. a JSON string; ``"malformed_logits"``), logits that are not numbers or whose count differs from the
+tokens' (``"logits_length"``), or no token can be aligned (``"unaligned_tokens"``), every unit gets 0 and
+``gen_missing`` = 1, and the caller counts the failure. Units that no aligned token covers (tokens past a
+truncated answer) get the same fallback and are counted as ``"unaligned_units"``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from halluscope.programs.baselines import token_offsets
+from halluscope.programs.grounded.units import AnswerUnit
+
+__all__ = ["GEN_FEATURES", "gen_features"]
+
+GEN_FEATURES = ("gen_low", "gen_first", "gen_missing")
+
+
+def _clip(x: float, lo: float = -4.0, hi: float = 4.0) -> float:
+    return lo if x < lo else hi if x > hi else x
+
+
+def gen_features(answer: str, units: list[AnswerUnit], tokens, logits) -> tuple[list[dict[str, float]], dict[str, int]]:
+    """``(features per unit, failures)``; failures is ``{}`` or counts such as ``{"no_logits": 1}`` (see the
+    module docstring); on an item-level failure every unit has the fallback features."""
+    fallback = [{"gen_low": 0.0, "gen_first": 0.0, "gen_missing": 1.0} for _ in units]
+    if isinstance(tokens, (str, bytes)) or isinstance(logits, (str, bytes)):
+        return fallback, {"malformed_logits": 1}
+    try:
+        tokens = list(tokens or [])
+        raw = None if logits is None else list(logits)
+    except TypeError:
+        return fallback, {"malformed_logits": 1}
+    if not tokens or not raw:
+        return fallback, {"no_logits": 1}
+    try:
+        vals = [float(x) for x in raw]
+    except (TypeError, ValueError):
+        return fallback, {"malformed_logits": 1}
+    if len(vals) != len(tokens):
+        return fallback, {"logits_length": 1}
+    offsets = token_offsets(answer, [str(t) for t in tokens])
+    pairs = [(o, v) for o, v in zip(offsets, vals) if o is not None and math.isfinite(v)]
+    if not pairs:
+        return fallback, {"unaligned_tokens": 1}
+    xs = [v for _, v in pairs]
+    mean = sum(xs) / len(xs)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in xs) / len(xs)) or 1.0
+    zs = [((s, e), (mean - v) / sd) for (s, e), v in pairs]
+    out = []
+    unaligned = 0
+    j0 = 0
+    for u in units:
+        low, first = None, None
+        while j0 < len(zs) and zs[j0][0][1] <= u.start:  # tokens entirely before the unit
+            j0 += 1
+        j = j0
+        while j < len(zs) and zs[j][0][0] < u.end:
+            (s, e), z = zs[j]
+            if e > u.start:
+                low = z if low is None else max(low, z)
+                if first is None:
+                    first = z
+            j += 1
+        if low is None:  # no token covers the unit (e.g. past a truncated token list)
+            out.append({"gen_low": 0.0, "gen_first": 0.0, "gen_missing": 1.0})
+            unaligned += 1
+        else:
+            out.append({"gen_low": _clip(low), "gen_first": _clip(first), "gen_missing": 0.0})
+    return out, ({"unaligned_units": unaligned} if unaligned else {})
