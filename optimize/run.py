@@ -41,14 +41,22 @@ import json
 import logging
 import os
 import platform
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import dspy
+from dspy.utils.callback import BaseCallback
 
 from halluscope import paths
+from halluscope.artifacts import git_commit, write_artifact
+from halluscope.files import write_text_atomic
+from halluscope.lm import describe, history_since, usage_of
+from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
+from halluscope.optimize.tracking import metric_key, track_run
+from halluscope.programs.registry import get
 from halluscope.redact import redact_argv, redact_obj
 from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
                                     compile_program, cross_validate, evaluate_program, slim_examples)
@@ -192,14 +200,23 @@ def data_hash(examples) -> str:
     return h.hexdigest()
 
 
-class UsageMeter:
-    """LM usage since construction: DSPy's global history (calls, cache hits, tokens) and the embedded
-    engines' own counters (real model calls)."""
+class UsageMeter(BaseCallback):
+    """LM usage since construction: DSPy's global history (calls, cache hits, tokens), split into the program's
+    own calls and the optimizer's (instruction proposals), and the embedded engines' own counters (real model
+    calls).
 
-    def __init__(self, *lms, task_outputs: list[str] | tuple[str, ...] = ()) -> None:
-        self.task_outputs = tuple(task_outputs)  # output field names of the program's signatures
+    The split is structural, never read from prompt wording: DSPy records every LM call in the history of each
+    module on the call stack (``dspy.settings.caller_modules``). Installed as a DSPy callback, the meter notes
+    the outermost module of every call made outside the program (no instance of ``program_type`` on the
+    stack: MIPROv2's proposer modules); the entries in those modules' histories are the optimizer's calls,
+    the rest the program's. Without ``program_type`` there is no split."""
+
+    def __init__(self, *lms, program_type: type | None = None) -> None:
+        self.program_type = program_type
         self.started = datetime.datetime.now().isoformat()
         self.t0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self._optimizer_modules: dict[int, Any] = {}  # id -> outermost module of a call outside the program
         self.engines = []
         for lm in lms:
             eng = getattr(lm, "engine", None)
@@ -208,24 +225,24 @@ class UsageMeter:
             elif eng is not None and hasattr(eng, "calls") and all(eng is not e for e, _ in self.engines):
                 self.engines.append((eng, len(eng.calls)))
 
-    def _is_task(self, entry: dict) -> bool:
-        msgs = entry.get("messages") or []
-        system = next((m.get("content") for m in msgs if isinstance(m, dict) and m.get("role") == "system"), "")
-        if not isinstance(system, str):
-            system = str(system)
-        head = system.split("Your output fields are:", 1)[-1][:2000]
-        return any(f"`{name}`" in head for name in self.task_outputs)
+    def on_lm_start(self, call_id, instance, inputs):
+        if self.program_type is None:
+            return
+        stack = dspy.settings.caller_modules or []
+        if stack and not any(isinstance(m, self.program_type) for m in stack):
+            with self._lock:
+                self._optimizer_modules.setdefault(id(stack[0]), stack[0])
 
     def usage(self) -> dict:
-        from halluscope.lm import history_since, usage_of
-
         entries = history_since(self.started)
         u = usage_of(entries)
         out = u.to_dict()
         out["lm_new_calls"] = u.calls - u.cache_hits
-        if self.task_outputs:  # task-model calls (the program's own signatures) vs optimizer/proposer calls
-            task = [e for e in entries if self._is_task(e)]
-            tu = usage_of(task)
+        if self.program_type is not None:  # the program's calls vs the optimizer's (proposals)
+            with self._lock:
+                modules = list(self._optimizer_modules.values())
+            theirs = {id(e) for m in modules for e in (getattr(m, "history", None) or [])}
+            tu = usage_of([e for e in entries if id(e) not in theirs])
             out["lm_task_calls"], out["lm_task_new_calls"] = tu.calls, tu.calls - tu.cache_hits
             out["lm_prompt_calls"] = u.calls - tu.calls
             out["lm_prompt_new_calls"] = out["lm_new_calls"] - out["lm_task_new_calls"]
@@ -251,8 +268,6 @@ def optimizer_for(spec, cfg: OptimizerConfig) -> OptimizerConfig:
 
 
 def _lm_record(lm, info: dict, **settings) -> dict:
-    from halluscope.lm import describe
-
     d = json.loads(describe(lm))
     d["spec"] = info.get("spec")
     merged = {**settings, **{k: v for k, v in info.items() if k != "spec"}}
@@ -275,8 +290,6 @@ def _compared(spec, cfg: OptimizerConfig, task_lm) -> str:
 
 
 def _write_report(report_dir: Path, report: dict) -> Path:
-    from halluscope.files import write_text_atomic
-
     text = json.dumps(redact_obj(json.loads(json.dumps(report, default=str))), indent=2, ensure_ascii=False)
     return write_text_atomic(report_dir / "report.json", text)
 
@@ -290,9 +303,6 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
                   prompt_lm: dspy.LM | None = None, log: Callable[[str], None] | None = None) -> OptimizeRun:
     """Resolve everything the run needs; raises ``ValueError`` (``FoldSizeError`` among them) before any LM call
     when the program, its options, the data or the fold sizes do not work."""
-    from halluscope.artifacts import git_commit, signature_fields
-    from halluscope.programs.registry import get
-
     log = log or logger.info
     spec = get(config.program)
     fit = getattr(spec, "fit", None)
@@ -337,8 +347,7 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
         log(f"{spec.name} has a fit hook: it is fitted by it; the {config.optimizer.name} settings are not used")
 
     git = git_commit()  # the code this run starts with
-    outputs = sorted({f for d in signature_fields(spec.build(**options)).values() for f in d["outputs"]})
-    meter = UsageMeter(task_lm, prompt_lm, task_outputs=outputs)
+    meter = UsageMeter(task_lm, prompt_lm, program_type=type(spec.build(**options)))
     result = OptimizeResult(program=spec.name, metric=metric, lang=lang, source=config.source, n=len(examples),
                             optimizer=cfg, compared=compared)
     result.report.update({
@@ -372,8 +381,6 @@ def stage_cross_validate(run: OptimizeRun) -> None:
 
 def stage_final_compile(run: OptimizeRun) -> None:
     """``result.final``: the program compiled on all examples (raises ``CompileError``)."""
-    from halluscope.metrics.adapters import get_metric
-
     run.log(f"\n-- final compile on all {len(run.examples)} items")
     errors_before = run.failures.lm_errors
     final, info = compile_program(run.build(), run.examples, get_metric(run.config.metric), run.cfg,
@@ -409,8 +416,6 @@ def _collect_usage(run: OptimizeRun) -> None:
 
 def stage_build_manifest(run: OptimizeRun) -> None:
     """``result.manifest``: how the artifact was made and how good it is (see ``compiled/README.md``)."""
-    from halluscope.metrics.adapters import METRIC_LEVEL
-
     c, res, cv = run.config, run.result, run.result.cv
     res.manifest = {
         "program_options": run.options,
@@ -440,8 +445,6 @@ def stage_build_manifest(run: OptimizeRun) -> None:
 
 def stage_write_artifact(run: OptimizeRun) -> None:
     """``result.artifact``: the next version under ``compiled_dir`` (a ``CompiledDetector``)."""
-    from halluscope.artifacts import write_artifact
-
     res = run.result
     artifact = write_artifact(res.final, res.manifest, program_name=run.spec.name, lang=run.config.lang,
                               metric=run.config.metric, root=run.config.compiled_dir)
@@ -476,8 +479,6 @@ def _datasets(run: OptimizeRun) -> list[dict]:
 
 def _track_children(run: OptimizeRun, parent: str, params: dict) -> list[str]:
     """One child run per cross-validation fold and one for the final compile, nested under ``parent``."""
-    from halluscope.optimize.tracking import metric_key, track_run
-
     c, res = run.config, run.result
     common = {k: params[k] for k in ("program", "metric", "lang", "optimizer", "optimizer_desc", "seed", "lm")}
     by_id = {str(ex.get("id")): ex for ex in run.examples}
@@ -508,8 +509,6 @@ def _track_children(run: OptimizeRun, parent: str, params: dict) -> list[str]:
 def stage_track(run: OptimizeRun) -> None:
     """``result.mlflow_run_id``: the MLflow parent run (params, metrics, the report and the artifact's files,
     the dataset) with a child run per fold and one for the final compile."""
-    from halluscope.optimize.tracking import metric_key, track_run
-
     c, res, cfg = run.config, run.result, run.cfg
     cv, usage, artifact = res.cv, res.usage, res.artifact
     metrics: dict[str, float] = {"n": len(run.examples), "seconds": usage["seconds"]}
@@ -591,16 +590,18 @@ def run_optimize(
     if on_stage is not None:
         on_stage("prepare", res)
     status, error = FINISHED, None
-    try:
-        if config.folds >= 2:
-            step("cross_validate", stage_cross_validate)
-            if res.cv.error:
-                raise CompileError(res.cv.error)
-        step("final_compile", stage_final_compile)
-    except CompileError as e:
-        status, error = FAILED, str(e)
-    except KeyboardInterrupt:
-        status, error = KILLED, "interrupted"
+    # the meter sees every LM call of the compiles (it tells the program's calls from the optimizer's)
+    with dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), run.meter]):
+        try:
+            if config.folds >= 2:
+                step("cross_validate", stage_cross_validate)
+                if res.cv.error:
+                    raise CompileError(res.cv.error)
+            step("final_compile", stage_final_compile)
+        except CompileError as e:
+            status, error = FAILED, str(e)
+        except KeyboardInterrupt:
+            status, error = KILLED, "interrupted"
     res.status, res.error = status, error
     if res.final is not None and run.test_examples is not None:
         step("score_test", stage_score_test)
