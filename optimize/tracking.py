@@ -21,17 +21,21 @@ such a literal is not logged.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from halluscope import paths
+from halluscope.artifacts import git_commit
 from halluscope.redact import REDACTED, known_secrets, redact  # the one redaction function (re-exported)
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "default_tracking_uri",
@@ -114,14 +118,14 @@ def metric_key(*parts: str) -> str:
 
 def _client(tracking_uri: str | None):
     import mlflow  # noqa: F401  (about 2 s; only when tracking)
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # (idem)
 
     uri = resolve_tracking_uri(tracking_uri)
     return MlflowClient(tracking_uri=uri), uri
 
 
 def _experiment_id(client, name: str, uri: str) -> str:
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # mlflow is imported only when tracking (about 2 s)
 
     exp = client.get_experiment_by_name(name)
     if exp is not None:
@@ -175,21 +179,17 @@ def track_run(
     except Exception as e:
         if strict:
             raise
-        print(f"warning: MLflow tracking failed ({type(e).__name__}: {str(e)[:300]}); the run's files are "
-              f"still on disk", file=sys.stderr)
+        logger.warning("MLflow tracking failed (%s: %s); the run's files are still on disk", type(e).__name__,
+                       str(e)[:300])
         return None
 
 
 def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_metrics, tags, artifact_dirs,
            status, run_name, parent_run_id=None, datasets=()) -> str:
-    import math
-
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param  # mlflow is imported only when tracking (about 2 s)
 
     client, uri = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment_name(program, lang), uri)
-    from halluscope.artifacts import git_commit
-
     git = git_commit()
     all_tags = {"halluscope.kind": kind, "halluscope.program": program, "halluscope.lang": lang or "all",
                 "git.commit": git.get("commit") or "unknown", "git.dirty": str(git.get("dirty")),
@@ -227,7 +227,7 @@ def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_m
                 if not f.is_file():
                     continue
                 if _file_has_secret(f):
-                    print(f"warning: not logging {f} to MLflow: it contains an API key or token", file=sys.stderr)
+                    logger.warning("not logging %s to MLflow: it contains an API key or token", f)
                     continue
                 client.log_artifact(run_id, str(f), artifact_path=folder)
     except Exception:
@@ -243,7 +243,7 @@ def log_datasets(client, run_id: str, datasets: Sequence[Mapping[str, Any]]) -> 
     The dataset's digest is the first 16 hex digits of ``content_hash`` (MLflow keeps at most 36 characters);
     the full hash, the split and the item count are in its profile, and the split is its context tag (the UI
     shows it beside the dataset's name)."""
-    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.entities import Dataset, DatasetInput, InputTag  # mlflow only when tracking (about 2 s)
 
     inputs = []
     for d in datasets:
@@ -315,6 +315,8 @@ def runs_table(
             else:
                 score, sd, zero = m.get(mk), None, None
             zero_sd = m.get(f"cv/zero_shot/{mk}.sd") if k == "optimize" else None
+            if r.info.status != "FINISHED":  # a failed, killed or running run is listed but never ranked
+                score = sd = zero = zero_sd = None
             rows.append({
                 "run_id": r.info.run_id,
                 "start": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
@@ -353,7 +355,9 @@ def format_table(rows: list[dict], metric: str) -> str:
         calls = "-" if r["lm_calls"] is None else f"{int(r['lm_calls'])} ({int(r['lm_cache_hits'] or 0)})"
         body.append([r["start"], r["kind"], r["program"], r["lang"], _short_source(r["source"]),
                      _short_opt(r["optimizer"]), r["lm"],
-                     "-" if r["n"] is None else str(int(r["n"])), f(r["score"]), f(r["sd"], 3), f(r["zero_shot"]),
+                     "-" if r["n"] is None else str(int(r["n"])),
+                     f(r["score"]) if r.get("status", "FINISHED") == "FINISHED" else r["status"],
+                     f(r["sd"], 3), f(r["zero_shot"]),
                      f(r["test"]), calls, "-" if r["seconds"] is None else f"{r['seconds']:.0f}", r["run_id"][:8]])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else [len(h) for h in head]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(head, widths)),
@@ -383,10 +387,10 @@ def plot_scores(rows: list[dict], metric: str, path: str | os.PathLike) -> Path 
     Series: each evaluated program+LM, and for optimize runs the zero-shot and compiled CV means (error bars:
     the sd over folds). Returns the path, or None when no run has a score.
     """
-    import matplotlib
+    import matplotlib  # only for the optional plot (about 1 s to import)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after choosing the non-interactive backend
 
     points: dict[tuple[str, str], tuple[float, float | None]] = {}
     for r in rows:  # newest first: keep the first seen

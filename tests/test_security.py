@@ -83,7 +83,7 @@ def test_optimize_report_manifest_and_mlflow_hold_no_credentials(tmp_path, monke
     monkeypatch.setattr(sys, "argv", ["optimize.py", *argv])
     lm = scripted_lm(_responder)
     # As if the task LM were served from that URL and something recorded it raw: the writers must redact.
-    monkeypatch.setattr("halluscope.lm.describe", lambda _lm: json.dumps({"model": _lm.model, "api_base": URL}))
+    monkeypatch.setattr("halluscope.optimize.run.describe", lambda _lm: json.dumps({"model": _lm.model, "api_base": URL}))
     p = build_parser()
     assert run(p.parse_args(argv), p, task_lm=lm) == 0
     capsys.readouterr()
