@@ -26,8 +26,8 @@ import json
 import os
 import re
 import shutil
+import logging
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +62,8 @@ __all__ = [
     "best_version",
     "is_demo",
 ]
+
+logger = logging.getLogger(__name__)
 
 ARTIFACT_FORMAT = "halluscope-compiled/1"
 PROGRAM_FILE = "program.json"
@@ -514,5 +516,6 @@ def _warn_versions(state: dict, where: Path) -> None:
     now = get_dependency_versions()
     diff = {k: (v, now.get(k)) for k, v in saved.items() if now.get(k) != v}
     if diff:
-        print(f"warning: {where} was compiled with " + ", ".join(f"{k}=={a}" for k, (a, _) in diff.items())
-              + "; running with " + ", ".join(f"{k}=={b}" for k, (_, b) in diff.items()), file=sys.stderr)
+        logger.warning("%s was compiled with %s; running with %s", where,
+                       ", ".join(f"{k}=={a}" for k, (a, _) in diff.items()),
+                       ", ".join(f"{k}=={b}" for k, (_, b) in diff.items()))
