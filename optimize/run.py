@@ -57,6 +57,7 @@ from halluscope.lm import describe, history_since, usage_of
 from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
 from halluscope.optimize.tracking import metric_key, track_run
 from halluscope.programs.registry import get
+from halluscope.files import create_unique_dir
 from halluscope.redact import redact_argv, redact_obj
 from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
                                     compile_program, cross_validate, evaluate_program, slim_examples)
@@ -336,8 +337,8 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
 
     lang, metric = config.lang, config.metric
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    report_dir = (Path(config.report_dir or paths.outputs_dir() / "optimize")
-                  / f"{stamp}-{spec.name}-{lang}-{metric.replace('+', '_')}")
+    report_dir = create_unique_dir(Path(config.report_dir or paths.outputs_dir() / "optimize"),  # never shared
+                                   f"{stamp}-{spec.name}-{lang}-{metric.replace('+', '_')}")
     compared = _compared(spec, cfg, task_lm)
     log(f"optimizing {spec.name} for {metric} on {len(examples)} items of {config.source}, "
         f"{config.folds} fold(s), {cfg.describe()}")

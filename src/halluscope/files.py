@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["read_jsonl", "write_text_atomic"]
+__all__ = ["read_jsonl", "write_text_atomic", "create_unique_dir"]
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
@@ -49,3 +49,18 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             pass
         raise
     return path
+
+
+def create_unique_dir(root: str | Path, name: str) -> Path:
+    """A new folder ``root/name`` created exclusively (``name-2``, ``name-3``, ... when taken), so two runs started
+    at the same moment never share (and overwrite) one. ``root`` is created if needed."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(1, 10_000):
+        candidate = root / (name if i == 1 else f"{name}-{i}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a new folder {name}-N under {root}")

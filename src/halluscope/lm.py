@@ -33,11 +33,13 @@ import dspy
 from dspy.lm15 import Message, Response, Usage
 
 from halluscope import paths
-from halluscope.redact import redact_url, register_secret
+from halluscope.redact import redact, redact_url, register_secret
 
 __all__ = [
     "DEFAULT_LM",
     "LlamaCppEngine",
+    "LMCheckError",
+    "check_lm",
     "make_lm",
     "configure",
     "smollm2_path",
@@ -378,6 +380,31 @@ def usage_of(entries: list[dict]) -> LMUsage:
         m = e.get("model", "?")
         u.by_model[m] = u.by_model.get(m, 0) + 1
     return u
+
+
+class LMCheckError(RuntimeError):
+    """The LM cannot answer at all (no server, a refused key, an unloadable model file)."""
+
+
+def check_lm(lm: dspy.BaseLM, *, timeout: float = 60.0) -> None:
+    """One request before a run's loop, so a run whose every item would fail (no key, no network, a bad GGUF)
+    stops at once instead of scoring 0 on everything.
+
+    The embedded model is checked by loading its GGUF file (no generation); an LM with another in-process engine
+    (a scripted test LM) is not called; any other LM gets one uncached, unretried "Reply with OK." request.
+    Raises :class:`LMCheckError` with the (redacted) reason.
+    """
+    engine = getattr(lm, "engine", None)
+    try:
+        if isinstance(engine, LlamaCppEngine):
+            engine.llm  # noqa: B018 - loads the model file: a missing or corrupt GGUF fails here
+            return
+        if engine is not None and not isinstance(engine, str):
+            return  # another in-process engine (e.g. halluscope.testing.ScriptedEngine)
+        probe = lm.copy(cache=False, num_retries=0, timeout=timeout)
+        probe("Reply with OK.")
+    except Exception as e:  # noqa: BLE001 - any failure means no item could run
+        raise LMCheckError(redact(f"{getattr(lm, 'model', lm)}: {type(e).__name__}: {str(e)[:300]}")) from None
 
 
 def describe(lm: dspy.LM) -> str:

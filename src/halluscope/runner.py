@@ -50,8 +50,14 @@ class EvalResult:
         return out
 
 
-def _has_span_gold(examples) -> bool:
-    return any("hard_labels" in ex and ex.get("hard_labels") is not None for ex in examples)
+def _has_span_gold(ex) -> bool:
+    """Span gold: ``hard_labels`` present, and the item not marked unlabelled (``label`` None, e.g. a test split
+    without labels, whose loader gives ``hard_labels=[]``)."""
+    return "hard_labels" in ex and ex.get("hard_labels") is not None and ex.get("label", False) is not None
+
+
+#: What a failed item is written as in a submission (no spans), and therefore scored as.
+EMPTY_PREDICTION = {"hard_labels": [], "soft_labels": []}
 
 
 def _has_label_gold(examples) -> bool:
@@ -59,14 +65,18 @@ def _has_label_gold(examples) -> bool:
 
 
 def score_predictions(examples: Sequence[dspy.Example], predictions: Sequence[Any]) -> dict[str, float]:
-    """Every metric the gold data supports: span metrics when examples carry span labels, response-level
-    metrics when they carry a ``label`` (examples whose label is None are left out of those)."""
+    """Every metric the gold data supports: span metrics over the examples with span labels, response-level
+    metrics over those with a ``label``; unlabelled examples (``label`` None) are scored by neither, so a set
+    without gold gets ``{}``. A failed prediction (None) is scored as the empty prediction it is written as
+    (the official Mu-SHROOM scorer gives an empty gold and an empty prediction IoU 1.0)."""
     scores: dict[str, float] = {}
     if not examples:
         return scores
-    if _has_span_gold(examples):
+    span_pairs = [(ex, p if p is not None else EMPTY_PREDICTION) for ex, p in zip(examples, predictions)
+                  if _has_span_gold(ex)]
+    if span_pairs:
         for m in SPAN_METRICS:
-            scores[m] = aggregate(m, list(examples), list(predictions))
+            scores[m] = aggregate(m, [ex for ex, _ in span_pairs], [p for _, p in span_pairs])
     if _has_label_gold(examples):
         pairs = [(bool(ex.label), p) for ex, p in zip(examples, predictions) if ex.get("label") is not None]
         # A failed prediction counts as the opposite of the gold label (a miss or a false alarm).

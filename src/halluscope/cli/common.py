@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from typing import NoReturn
@@ -13,7 +14,7 @@ from typing import NoReturn
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from halluscope.lm import configure  # noqa: E402
+from halluscope.lm import LMCheckError, check_lm, configure  # noqa: E402
 from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_names, get_dataset
 from halluscope.loaders.generic import FIELDS, parse_column_mapping
 from halluscope.loaders.mushroom import CONTEXT_VARIANTS
@@ -48,6 +49,26 @@ def parse_options(pairs: list[str] | None, spec=None) -> dict:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _finite_nonnegative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def add_lm_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("language model")
     g.add_argument("--lm", default=os.environ.get("HALLUSCOPE_LM", "local"),
@@ -56,8 +77,8 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-base", default=os.environ.get("HALLUSCOPE_API_BASE"),
                    help="base URL of an OpenAI-compatible server (vLLM, Ollama, llama.cpp server)")
     g.add_argument("--api-key", default=None, help="API key (default: the provider's usual environment variable)")
-    g.add_argument("--max-tokens", type=int, default=512, help="max tokens per LM call (default 512)")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--max-tokens", type=_positive_int, default=512, help="max tokens per LM call (default 512)")
+    g.add_argument("--temperature", type=_finite_nonnegative, default=0.0)
     g.add_argument("--adapter", choices=["json", "chat"], default=None,
                    help="DSPy adapter (default: json for the embedded model, chat otherwise)")
     g.add_argument("--cache-dir", default=None, help="DSPy disk cache folder (default .cache/dspy or $HALLUSCOPE_CACHE_DIR)")
@@ -142,8 +163,14 @@ def load_examples(args) -> tuple[list, str]:
 def setup_lm(args, *, needed: bool = True):
     if not needed:
         return None
-    return configure(args.lm, cache_dir=args.cache_dir, adapter=args.adapter, api_base=args.api_base,
-                     api_key=args.api_key, max_tokens=args.max_tokens, temperature=args.temperature)
+    lm = configure(args.lm, cache_dir=args.cache_dir, adapter=args.adapter, api_base=args.api_base,
+                   api_key=args.api_key, max_tokens=args.max_tokens, temperature=args.temperature)
+    try:  # once, before any item: a run where every item would fail stops here
+        check_lm(lm, timeout=getattr(args, "lm_timeout", None) or 60.0)
+    except LMCheckError as e:
+        print(f"halluscope: LM check failed, nothing was run: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return lm
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -23,7 +23,7 @@ from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
 from halluscope.cli.common import add_lm_args, resolve_dataset, setup_lm, usage_error
 from halluscope.detector import detect, detect_jsonl
-from halluscope.files import write_text_atomic
+from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
@@ -108,8 +108,8 @@ def cmd_detect(args) -> int:
         else:
             print(line)
         return 0
-    out = Path(args.output) if args.output else paths.outputs_dir() / "detect" / time.strftime(
-        "%Y%m%d-%H%M%S") / "detections.jsonl"
+    out = Path(args.output) if args.output else create_unique_dir(  # never shared by two runs in one second
+        paths.outputs_dir() / "detect", time.strftime("%Y%m%d-%H%M%S")) / "detections.jsonl"
     try:
         stats = detect_jsonl(detector, args.input, out, lang=lang, task=task, threads=args.threads,
                              progress=not args.no_progress, extra_inputs=extra_inputs)

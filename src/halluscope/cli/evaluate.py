@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 
 from halluscope import paths
 from halluscope.cli.common import add_data_args, add_lm_args, load_examples, parse_options, setup_lm
+from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetSpec, get_dataset
 from halluscope.optimize.tracking import track_run
 from halluscope.programs.registry import get, names
@@ -30,6 +32,9 @@ def add_parser(sub) -> None:
     add_lm_args(ev)
     ev.add_argument("--threads", type=int, default=1)
     ev.add_argument("--out-dir", default=None, help="where predictions are written (default ./outputs)")
+    ev.add_argument("--max-failed-share", type=float, default=0.5,
+                    help="the run FAILS (exit 1, MLflow status FAILED, not ranked by compare) when more than this "
+                         "share of the items failed")
     ev.add_argument("--no-progress", action="store_true")
     ev.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
     ev.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite store in the project)")
@@ -44,6 +49,10 @@ def cmd_evaluate(args) -> int:
     except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
         print(f"halluscope evaluate: error: argument --option/-O: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    if not 0.0 <= args.max_failed_share <= 1.0:
+        print("halluscope evaluate: error: argument --max-failed-share: must be between 0 and 1", file=sys.stderr)
+        raise SystemExit(2)
+    out_root = check_out_dir(args.out_dir or paths.outputs_dir())  # before any work: a bad folder fails now
     examples, source = load_examples(args)
     if not examples:
         raise SystemExit(f"no examples to evaluate in {source}")
@@ -55,11 +64,23 @@ def cmd_evaluate(args) -> int:
     summary = result.summary()
     if lm is not None and hasattr(lm.engine, "stats"):
         summary["engine_truncated_prompts"] = lm.engine.stats.truncated
+    n_failed = sum(p is None for p in result.predictions)
+    summary["failed_items"] = n_failed
+    failed_run = bool(result.n) and n_failed / result.n > args.max_failed_share
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    out_dir = Path(args.out_dir or paths.outputs_dir()) / f"{spec.name}-{source.replace('/', '_').replace('=', '-')}-{stamp}"
+    out_dir = create_unique_dir(out_root, f"{spec.name}-{source.replace('/', '_').replace('=', '-')}-{stamp}")
     dataset = get_dataset(args.dataset)
     files = write_outputs(out_dir, spec.name, examples, result, dataset)
     print_summary(spec.name, source, summary, result)
+    if not result.scores:
+        print("no gold labels on these items: wrote the submission and predictions only; nothing was scored")
+    if failed_run:
+        print(f"RUN FAILED: {n_failed} of {result.n} items failed (more than --max-failed-share "
+              f"{args.max_failed_share:g}); the scores above are those of the file written, not of the program",
+              file=sys.stderr)
+    elif n_failed:
+        print(f"warning: {n_failed} of {result.n} items failed; they are written and scored as empty predictions",
+              file=sys.stderr)
     print(f"predictions: {', '.join(str(f) for f in files)}")
     if not args.no_mlflow:
         params = {"program": spec.name, "dataset": dataset.name, "source": source, "lm": lm.model if lm is not None else "none",
@@ -67,9 +88,24 @@ def cmd_evaluate(args) -> int:
                   "options": json.dumps(options, sort_keys=True)}
         run_id = track_run("evaluate", program=spec.name, lang=dataset.key(args.lang, args.task, examples),
                            params=params, metrics={k: v for k, v in summary.items() if isinstance(v, (int, float))},
-                           artifacts=files, tracking_uri=args.tracking_uri)
+                           artifacts=files, tracking_uri=args.tracking_uri,
+                           status="FAILED" if failed_run else "FINISHED")
         print(f"mlflow run: {run_id}")
-    return 0
+    return 1 if failed_run else 0
+
+
+def check_out_dir(path) -> Path:
+    """``path`` as a folder that exists (created) and is writable; a usage error (exit 2) otherwise."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"halluscope evaluate: error: argument --out-dir: cannot use {path}: {e.strerror or e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        print(f"halluscope evaluate: error: argument --out-dir: {path} is not writable", file=sys.stderr)
+        raise SystemExit(2)
+    return path
 
 
 def write_outputs(out_dir: Path, program: str, examples, result, dataset: DatasetSpec) -> list[Path]:
@@ -82,21 +118,22 @@ def write_outputs(out_dir: Path, program: str, examples, result, dataset: Datase
         dataset.submission(sub, [ex.id for ex in examples], result.predictions)
         files.append(sub)
     full = out_dir / f"{program}.predictions.jsonl"
-    with open(full, "w", encoding="utf-8") as f:
-        for ex, p in zip(examples, result.predictions):
-            row = {"id": ex.get("id"), "ok": p is not None}
-            if p is not None:
-                row.update(p.detection.to_dict() if hasattr(p, "detection") else dict(p))
-                # program-specific extras (samples, ratings, plan, verdict, ...) for debugging
-                extras = {k: v for k, v in p.items() if k not in row and k not in _CONTRACT_FIELDS}
-                if extras:
-                    row["extra"] = extras
-            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    lines = []
+    for ex, p in zip(examples, result.predictions):
+        row = {"id": ex.get("id"), "ok": p is not None}
+        if p is not None:
+            row.update(p.detection.to_dict() if hasattr(p, "detection") else dict(p))
+            # program-specific extras (samples, ratings, plan, verdict, ...) for debugging
+            extras = {k: v for k, v in p.items() if k not in row and k not in _CONTRACT_FIELDS}
+            if extras:
+                row["extra"] = extras
+        lines.append(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    write_text_atomic(full, "".join(lines))  # readers never see a half-written file
     files.append(full)
     summ = out_dir / f"{program}.summary.json"
-    summ.write_text(json.dumps(redact_obj(json.loads(json.dumps(
+    write_text_atomic(summ, json.dumps(redact_obj(json.loads(json.dumps(
         {"summary": result.summary(), "errors": result.errors[:50], "report": result.report}, default=str))),
-        indent=2), encoding="utf-8")
+        indent=2))
     files.append(summ)
     return files
 

@@ -1,0 +1,189 @@
+"""Issue #10, runs that fail say so; scores equal the official score of the file written."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import dspy
+import pytest
+
+from halluscope.cli import main as cli_main
+from halluscope.programs import registry
+
+
+@pytest.fixture(autouse=True)
+def _restore_dspy_settings():
+    lm, adapter = dspy.settings.lm, dspy.settings.adapter
+    yield
+    dspy.configure(lm=lm, adapter=adapter)
+
+
+@pytest.fixture
+def demo_env(monkeypatch):
+    monkeypatch.delenv("HALLUSCOPE_DATA_DIR", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+class Boom(dspy.Module):
+    def forward(self, **kw):
+        raise RuntimeError("the LM is unreachable")
+
+
+def build_boom() -> Boom:
+    """A program whose every item fails."""
+    return Boom()
+
+
+@pytest.fixture
+def boom(monkeypatch):
+    spec = registry.ProgramSpec(name="boom-test", build=build_boom, description="fails", uses_lm=False)
+    monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    return spec
+
+
+def _ex(i, hard, label=True):
+    return dspy.Example(id=f"x{i}", question="q", answer="alpha beta gamma", lang="en", context="",
+                        hard_labels=hard, soft_labels=[{"start": s, "end": e, "prob": 1.0} for s, e in hard],
+                        label=label).with_inputs("question", "answer", "lang", "context")
+
+
+# -- scores equal what is written ------------------------------------------------------------------
+
+
+def test_a_failed_item_is_scored_as_the_empty_prediction_written_for_it():
+    from halluscope.runner import score_predictions
+
+    # Official scorer: an empty gold vs an empty prediction is IoU 1.0; a failed item is written as empty.
+    scores = score_predictions([_ex(0, [], label=False), _ex(1, [[0, 5]])], [None, None])
+    assert scores["iou"] == pytest.approx(0.5)
+
+
+def test_items_without_gold_labels_are_not_scored():
+    from halluscope.runner import score_predictions
+
+    unlabelled = [_ex(0, [], label=None), _ex(1, [], label=None)]
+    assert score_predictions(unlabelled, [None, None]) == {}
+    # a mixed set is scored on its labelled items only
+    mixed = score_predictions([_ex(0, [[0, 5]]), _ex(1, [], label=None)],
+                              [{"hard_labels": [[0, 5]], "soft_labels": [{"start": 0, "end": 5, "prob": 1.0}]}, None])
+    assert mixed["iou"] == pytest.approx(1.0)
+
+
+def test_evaluate_on_unlabelled_items_writes_the_submission_only(tmp_path, demo_env, capsys, monkeypatch):
+    import halluscope.cli.evaluate as ev
+
+    real = ev.load_examples
+
+    def unlabelled(args):
+        examples, source = real(args)
+        return [ex.copy(hard_labels=[], soft_labels=[], label=None) for ex in examples], source
+
+    monkeypatch.setattr(ev, "load_examples", unlabelled)
+    rc = cli_main(["evaluate", "--program", "mark-all", "--lang", "de", "--out-dir", str(tmp_path), "--no-mlflow",
+                   "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "no gold labels" in out and "iou" not in out.split("no gold labels")[1]
+    assert list(tmp_path.rglob("*.submission.jsonl"))
+    summary = json.loads(next(tmp_path.rglob("*.summary.json")).read_text())["summary"]
+    assert "iou" not in summary and "corr" not in summary
+
+
+# -- runs in which (nearly) everything fails ---------------------------------------------------------
+
+
+def test_evaluate_where_every_item_fails_exits_nonzero_and_is_failed_in_mlflow(tmp_path, demo_env, boom, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from halluscope.optimize.tracking import runs_table
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    rc = cli_main(["evaluate", "--program", boom.name, "--lang", "de", "--out-dir", str(tmp_path / "out"),
+                   "--tracking-uri", uri, "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "FAILED" in captured.out + captured.err and "failed" in (captured.out + captured.err)
+    assert list((tmp_path / "out").rglob("*.predictions.jsonl"))  # what was done is still written
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["FAILED"]
+    rows = runs_table(uri, metric="iou")
+    assert rows and all(r["score"] is None for r in rows)  # compare does not rank it
+
+
+def test_failed_share_threshold(tmp_path, demo_env, monkeypatch, capsys):
+    """More than --max-failed-share failed items -> exit 1; at or below it -> exit 0 with the count printed."""
+    calls = {"n": 0}
+
+    class Half(dspy.Module):
+        def forward(self, answer="", **kw):
+            calls["n"] += 1
+            if calls["n"] % 2:
+                raise RuntimeError("flaky")
+            return registry.get("mark-all").make()(answer=answer)
+
+    spec = registry.ProgramSpec(name="half-test", build=Half, description="half fail", uses_lm=False)
+    monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    base = ["evaluate", "--program", spec.name, "--lang", "de", "--out-dir", str(tmp_path), "--no-mlflow",
+            "--no-progress"]
+    assert cli_main(base + ["--max-failed-share", "0.25"]) == 1
+    calls["n"] = 0
+    assert cli_main(base + ["--max-failed-share", "0.75"]) == 0
+
+
+def test_the_lm_is_checked_once_before_the_loop(tmp_path, demo_env, capsys):
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as e:
+        cli_main(["evaluate", "--program", "spans", "--lang", "de", "--out-dir", str(tmp_path), "--no-mlflow",
+                  "--no-progress", "--lm", "openai/some-model", "--api-base", "http://127.0.0.1:9/v1",
+                  "--api-key", "x-test-key-77", "--cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "LM check failed" in err and "x-test-key-77" not in err
+    assert not list(tmp_path.rglob("*.predictions.jsonl"))  # nothing ran
+    assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.parametrize("bad", [["--max-tokens", "-1"], ["--max-tokens", "0"], ["--temperature", "nan"]])
+def test_impossible_lm_settings_are_usage_errors(tmp_path, demo_env, bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["evaluate", "--program", "spans", "--lang", "de", "--out-dir", str(tmp_path), "--no-mlflow",
+                  *bad])
+    assert e.value.code == 2 and bad[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("opt", ["shift=NaN", "shift=inf", "novalue", "=3"])
+def test_bad_program_options_exit_2_with_a_clear_message(tmp_path, demo_env, opt, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["evaluate", "--program", "logits", "--lang", "de", "--out-dir", str(tmp_path), "--no-mlflow",
+                  "-O", opt])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and ("shift" in err or opt in err)
+
+
+def test_out_dir_that_is_a_file_fails_before_any_work(tmp_path, demo_env, boom, capsys):
+    f = tmp_path / "taken"
+    f.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        cli_main(["evaluate", "--program", boom.name, "--lang", "de", "--out-dir", str(f), "--no-mlflow"])
+    assert e.value.code == 2 and "--out-dir" in capsys.readouterr().err
+
+
+def test_run_folders_are_unique_and_created_exclusively(tmp_path):
+    from halluscope.files import create_unique_dir
+
+    a, b = create_unique_dir(tmp_path, "same"), create_unique_dir(tmp_path, "same")
+    assert a != b and a.is_dir() and b.is_dir() and b.name == "same-2"
+
+
+def test_two_optimize_runs_in_the_same_second_get_their_own_report_folders(tmp_path, monkeypatch):
+    from halluscope.optimize.run import OptimizeConfig, stage_prepare
+    from halluscope.testing import scripted_lm
+
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-000000")  # the same second
+    lm = scripted_lm({"spans": []})
+    examples = [_ex(i, [[0, 5]] if i % 2 else [], label=bool(i % 2)) for i in range(8)]
+    config = OptimizeConfig(program="spans", metric="iou", lang="en", report_dir=tmp_path, mlflow=False)
+    a = stage_prepare(config, examples, task_lm=lm, log=lambda _: None)
+    b = stage_prepare(config, examples, task_lm=lm, log=lambda _: None)
+    assert a.report_dir != b.report_dir and a.report_dir.is_dir() and b.report_dir.is_dir()
