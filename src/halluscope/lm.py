@@ -20,6 +20,7 @@ and :func:`configure` gives a model served from an ``api_base`` its own cache fo
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import json
@@ -262,6 +263,18 @@ class LlamaCppEngine:
 
 _ENGINES: dict[tuple, LlamaCppEngine] = {}
 _ENGINES_LOCK = threading.Lock()
+
+
+@atexit.register
+def _free_engines() -> None:
+    """Free the loaded models before interpreter shutdown: llama-cpp-python's own ``__del__`` runs after its
+    module globals are gone and prints a TypeError traceback at every exit otherwise."""
+    with _ENGINES_LOCK:
+        for engine in _ENGINES.values():
+            llm = getattr(engine, "_llm", None)
+            if llm is not None:
+                llm.close()
+                engine._llm = None
 
 
 def _local_engine(path: Path, n_ctx: int, n_threads: int | None) -> LlamaCppEngine:
