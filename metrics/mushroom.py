@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from halluscope.contract import hard_labels_from_soft
+from halluscope.files import read_jsonl
 
 __all__ = [
     "iou",
@@ -407,8 +408,6 @@ def score_corpus(golds: Iterable[Mapping], preds: Iterable[Mapping], *, clip: bo
 
 def load_jsonl(path) -> list[dict]:
     """The records of a JSON-lines file (blank lines skipped; errors name the file and line)."""
-    from halluscope.files import read_jsonl
-
     return [rec for _, rec in read_jsonl(path)]
 
 

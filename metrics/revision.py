@@ -50,6 +50,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import dspy
+
 from halluscope.metrics.adapters import _field
 
 __all__ = [
@@ -161,8 +163,6 @@ def hallucination_reduction_rate(
         out["judge_calls"] += 1
         try:
             if lm is not None:
-                import dspy
-
                 with dspy.context(lm=lm):
                     result = judge(**inputs, answer=revision)
             else:

@@ -33,6 +33,9 @@ from typing import Any, Callable, Sequence
 import dspy
 from dspy.utils.callback import BaseCallback
 
+from halluscope import runner
+from halluscope.metrics.adapters import aggregate, get_metric
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -394,12 +397,9 @@ def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, e
     supports (:func:`halluscope.runner.run_eval` scores them), plus ``metric_name`` when it is not among them
     (a combined metric such as ``iou+corr``).
     """
-    from halluscope.metrics.adapters import aggregate
-    from halluscope.runner import run_eval
-
     examples = list(examples)
     with dspy.context(lm=lm) if lm is not None else contextlib.nullcontext():
-        res = run_eval(program, examples, threads=threads, progress=progress, extra_inputs=extra_inputs)
+        res = runner.run_eval(program, examples, threads=threads, progress=progress, extra_inputs=extra_inputs)
     scores = dict(res.scores)
     if metric_name not in scores and examples:
         scores[metric_name] = aggregate(metric_name, examples, list(res.predictions))
@@ -428,8 +428,6 @@ def cross_validate(
     receives progress lines (default: this module's logger). A fold whose compile fails stops the loop: the
     result keeps the folds done and ``error`` says why.
     """
-    from halluscope.metrics.adapters import get_metric
-
     log = log or logger.info
     examples = list(examples)
     metric = get_metric(metric_name)

@@ -50,6 +50,7 @@ from urllib.parse import parse_qsl
 import dspy
 
 from halluscope.contract import Detection, Span, Unit, to_prediction
+from halluscope.lm import make_lm
 from halluscope.parallel import try_map
 from halluscope.text import segment
 from halluscope.programs.registry import ProgramSpec, register
@@ -259,8 +260,6 @@ def sampler_lm(spec: Any, base: dspy.BaseLM | None = None) -> dspy.BaseLM:
         if base is None:
             raise RuntimeError("sampler spec 'self' needs a configured LM (dspy.configure(lm=...))")
         return base.copy(**options) if options else base
-    from halluscope.lm import make_lm
-
     return make_lm(name, **options)
 
 

@@ -52,7 +52,9 @@ from dspy.utils.exceptions import AdapterParseError
 from halluscope.contract import Detection, to_prediction
 from halluscope.tasks import task_key
 from halluscope.text import diff_spans
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.lm import make_lm
+from halluscope.metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
+from halluscope.programs.registry import ProgramSpec, get, register
 from halluscope.signatures.halluclean import DirectAsk as DirectAskSig
 from halluscope.signatures.halluclean import Judge, Plan, Reason, Revise, parse_verdict
 
@@ -295,8 +297,6 @@ def _default_judge():
     name = os.environ.get(JUDGE_PROGRAM_ENV) or "halluclean"
     if name == "halluclean":
         return name, HalluClean(revise=False)
-    from halluscope.programs.registry import get
-
     return name, get(name).make()
 
 
@@ -312,8 +312,6 @@ def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=No
       flagged) that have a reference and a revisable answer; no change / failed revisions count as
       failures. ``Q_unrevised``: the same rate for their original (hallucinated) answers.
     """
-    from halluscope.metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
-
     statuses: dict[str, int] = {}
     for p in predictions:
         if p is not None:
@@ -338,8 +336,6 @@ def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=No
     out["Q_threshold"] = SUCCESS_THRESHOLD
 
     if judge_lm is None and os.environ.get(JUDGE_LM_ENV):
-        from halluscope.lm import make_lm
-
         judge_lm = make_lm(os.environ[JUDGE_LM_ENV])
     if judge is None:
         if judge_lm is None and dspy.settings.lm is None:

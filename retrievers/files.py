@@ -47,8 +47,9 @@ def _read_text_file(path: Path) -> str:
 
 
 def _read_pdf(path: Path) -> str:
+    # pypdf and python-docx are imported only when a file of their type is read (most folders have none)
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf.errors import PdfReadError  # (idem)
 
     try:
         reader = PdfReader(str(path))
@@ -70,7 +71,7 @@ def _read_pdf(path: Path) -> str:
 
 
 def _read_docx(path: Path) -> str:
-    import docx
+    import docx  # python-docx: only when a .docx file is read (it pulls in lxml)
 
     try:
         document = docx.Document(str(path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import dspy
 import pytest
@@ -490,7 +491,7 @@ def test_loader_errors_name_the_missing_file_and_bad_item(tmp_path, data_dir):
     assert set(HALLUCLEAN_FILES) == set(HALLUCLEAN_TASKS)
 
 
-def test_resolve_dir_and_demo_fallback(tmp_path, data_dir, monkeypatch, capsys):
+def test_resolve_dir_and_demo_fallback(tmp_path, data_dir, monkeypatch, caplog):
     assert resolve_halluclean_dir(data_dir.parent) == data_dir
     assert resolve_halluclean_dir(data_dir) == data_dir
     with pytest.raises(FileNotFoundError):
@@ -499,18 +500,22 @@ def test_resolve_dir_and_demo_fallback(tmp_path, data_dir, monkeypatch, capsys):
     assert not is_demo and examples[0].answer == "R1"
 
     monkeypatch.setattr("halluscope.loaders.halluclean.resolve_halluclean_dir", lambda d=None: None)
-    examples, is_demo = load_halluclean_or_demo(None, "qa")
-    assert is_demo and HALLUCLEAN_DEMO_NOTICE in capsys.readouterr().err
+    with caplog.at_level(logging.WARNING, logger="halluscope.loaders"):
+        examples, is_demo = load_halluclean_or_demo(None, "qa")
+    assert is_demo and HALLUCLEAN_DEMO_NOTICE in caplog.text  # logged (the CLI shows it on stderr)
 
 
 @pytest.mark.parametrize("task", HALLUCLEAN_TASKS)
-def test_demo_has_one_case_of_each_class_per_task(task, capsys):
-    demo = halluclean_demo(task)
-    assert "BUILT-IN DEMO" in capsys.readouterr().err
+def test_demo_has_one_case_of_each_class_per_task(task, caplog):
+    with caplog.at_level(logging.WARNING, logger="halluscope.loaders"):
+        demo = halluclean_demo(task)
+    assert "BUILT-IN DEMO" in caplog.text
     assert [e.label for e in demo] == [False, True]
     assert all(e.task == task and e.demo for e in demo)
-    assert halluclean_demo(task, notice=False)  # quiet on request
-    assert capsys.readouterr().err == ""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="halluscope.loaders"):
+        assert halluclean_demo(task, notice=False)  # quiet on request
+    assert caplog.text == ""
 
 
 # ==================================================================================================

@@ -15,6 +15,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import pysbd
 from rapidfuzz import fuzz
 
 from halluscope.contract import Span, clamp01
@@ -167,8 +168,6 @@ _PYSBD_LANGS = {
 
 @lru_cache(maxsize=32)
 def _segmenter(lang: str):
-    import pysbd
-
     return pysbd.Segmenter(language=lang if lang in _PYSBD_LANGS else "en", clean=False)
 
 
