@@ -41,6 +41,7 @@ from halluscope import paths
 from halluscope.redact import redact, redact_obj
 from halluscope.detector import CompiledDetector
 from halluscope.programs.registry import get
+from halluscope.tasks import HALLUCLEAN_TASKS
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -481,7 +482,8 @@ def load_compiled(
         if chosen is None:
             raise ArtifactNotFoundError(
                 f"no compiled {program!r} for lang={lang!r}, metric={metric!r} under {base}; "
-                f"run: python optimize.py --program {program} --lang {lang} --metric {metric}")
+                f"run: python optimize.py --program {program} {'--task' if lang in HALLUCLEAN_TASKS else '--lang'} "
+                f"{lang} --metric {metric}")
     manifest, data = verify_artifact(chosen.path)
     for key, want in (("program", program), ("lang", lang), ("metric", metric), ("version", chosen.version)):
         if manifest.get(key) != want:
