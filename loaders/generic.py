@@ -182,7 +182,7 @@ def _quiet_datasets():
     # `datasets` is imported where it is used: it pulls in pyarrow and pandas (about a second), which no other
     # command needs.
     import datasets
-    from datasets.utils import logging as ds_logging
+    from datasets.utils import logging as ds_logging  # (idem)
 
     was_disabled = datasets.are_progress_bars_disabled()
     level = ds_logging.get_verbosity()

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import dspy
-from dspy.lm15 import Message, Response, Usage
+from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
+from dspy.lm15 import Message, Response, Usage, response_to_events
 
 from halluscope import paths
 from halluscope.redact import redact, redact_url, register_secret
@@ -167,7 +168,7 @@ class LlamaCppEngine:
     @property
     def llm(self):
         if self._llm is None:
-            from llama_cpp import Llama
+            from llama_cpp import Llama  # the compiled llama.cpp library: loaded when the model is first used
 
             self._llm = Llama(
                 model_path=str(self.model_path),
@@ -253,8 +254,6 @@ class LlamaCppEngine:
         )
 
     def stream(self, request):  # DSPy streams only when asked; we never do
-        from dspy.lm15 import response_to_events
-
         return response_to_events(self.complete(request))
 
     def close(self) -> None:
@@ -375,8 +374,6 @@ class LMUsage:
 def history_since(started: str) -> list[dict]:
     """DSPy's global LM history entries (all LMs) recorded at or after the ISO timestamp ``started``.
     The global history keeps the last 10,000 calls; longer intervals are undercounted."""
-    from dspy.clients.base_lm import GLOBAL_HISTORY
-
     return [e for e in list(GLOBAL_HISTORY) if e.get("timestamp", "") >= started]
 
 
