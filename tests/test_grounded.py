@@ -473,3 +473,83 @@ def test_lm_option_without_a_scorer_falls_back_and_counts(monkeypatch):
     assert p.failures["lm_error"] == 1 and p.failures["lm_missing"] == 1
     assert [d for d in p.units if d["text"] == "Lyon"][0]["label"] == "unsupported"
     assert math.isfinite(p.score)
+
+
+def test_items_without_logits_get_the_training_means_for_the_logit_features():
+    m = get("grounded").make()
+    fit_grounded(m, fixture_examples(), "iou")
+    ex = fixture_examples()[0]
+    no_logits = {**inputs(ex), "model_output_tokens": None, "model_output_logits": None}
+    feats, probs = m.unit_probs(**{k: v for k, v in no_logits.items() if k != "task"})
+    X = m.impute_missing(feats)
+    for name in ("gen_low", "gen_first", "gen_missing", "win_gen"):
+        j = m.features.index(name)
+        assert set(X[:, j]) == {m.combiner.mean[j]}
+    (s, e), = ex.hard_labels
+    top = max(zip(feats.units, probs), key=lambda up: up[1])[0]
+    assert (top.start, top.end) == (s, e)  # support alone still ranks the wrong entity first
+    with_logits_feats, _ = m.unit_probs(**{k: v for k, v in inputs(ex).items() if k != "task"})
+    assert np.array_equal(m.impute_missing(with_logits_feats), with_logits_feats.X)  # nothing imputed
+
+
+# ---------------------------------------------------------------------------------------------------
+# the LM as a scorer (a deterministic stub backend: no model)
+# ---------------------------------------------------------------------------------------------------
+
+
+class StubBackend:
+    """Byte-level tokens; log p(token) = -0.1 when the byte already occurred in the prompt's evidence part
+    (before "Question:"), else -3.0. Deterministic, and the evidence visibly raises supported bytes."""
+
+    name = "stub@0"
+
+    def __init__(self):
+        self.evaluated = 0
+
+    def tokenize(self, text):
+        return list(text.encode("utf-8"))
+
+    def detokenize(self, tokens):
+        return bytes(tokens)
+
+    def logprobs(self, tokens, start):
+        self.evaluated += 1
+        text = bytes(tokens[:start])
+        evidence = text.split(b"Question:")[0] if text.startswith(b"Evidence:") else b""
+        return [-0.1 if bytes([t]) in evidence[9:] else -3.0 for t in tokens[start:]]
+
+
+def test_lm_scorer_rows_cache_and_evidence_selection(tmp_path):
+    from halluscope.programs.grounded.lmscore import LMScorer, select_evidence, token_char_offsets
+
+    be = StubBackend()
+    sc = LMScorer(cache_dir=tmp_path, backend=be, max_evidence_tokens=50)
+    answer = "Paris is big"
+    rows = sc.unit_features("Where?", answer, "The city of Paris. Unrelated words here.", units_of(answer))
+    assert [r["lm_missing"] for r in rows] == [0.0, 0.0, 0.0]
+    # "Paris" letters all occur in the evidence: delta = -0.1 - -3.0 = 2.9; "big" has no "g" in it
+    assert rows[0]["lm_delta"] == pytest.approx(2.9) and rows[0]["lm_lp"] == pytest.approx(-3.0)
+    assert rows[2]["lm_delta"] < rows[0]["lm_delta"]
+    assert sc.calls == 1 and be.evaluated == 2 and sc.tokens > 0
+    again = sc.unit_features("Where?", answer, "The city of Paris. Unrelated words here.", units_of(answer))
+    assert again == rows and sc.cache_hits == 1 and be.evaluated == 2  # served from the disk cache
+    # the most relevant sentences, in order, within the budget
+    ctx = "Berlin is in Germany. Paris is the capital of France. The Seine flows through Paris."
+    assert select_evidence("Paris, France", ctx, 60) == "Paris is the capital of France."
+    assert select_evidence("Paris", ctx, 200) == "Paris is the capital of France. The Seine flows through Paris."
+    assert select_evidence("x", "", 100) == ""
+    assert token_char_offsets("héllo", [b"h", "é".encode(), b"llo"]) == [(0, 1), (1, 2), (2, 5)]
+    assert token_char_offsets("ab", [b"x", b"b"]) == [None, (1, 2)]
+
+
+def test_lm_signal_through_the_program_with_a_stub(tmp_path):
+    from halluscope.programs.grounded.lmscore import LMScorer
+
+    prog = get("grounded").make(lm=True)
+    prog._scorer = LMScorer(cache_dir=tmp_path, backend=StubBackend())
+    assert "lm_delta" in prog.features
+    fit_grounded(prog, fixture_examples(8), "iou")
+    p = prog(**inputs(fixture_examples(8)[0]))
+    assert "lm_missing" not in p.failures and p.hard_labels
+    state = json.loads(json.dumps(prog.dump_state()))
+    assert "lm_delta" in state["grounded"]["features"]

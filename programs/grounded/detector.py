@@ -13,12 +13,16 @@ import numpy as np
 
 from halluscope.contract import Detection, Span, Unit, to_prediction
 from halluscope.programs.grounded.combiner import Combiner, char_probs, choose_threshold, rescale
-from halluscope.programs.grounded.features import feature_names, item_features
+from halluscope.programs.grounded.features import GEN, LM, feature_names, item_features
+from halluscope.programs.grounded.lmscore import LMScorer
 from halluscope.programs.grounded.support import IdfTable
+from halluscope.programs.grounded.units import units_of
 
 __all__ = ["GroundedDetector", "DEFAULT_WEIGHTS", "fit_grounded", "unit_targets", "STATE_KEY"]
 
 STATE_KEY = "grounded"
+#: failures of gen_features that leave the whole item without generator logits
+ITEM_LEVEL_GEN_FAILURES = {"no_logits", "malformed_logits", "logits_length", "unaligned_tokens"}
 STATE_VERSION = 1
 
 #: Hand-set weights of the untrained program, on the raw (unstandardised) features: an unsupported unit
@@ -78,19 +82,20 @@ class GroundedDetector(dspy.Module):
 
     # -- signals ---------------------------------------------------------------------------------------
 
-    def scorer(self):
+    def scorer(self) -> LMScorer:
+        """The LM scorer (the model file is loaded on its first item, only when ``lm`` is on)."""
         if self._scorer is None:
-            from halluscope.programs.grounded.lmscore import LMScorer
             self._scorer = LMScorer(model_path=self.lm_model or None, cache_dir=self.lm_cache_dir or None,
                                     max_evidence_tokens=self.lm_evidence_tokens)
         return self._scorer
 
-    def item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None):
+    def item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
+                      lang="en"):
         lm_rows, lm_fail = None, None
         if self.use_lm and (answer or "").strip():
-            from halluscope.programs.grounded.units import units_of
             try:
-                lm_rows = self.scorer().unit_features(question or "", answer or "", context or "", units_of(answer))
+                lm_rows = self.scorer().unit_features(question or "", answer or "", context or "", units_of(answer),
+                                                      lang=lang or "en")
             except Exception as e:  # noqa: BLE001 — the LM signal falls back, the item goes on
                 lm_rows, lm_fail = None, f"lm_error:{type(e).__name__}"
         feats = item_features(answer or "", question or "", context or "", names=self.features,
@@ -103,16 +108,40 @@ class GroundedDetector(dspy.Module):
         return feats
 
     def unit_probs(self, **inputs):
-        """``(ItemFeatures, unit probabilities)`` before rescaling (what fit and the benchmarks use)."""
+        """``(ItemFeatures, unit probabilities)`` before rescaling (what fit and the benchmarks use).
+
+        When a whole signal is missing for the item (no generator logits, e.g. ``halluscope detect`` on plain
+        text; the LM scorer failed), its columns are set to the combiner's training means, so they add nothing
+        to the score (mean imputation) instead of a ``*_missing`` weight learnt from the few training units
+        that lacked them."""
         feats = self.item_features(**inputs)
-        return feats, self.combiner.predict(feats.X)
+        return feats, self.combiner.predict(self.impute_missing(feats))
+
+    def impute_missing(self, feats) -> np.ndarray:
+        X = feats.X
+        if not len(X):
+            return X
+        groups = []
+        if feats.failures.keys() & ITEM_LEVEL_GEN_FAILURES:
+            groups.append(GEN)
+        if feats.failures.keys() & {"lm_missing", "lm_error"}:
+            groups.append(LM)
+        if not groups:
+            return X
+        X = X.copy()
+        for group in groups:
+            for name in group:
+                if name in self.features:
+                    j = self.features.index(name)
+                    X[:, j] = self.combiner.mean[j]
+        return X
 
     # -- forward ----------------------------------------------------------------------------------------
 
     def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "", task: str = "",
                 model_output_tokens=None, model_output_logits=None, **_):
         answer = answer if isinstance(answer, str) else ("" if answer is None else str(answer))
-        feats, probs = self.unit_probs(question=question, answer=answer, context=context,
+        feats, probs = self.unit_probs(question=question, answer=answer, context=context, lang=lang,
                                        model_output_tokens=model_output_tokens, model_output_logits=model_output_logits)
         failures = dict(feats.failures)
         if not feats.units:
@@ -224,6 +253,7 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou") -
     for ex in labelled:
         answer = _get(ex, "answer", "")
         feats = module.item_features(question=_get(ex, "question", ""), answer=answer, context=_get(ex, "context", ""),
+                                     lang=_get(ex, "lang", "en"),
                                      model_output_tokens=_get(ex, "model_output_tokens"),
                                      model_output_logits=_get(ex, "model_output_logits"))
         for k, v in feats.failures.items():
@@ -233,11 +263,11 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou") -
         ys.extend(y)
         items.append({"text_len": len(answer), "spans": [(u.start, u.end) for u in feats.units],
                       "hard_labels": _get(ex, "hard_labels", []), "soft_labels": _get(ex, "soft_labels", []),
-                      "X": feats.X})
+                      "feats": feats})
     X = np.vstack(rows) if rows else np.zeros((0, len(module.features)))
     info = module.combiner.fit(X, np.asarray(ys), l2=module.l2)
     for it in items:
-        it["probs"] = module.combiner.predict(it.pop("X"))
+        it["probs"] = module.combiner.predict(module.impute_missing(it.pop("feats")))  # as forward() does
     metric = {"maxiou": "iou"}.get(metric_name, metric_name)
     metric = metric if metric in ("iou", "corr", "iou+corr") else "iou"
     choice = choose_threshold(items, metric)

@@ -1,0 +1,226 @@
+"""Signal 2: the embedded LM as a scorer, not a generator.
+
+For each answer token the log-probability given *evidence + question + answer prefix* and given *question +
+answer prefix* alone is read from one prompt evaluation each (no generation). Their difference says how much
+the evidence supports the token: a token the evidence makes likelier (a name copied from it) gets a positive
+``delta``; a token the evidence does not help with gets about 0; one that contradicts it may go negative.
+Per unit (:mod:`.units`): ``lm_delta`` = the mean delta of the tokens overlapping the unit, ``lm_lp`` = their mean
+log-probability without the evidence (how predictable the word is anyway), ``lm_missing`` = 0; a unit no token
+covers gets the fallback (0, 0, 1).
+
+Only the evidence sentences most relevant to the answer go into the prompt (:func:`select_evidence`: sentences
+ranked by the answer's content units they contain, up to ``max_evidence_tokens``), because the embedded
+model evaluates prompts at roughly 150-300 tokens/s on 2 cores.
+
+The model sits behind a small :class:`Backend` (tokenize, detokenize, log-probabilities of a token sequence),
+so tests use a deterministic stub; :class:`LlamaBackend` runs any local GGUF through llama-cpp-python with
+``logits_all=True``. Remote servers that return prompt log-probabilities (``echo`` + ``logprobs`` on the
+completions endpoint: vLLM, llama.cpp's ``llama-server`` with ``n_probs``, text-generation-inference with
+``decoder_input_details``) could serve the same interface; only the local backend is implemented here.
+
+Results are cached on disk (one JSON file per item, keyed by the model file's hash and the prompts), so a
+benchmark or a refit does not evaluate the same item twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from halluscope import paths
+from halluscope.programs.grounded.units import AnswerUnit, tokens_of
+from halluscope.text import segment
+
+__all__ = ["Backend", "LlamaBackend", "LMScorer", "select_evidence", "token_char_offsets", "unit_rows"]
+
+logger = logging.getLogger(__name__)
+
+FALLBACK = {"lm_delta": 0.0, "lm_lp": 0.0, "lm_missing": 1.0}
+
+
+class Backend(Protocol):
+    """What the scorer needs from a model."""
+
+    name: str  # identifies the model in cache keys (e.g. the GGUF file's hash)
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> bytes: ...
+
+    def logprobs(self, tokens: list[int], start: int) -> list[float]:
+        """``log p(tokens[i] | tokens[:i])`` for every ``i >= start``."""
+        ...
+
+
+class LlamaBackend:
+    """A local GGUF through llama-cpp-python (``logits_all=True``: one forward pass gives every position's
+    logits). Default: the embedded SmolLM2-135M-Instruct."""
+
+    def __init__(self, model_path: str | os.PathLike | None = None, n_ctx: int = 2048, n_threads: int | None = None):
+        # llama_cpp and the model file are heavy: loaded only when the LM signal is switched on.
+        from llama_cpp import Llama
+
+        from halluscope.lm import file_sha256, smollm2_path
+
+        path = Path(model_path) if model_path else smollm2_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        self.name = f"{path.name}@{file_sha256(path)[:12]}"
+        self.n_ctx = n_ctx
+        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or max(1, os.cpu_count() or 1),
+                         logits_all=True, verbose=False, seed=0)
+        self._lock = threading.Lock()
+        self.tokens_evaluated = 0
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        return self.llm.detokenize(tokens)
+
+    def logprobs(self, tokens: list[int], start: int) -> list[float]:
+        tokens = list(tokens)[-self.n_ctx:] if len(tokens) > self.n_ctx else list(tokens)
+        with self._lock:
+            self.llm.reset()
+            self.llm.eval(tokens)
+            self.tokens_evaluated += len(tokens)
+            scores = np.asarray(self.llm.scores[:len(tokens)], dtype=np.float64)
+        out = []
+        for i in range(max(1, start), len(tokens)):
+            row = scores[i - 1]
+            m = row.max()
+            out.append(float(row[tokens[i]] - m - math.log(np.exp(row - m).sum())))
+        return out
+
+
+def select_evidence(answer: str, context: str, budget_chars: int, lang: str = "en") -> str:
+    """The context sentences sharing the most content units (4+ characters or digits, CJK characters) with
+    the answer, kept in their original order, until ``budget_chars`` characters are used."""
+    if not context.strip() or budget_chars <= 0:
+        return ""
+    wanted = {t for t in tokens_of(answer) if len(t) >= 4 or t.isdigit() or not t.isascii()}
+    sents = segment(context, lang) or []
+    scored = []
+    for k, s in enumerate(sents):
+        toks = set(tokens_of(s.text))
+        scored.append((-len(wanted & toks), k, s.text))
+    chosen, used = [], 0
+    for neg, k, text in sorted(scored):
+        if neg == 0 and chosen:
+            break
+        if used + len(text) > budget_chars:
+            if not chosen:  # one sentence longer than the budget: its beginning
+                chosen.append((k, text[:budget_chars]))
+            continue
+        chosen.append((k, text))
+        used += len(text) + 1
+    return " ".join(t for _, t in sorted(chosen))
+
+
+def token_char_offsets(answer: str, pieces: list[bytes]) -> list[tuple[int, int] | None]:
+    """Character offsets of consecutive token byte ``pieces`` in ``answer`` (None where they stop matching)."""
+    data = answer.encode("utf-8")
+    char_of_byte = []
+    for ci, ch in enumerate(answer):
+        char_of_byte.extend([ci] * len(ch.encode("utf-8")))
+    out, pos = [], 0
+    for b in pieces:
+        i = data.find(b, pos, pos + len(b) + 8) if b else -1  # a few bytes of slack, as the logits baseline
+        if i == -1:
+            out.append(None)
+            continue
+        out.append((char_of_byte[i], char_of_byte[i + len(b) - 1] + 1))
+        pos = i + len(b)
+    return out
+
+
+def unit_rows(units: list[AnswerUnit], offsets, with_ev: list[float], without: list[float]) -> list[dict]:
+    """Per-unit features from per-token log-probabilities (see the module docstring)."""
+    rows = []
+    for u in units:
+        d, lp = [], []
+        for o, a, b in zip(offsets, with_ev, without):
+            if o is not None and o[0] < u.end and o[1] > u.start:
+                d.append(a - b)
+                lp.append(b)
+        if d:
+            rows.append({"lm_delta": float(np.clip(np.mean(d), -10, 10)), "lm_lp": float(np.clip(np.mean(lp), -20, 0)),
+                         "lm_missing": 0.0})
+        else:
+            rows.append(dict(FALLBACK))
+    return rows
+
+
+class LMScorer:
+    """Per-unit LM features of an item, cached on disk. ``backend`` defaults to :class:`LlamaBackend`."""
+
+    PROMPT_WITH = "Evidence: {evidence}\nQuestion: {question}\nAnswer:"
+    PROMPT_WITHOUT = "Question: {question}\nAnswer:"
+
+    def __init__(self, model_path: str | None = None, cache_dir: str | os.PathLike | None = None,
+                 max_evidence_tokens: int = 300, backend: Backend | None = None):
+        self._model_path = model_path
+        self._backend = backend
+        self.cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir() / "grounded-lm"
+        self.max_evidence_tokens = int(max_evidence_tokens)
+        self.calls = 0  # items actually evaluated (cache misses)
+        self.cache_hits = 0
+        self.tokens = 0  # tokens evaluated by the model
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = LlamaBackend(self._model_path)
+        return self._backend
+
+    def _key(self, name: str, *parts: str) -> str:
+        h = hashlib.sha256(json.dumps([name, self.max_evidence_tokens, *parts]).encode("utf-8")).hexdigest()
+        return h[:40]
+
+    def token_logprobs(self, question: str, answer: str, context: str, lang: str = "en") -> dict:
+        """``{"pieces": [hex bytes], "with": [...], "without": [...], "tokens": n}`` for the answer's tokens."""
+        be = self.backend
+        # ~4 characters per token for the embedded tokenizer in Latin script; fewer elsewhere (budget in chars)
+        budget = self.max_evidence_tokens * (4 if context.isascii() else 2)
+        evidence = select_evidence(answer, context, budget, lang)
+        key = self._key(be.name, question, answer, evidence)
+        path = self.cache_dir / key[:2] / f"{key}.json"
+        try:
+            cached = json.loads(path.read_text(encoding="utf-8"))
+            self.cache_hits += 1
+            return cached
+        except (OSError, ValueError):
+            pass
+        ans = be.tokenize(" " + answer)  # the prompt ends with "Answer:"; the answer follows after a space
+        out = {"pieces": [be.detokenize([t]).hex() for t in ans], "tokens": 0, "evidence_chars": len(evidence)}
+        for name, prompt in (("with", self.PROMPT_WITH.format(evidence=evidence, question=question)),
+                             ("without", self.PROMPT_WITHOUT.format(question=question))):
+            pre = be.tokenize(prompt)
+            lps = be.logprobs(pre + ans, len(pre))
+            out[name] = [float(x) for x in lps[-len(ans):]] if ans else []
+            out["tokens"] += len(pre) + len(ans)
+        self.calls += 1
+        self.tokens += out["tokens"]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(out), encoding="utf-8")
+        except OSError as e:  # a read-only cache is not an error for the item
+            logger.warning("grounded: could not write the LM cache %s: %s", path, e)
+        return out
+
+    def unit_features(self, question: str, answer: str, context: str, units: list[AnswerUnit],
+                      lang: str = "en") -> list[dict]:
+        res = self.token_logprobs(question or "", answer, context or "", lang)
+        pieces = [bytes.fromhex(p) for p in res["pieces"]]
+        offsets = token_char_offsets(" " + answer, pieces)  # shifted back by the leading space
+        offsets = [None if o is None or o[1] <= 1 else (max(0, o[0] - 1), o[1] - 1) for o in offsets]
+        n = min(len(offsets), len(res["with"]), len(res["without"]))
+        return unit_rows(units, offsets[:n], res["with"][:n], res["without"][:n])
