@@ -57,6 +57,9 @@ __all__ = [
     "write_artifact",
     "list_versions",
     "load_compiled",
+    "load_artifact_dir",
+    "load_model_uri",
+    "MODEL_URI_PREFIX",
     "verify_artifact",
     "git_commit",
     "selection_score",
@@ -67,6 +70,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ARTIFACT_FORMAT = "halluscope-compiled/1"
+MODEL_URI_PREFIX = "models:/"  # an MLflow registered model (see halluscope.model_registry)
 PROGRAM_FILE = "program.json"
 MANIFEST_FILE = "manifest.json"
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
@@ -446,10 +450,11 @@ def check_compatible(program: dspy.Module, manifest: dict, state: dict, where: P
 def load_compiled(
     program: str = "spans",
     *,
-    lang: str,
-    metric: str,
+    lang: str | None = None,
+    metric: str | None = None,
     version: int | str | None = None,
     root: str | os.PathLike | None = None,
+    tracking_uri: str | None = None,
     trust_endpoints: bool = False,
 ) -> CompiledDetector:
     """Load the best (or the pinned ``version``) compiled ``program`` for ``lang``/``metric``, verified.
@@ -466,9 +471,20 @@ def load_compiled(
         detector = load_compiled("spans", lang="de", metric="iou")
         det = detect(detector, "Die spanische Provinz heißt Álava.", question="...")
 
+    ``program`` may instead be an MLflow registered-model URI, ``models:/halluscope-spans-de@champion`` or
+    ``models:/halluscope-spans-de/3`` (see :func:`load_model_uri`; ``tracking_uri`` names the store, default
+    as for tracking); ``lang``/``metric``/``version``, when given, must then match what is registered.
+
     Raises :class:`ArtifactNotFoundError`, :class:`ArtifactIntegrityError` (hash),
     :class:`ArtifactMismatchError` (signature/program) — never loads anything unverified.
     """
+    if str(program).startswith(MODEL_URI_PREFIX):
+        expect = {k: v for k, v in (("lang", lang), ("metric", metric)) if v is not None}
+        if version is not None:
+            expect["version"] = _parse_version(version)
+        return load_model_uri(program, tracking_uri=tracking_uri, expect=expect, trust_endpoints=trust_endpoints)
+    if lang is None or metric is None:
+        raise ValueError(f"load_compiled({program!r}) needs lang= and metric= (or a models:/ URI as program)")
     base = artifact_dir(program, lang, metric, root)
     versions = list_versions(program, lang, metric, root=root, include_invalid=True)
     if version is not None:
@@ -484,13 +500,25 @@ def load_compiled(
                 f"no compiled {program!r} for lang={lang!r}, metric={metric!r} under {base}; "
                 f"run: python optimize.py --program {program} {'--task' if lang in HALLUCLEAN_TASKS else '--lang'} "
                 f"{lang} --metric {metric}")
-    manifest, data = verify_artifact(chosen.path)
-    for key, want in (("program", program), ("lang", lang), ("metric", metric), ("version", chosen.version)):
+    return load_artifact_dir(chosen.path, expect={"program": program, "lang": lang, "metric": metric,
+                                                  "version": chosen.version}, trust_endpoints=trust_endpoints)
+
+
+def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
+                      trust_endpoints: bool = False) -> CompiledDetector:
+    """Load one version folder (``program.json`` + ``manifest.json``) with every check :func:`load_compiled`
+    makes: the content hash, the manifest's keys against ``expect`` (e.g. ``{"program": "spans", "lang":
+    "de"}``), the build options, and the predictors' field names against the code."""
+    path = Path(path)
+    manifest, data = verify_artifact(path)
+    for key, want in (expect or {}).items():
         if manifest.get(key) != want:
-            raise ArtifactMismatchError(f"{chosen.path}: manifest says {key}={manifest.get(key)!r}, "
+            raise ArtifactMismatchError(f"{path}: manifest says {key}={manifest.get(key)!r}, "
                                         f"expected {want!r}; refusing to load")
+    chosen = VersionInfo(version=int(manifest.get("version") or 0), path=path,
+                         created_at=manifest.get("created_at"), score=selection_score(manifest), manifest=manifest)
     try:
-        spec = get(program)
+        spec = get(str(manifest.get("program")))
     except KeyError as e:
         raise ArtifactMismatchError(str(e)) from None
     options = manifest.get("program_options") or {}
@@ -511,6 +539,63 @@ def load_compiled(
     _warn_versions(state, chosen.path)
     module.load_state({k: v for k, v in state.items() if k != "metadata"})
     return CompiledDetector(program=module, manifest=manifest, path=chosen.path)
+
+
+def load_model_uri(uri: str, *, tracking_uri: str | None = None, expect: dict | None = None,
+                   dst: str | os.PathLike | None = None, trust_endpoints: bool = False) -> CompiledDetector:
+    """Load a compiled artifact registered in MLflow (``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``).
+
+    The model's files are downloaded (to ``dst``, default a new temporary folder), its JSON state and manifest
+    found inside, and loaded by :func:`load_artifact_dir` with all of its checks; the registered model
+    version's ``halluscope.content_hash`` tag must equal the manifest's. Nothing is unpickled: the MLflow
+    model's Python code is not even imported here (only files are read). ``tracking_uri`` defaults as for
+    tracking (``$MLFLOW_TRACKING_URI``, else the project's SQLite store) and is also the registry.
+    """
+    import tempfile
+
+    import mlflow  # heavy (about 2 s): only for models:/ URIs
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    # as halluscope.optimize.tracking.resolve_tracking_uri (not imported: it imports this module)
+    uri_store = (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                 or f"sqlite:///{paths.tracking_dir() / 'mlflow.db'}")
+    name, ref = _parse_model_uri(uri)
+    client = MlflowClient(tracking_uri=uri_store, registry_uri=uri_store)
+    try:
+        mv = client.get_model_version_by_alias(name, ref[1:]) if ref.startswith("@") else \
+            client.get_model_version(name, ref)
+        # the version's source directly: MLflow resolves models:/ URIs with the *global* registry URI
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=client.get_model_version_download_uri(name, mv.version),
+            dst_path=str(dst or tempfile.mkdtemp(prefix="halluscope-model-")), tracking_uri=uri_store)
+    except MlflowException as e:
+        raise ArtifactNotFoundError(f"cannot load {uri} from {uri_store}: {str(e)[:300]}") from None
+    found = sorted(Path(local).glob(f"artifacts/*/{MANIFEST_FILE}"))
+    if len(found) != 1:
+        raise ArtifactIntegrityError(f"{uri} (version {mv.version}) holds {len(found)} halluscope artifacts "
+                                     f"under artifacts/; expected exactly one; refusing to load")
+    detector = load_artifact_dir(found[0].parent, expect=expect, trust_endpoints=trust_endpoints)
+    registered = (mv.tags or {}).get("halluscope.content_hash")
+    if registered != detector.content_hash:
+        raise ArtifactIntegrityError(
+            f"{uri} (version {mv.version}): the registry records content hash {str(registered)[:16]}…, the files "
+            f"hold {detector.content_hash[:16]}…; refusing to load")
+    return detector
+
+
+def _parse_model_uri(uri: str) -> tuple[str, str]:
+    """``models:/NAME@ALIAS`` -> ``(NAME, "@ALIAS")``; ``models:/NAME/3`` -> ``(NAME, "3")``."""
+    rest = uri[len(MODEL_URI_PREFIX):].strip("/")
+    if "@" in rest:
+        name, alias = rest.rsplit("@", 1)
+        if name and alias and "/" not in name:
+            return name, "@" + alias
+    else:
+        name, _, ver = rest.partition("/")
+        if name and ver.isdigit():
+            return name, ver
+    raise ValueError(f"invalid model URI {uri!r}: use models:/NAME@ALIAS or models:/NAME/VERSION")
 
 
 def _warn_versions(state: dict, where: Path) -> None:

@@ -7,6 +7,7 @@
     halluscope index build docs/ --out indexes/docs   # a knowledge base for MEDICO
     halluscope serve --program spans --lang de        # HTTP API + web page on 127.0.0.1:8000
     halluscope ui                                     # the MLflow UI on the project's runs (offline)
+    halluscope register --lang de --metric iou        # a compiled artifact into the MLflow model registry
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from halluscope.cli.common import setup_logging
 from halluscope.cli import index as index_cmd
 from halluscope.cli import optimize as optimize_cmd
 from halluscope.cli import serve as serve_cmd
+from halluscope.cli import register as register_cmd
 from halluscope.cli import ui as ui_cmd
 
 __all__ = ["build_parser", "main"]
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     index_cmd.add_parser(sub)
     serve_cmd.add_parser(sub)
     ui_cmd.add_parser(sub)
+    register_cmd.add_parser(sub)
     return parser
 
 
