@@ -28,6 +28,7 @@ correct and fast.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import warnings
@@ -126,8 +127,14 @@ def _check_split(split: str) -> str:
 def candidate_files(root: str | os.PathLike, lang: str, split: str = "val") -> list[Path]:
     """The paths tried, in order, for ``lang``/``split`` under a data root (or a flat folder)."""
     root = Path(root)
-    names = [f"mushroom.{lang}-{split}.v2.extra.jsonl", f"mushroom.{lang}-{split}.v2.jsonl"]
+    names = [f"mushroom.{lang}-{stem}.{ext}" for stem in _SPLIT_STEMS[split]
+             for ext in ("extra.jsonl", "jsonl")]  # the labelled (.extra) file first
     return [root / split / n for n in names] + [root / n for n in names]
+
+
+#: File-name stems of each split: the official release names (``mushroom.<lang>-val.v2.extra.jsonl``,
+#: ``mushroom.<lang>-tst.v1.extra.jsonl`` labelled, ``mushroom.<lang>-tst.v1.jsonl`` unlabelled) and older ones.
+_SPLIT_STEMS = {"val": ("val.v2", "val.v1"), "test": ("tst.v1", "test.v2", "test.v1", "tst.v2")}
 
 
 def _find_file(root: Path, lang: str, split: str) -> Path | None:
@@ -182,6 +189,61 @@ def _gold(rec: Mapping) -> tuple[list, list, dict, bool | None]:
 
 #: The gold of one record by the rules above (public: the generic loader reads span columns by them too).
 gold_from_record = _gold
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) or (
+        isinstance(value, float) and math.isfinite(value) and value == int(value))
+
+
+def _check_offsets(start: Any, end: Any, n: int, what: str) -> None:
+    if not (_whole(start) and _whole(end)):
+        raise ValueError(f"{what}: expected offsets that are whole numbers, got [{start!r}, {end!r}]")
+    if not 0 <= start < end <= n:
+        raise ValueError(f"{what}: expected 0 <= start < end <= {n} (the answer's length), got [{start!r}, {end!r}]")
+
+
+def check_gold(rec: Mapping, where: str) -> None:
+    """Refuse malformed gold in one record (``ValueError`` naming ``where`` and the field): ``hard_labels`` a list
+    of ``[start, end]`` with whole-number offsets ``0 <= start < end <= len(model_output_text)``; ``soft_labels``
+    a list of ``{"start", "end", "prob"}`` with such offsets and ``0 <= prob <= 1``."""
+    text = rec.get("model_output_text")
+    n = len(text) if isinstance(text, str) else 0
+    hard = rec.get("hard_labels")
+    if hard is not None:
+        if not isinstance(hard, list):
+            raise ValueError(f"{where}: field 'hard_labels': expected a list of [start, end], got "
+                             f"{type(hard).__name__}")
+        for i, span in enumerate(hard):
+            what = f"{where}: field 'hard_labels'[{i}]"
+            if not isinstance(span, (list, tuple)) or len(span) != 2:
+                raise ValueError(f"{what}: expected [start, end], got {span!r}")
+            _check_offsets(span[0], span[1], n, what)
+    soft = rec.get("soft_labels")
+    if soft is not None:
+        if not isinstance(soft, list):
+            raise ValueError(f"{where}: field 'soft_labels': expected a list of {{start, end, prob}}, got "
+                             f"{type(soft).__name__}")
+        for i, d in enumerate(soft):
+            what = f"{where}: field 'soft_labels'[{i}]"
+            if not isinstance(d, Mapping) or not {"start", "end", "prob"} <= set(d):
+                raise ValueError(f"{what}: expected {{\"start\", \"end\", \"prob\"}}, got {d!r}")
+            _check_offsets(d["start"], d["end"], n, what)
+            p = d["prob"]
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 <= p <= 1.0):
+                raise ValueError(f"{what}: expected 0 <= prob <= 1, got {p!r}")
+
+
+def _json_list(value: Any, where: str) -> list:
+    """A list, or a string holding a JSON list (the official Catalan test file encodes tokens and logits so)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: expected a list or a string holding a JSON list ({e.msg})") from None
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
 
 
 def _safe_file_id(item_id: Any) -> bool:
@@ -296,7 +358,9 @@ def load_mushroom(
 
     # 1. Records, in file order, filtered by language and limited.
     max_items = None if limit is None else int(limit)
-    rows: list[tuple[dict, str]] = []
+    rows: list[tuple[dict, str, Path, int]] = []  # record, language, file, line
+    seen: dict[str, int] = {}  # id -> first line
+    seen_in: dict[str, Path] = {}  # id -> its file
     for path in files:
         if max_items is not None and len(rows) >= max_items:
             break
@@ -321,13 +385,19 @@ def load_mushroom(
                     stacklevel=2,
                 )
                 continue
-            rows.append((rec, item_lang))
+            where = f"{path}: line {lineno}: item {rec['id']!r}"
+            check_gold(rec, where)
+            first = seen.setdefault(str(rec["id"]), lineno)
+            if first != lineno and seen_in.get(str(rec["id"])) == path:
+                raise ValueError(f"{where}: duplicate id (first on line {first}); ids must be unique")
+            seen_in.setdefault(str(rec["id"]), path)
+            rows.append((rec, item_lang, path, lineno))
 
     # 2. Contexts: a missing folder is an error, a missing file is "" (warned, counted).
     ctx_by_lang: dict[str, Path] = {}
     if context != "none":
         ctx_root = _context_root(src, split, context_dir)
-        for lang_code in dict.fromkeys(item_lang for _, item_lang in rows):
+        for lang_code in dict.fromkeys(row[1] for row in rows):
             folder = ctx_root / split / context / lang_code
             if not folder.is_dir():
                 raise FileNotFoundError(
@@ -337,7 +407,7 @@ def load_mushroom(
             ctx_by_lang[lang_code] = folder
 
     examples: list[dspy.Example] = []
-    for rec, item_lang in rows:
+    for rec, item_lang, path, lineno in rows:
         ctx = ""
         if context != "none":
             f = ctx_by_lang[item_lang] / f"{rec['id']}.context.txt"
@@ -366,6 +436,9 @@ def load_mushroom(
         for key in ("model_id", "model_output_tokens", "model_output_logits", "wikipedia_url"):
             if rec.get(key) is not None:
                 fields[key] = rec[key]
+        for key in ("model_output_tokens", "model_output_logits"):  # JSON lists, or strings holding them
+            if key in fields:
+                fields[key] = _json_list(fields[key], f"{path}: line {lineno}: field {key!r}")
         examples.append(dspy.Example(**fields).with_inputs(*INPUT_FIELDS))
 
     stats["items"] = len(examples)

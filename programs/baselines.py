@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import unicodedata
 
@@ -143,16 +144,27 @@ class LogitBaseline(dspy.Module):
 
     def forward(self, answer: str = "", model_output_tokens=None, model_output_logits=None, **_):
         answer = answer or ""
-        tokens = list(model_output_tokens or [])
-        logits = [float(x) for x in (model_output_logits or [])]
+        tokens = [str(t) for t in _as_list(model_output_tokens)]
+        logits = [_as_float(x) for x in _as_list(model_output_logits)]
+        extra: dict[str, int] = {}
+        if tokens and logits and len(tokens) != len(logits):
+            # Aligned on the common prefix (an end-of-text logit, a dropped last token); counted. Lists that
+            # differ by more than a tenth of their length (at least 2) are not the same tokens: refused.
+            if abs(len(tokens) - len(logits)) > max(2, len(tokens) // 10):
+                tokens = []
+            else:
+                n = min(len(tokens), len(logits))
+                tokens, logits = tokens[:n], logits[:n]
+                extra["logit_length_mismatch"] = 1
         if not answer.strip() or not tokens or len(tokens) != len(logits):
             failures = {} if not answer.strip() else {"no_logits": 1}
             return to_prediction(Detection(answer=answer, failures=failures,
                                            rationale="no tokens/logits to score" if failures else "empty answer"))
         offsets = token_offsets(answer, tokens)
-        pairs = [(o, lg) for o, lg in zip(offsets, logits) if o is not None and answer[o[0]:o[1]].strip()]
+        pairs = [(o, lg) for o, lg in zip(offsets, logits)
+                 if o is not None and lg is not None and answer[o[0]:o[1]].strip()]
         if not pairs:
-            return to_prediction(Detection(answer=answer, failures={"unmapped_tokens": len(tokens)}))
+            return to_prediction(Detection(answer=answer, failures={"unmapped_tokens": len(tokens), **extra}))
         vals = [lg for _, lg in pairs]
         mean = sum(vals) / len(vals)
         sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals)) or 1.0
@@ -166,7 +178,27 @@ class LogitBaseline(dspy.Module):
         unmapped = sum(o is None for o in offsets) - sum(t in _SPECIAL for t in tokens)
         return to_prediction(Detection(answer=answer, spans=spans, label=score > 0.5, score=score,
                                        rationale="low-logit tokens of the generating model",
-                                       failures={"unmapped_tokens": unmapped} if unmapped > 0 else {}))
+                                       failures={**({"unmapped_tokens": unmapped} if unmapped > 0 else {}), **extra}))
+
+
+def _as_list(value) -> list:
+    """A token or logit list given as a list, or as a string holding a JSON list (the official Catalan file);
+    anything else is no list."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return []
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _as_float(value) -> float | None:
+    """A finite logit, else None (the token is left out)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
 
 
 def build_mark_all() -> MarkAll:

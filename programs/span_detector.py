@@ -6,7 +6,7 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.contract import Detection, to_prediction
-from halluscope.text import map_substrings
+from halluscope.text import map_substrings, salvage_quotes
 from halluscope.programs.registry import ProgramSpec, register
 from halluscope.signatures.spans import ExtractSpans, QuotedSpan
 
@@ -18,7 +18,8 @@ class SpanDetector(dspy.Module):
 
     The model quotes the wrong parts; :func:`halluscope.text.map_substrings` maps each quote to character
     offsets (exact matches in order, then repaired/fuzzy matches above ``fuzzy_threshold``); quotes it
-    cannot find are dropped and counted in ``failures["unmatched"]``. Output that does not parse counts as
+    cannot find are dropped and counted in ``failures["unmatched"]``; malformed spans (no text, a probability
+    outside [0, 1]) in ``failures["invalid_span"]``, the rest kept. Output that does not parse at all counts as
     ``failures["parse"]`` and yields no spans, so one bad item never stops a run.
     Response score = the highest span probability; label = score > 0.5.
 
@@ -46,13 +47,20 @@ class SpanDetector(dspy.Module):
                 context=(context or "") if self.use_context else "",
             )
         except AdapterParseError as e:
-            return to_prediction(Detection(answer=answer, failures={"parse": 1}), error=str(e)[:500])
-        quotes = []
-        for s in out.spans or []:
-            text = getattr(s, "text", None) if not isinstance(s, dict) else s.get("text")
-            prob = getattr(s, "probability", None) if not isinstance(s, dict) else s.get("probability")
-            quotes.append((text or "", 1.0 if prob is None else prob))
+            # One malformed span fails DSPy's parse of the whole list: keep the well-formed ones.
+            salvaged = salvage_quotes(getattr(e, "lm_response", None) or "", "spans")
+            if salvaged is None:
+                return to_prediction(Detection(answer=answer, failures={"parse": 1}), error=str(e)[:500])
+            quotes, invalid = salvaged
+            out = dspy.Prediction(reasoning="")
+        else:
+            quotes, invalid = [], 0
+            for s in out.spans or []:
+                text = getattr(s, "text", None) if not isinstance(s, dict) else s.get("text")
+                prob = getattr(s, "probability", None) if not isinstance(s, dict) else s.get("probability")
+                quotes.append((text or "", prob))
         spans, stats = map_substrings(answer, quotes, threshold=self.fuzzy_threshold)
+        invalid += stats.invalid
         score = max((s.prob for s in spans), default=0.0)
         det = Detection(
             answer=answer,
@@ -60,7 +68,7 @@ class SpanDetector(dspy.Module):
             label=score > 0.5,
             score=score,
             rationale=getattr(out, "reasoning", "") or "",
-            failures={"unmatched": stats.unmatched} if stats.unmatched else {},
+            failures={k: v for k, v in (("unmatched", stats.unmatched), ("invalid_span", invalid)) if v},
         )
         return to_prediction(det, quotes=quotes)
 

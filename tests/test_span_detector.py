@@ -57,12 +57,13 @@ def test_unmatched_quotes_are_dropped_and_counted_fuzzy_ones_kept():
     assert pred.failures == {"unmatched": 1}
 
 
-def test_probabilities_outside_unit_interval_are_clamped():
+def test_probabilities_outside_unit_interval_are_counted_invalid():
     pred, _ = run(SpanDetector(), {"spans": [{"text": "Provinz", "probability": 3.5},
-                                             {"text": "spanische", "probability": -1}]})
+                                             {"text": "spanische", "probability": -1},
+                                             {"text": "Álava", "probability": 0.8}]})
     probs = {ANSWER[s["start"]:s["end"]]: s["prob"] for s in pred.spans}
-    assert probs == {"Provinz": 1.0}  # -1 clamps to 0: a zero-probability span marks nothing
-    assert pred.score == 1.0
+    assert probs == {"Álava": 0.8}  # the valid span is kept; 3.5 and -1 are not guessed
+    assert pred.failures == {"invalid_span": 2}
 
 
 def test_unparseable_output_is_a_counted_failure_not_a_crash():

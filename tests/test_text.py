@@ -259,26 +259,16 @@ def test_no_quotes():
     assert stats.total == 0
 
 
-def test_probabilities_clamped_and_non_numbers_become_one():
+def test_probabilities_outside_the_unit_interval_or_not_numbers_are_counted_invalid():
+    """Issue #10: an invalid probability is not silently clamped or turned into 1.0; the quote is dropped and
+    counted (``MappingStats.invalid``); a missing probability means 1.0 and a numeric string is read."""
     text = "We visited the Eiffel Tower in Paris yesterday."
     quotes = [("Paris", 1.7), ("Eiffel", -0.2), ("Tower", "x"), ("visited", None), ("yesterday", float("nan")),
-              ("We", "0.25"), ("the", 0.4)]
+              ("We", "0.25"), ("the", 0.4), ("in", True)]
     spans, stats = map_substrings(text, quotes)
-    assert stats.exact == 7 and stats.unmatched == 0
+    assert stats.exact == 3 and stats.unmatched == 0 and stats.invalid == 5
     by_text = {text[s.start:s.end]: s.prob for s in spans}
-    assert by_text == {
-        "Paris": 1.0,  # 1.7 clamped
-        "Eiffel": 0.0,  # -0.2 clamped to 0.0: the span is still returned, with prob 0.0
-        "Tower": 1.0,  # non-number -> 1.0
-        "visited": 1.0,  # None -> 1.0
-        "yesterday": 1.0,  # NaN -> 1.0
-        "We": 0.25,  # numeric string parsed
-        "the": 0.4,
-    }
-    # A Detection built from these spans drops the zero-probability one.
-    d = Detection(answer=text, spans=spans)
-    assert "Eiffel" not in _texts(text, d.spans)
-    assert len(d.spans) == 6
+    assert by_text == {"visited": 1.0, "We": 0.25, "the": 0.4}
 
 
 def test_plain_string_quotes_get_probability_one():

@@ -10,20 +10,27 @@ from pathlib import Path
 __all__ = ["read_jsonl", "write_text_atomic", "create_unique_dir"]
 
 
-def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
-    """``(line_number, record)`` for each non-blank line of ``path``.
+def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """``(line_number, record)`` for each non-blank line of ``path`` (UTF-8; a leading byte-order mark is accepted).
 
-    A line that is not JSON, or not a JSON object, raises ``ValueError`` naming the file and the line.
+    A line that is not UTF-8, not JSON, or not a JSON object raises ``ValueError`` naming the file and the line.
     """
     out: list[tuple[int, dict]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                                 f"{e.start + 1}); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {lineno}: malformed JSON ({e.msg})") from e
+                raise ValueError(f"{path}: line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(rec, dict):
                 raise ValueError(f"{path}: line {lineno}: expected a JSON object, got {type(rec).__name__}")
             out.append((lineno, rec))

@@ -10,17 +10,19 @@ Everything here is a plain function, unit-tested, with no LM involved.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import pysbd
 from rapidfuzz import fuzz
 
-from halluscope.contract import Span, clamp01
+from halluscope.contract import Span
 
-__all__ = ["MappingStats", "map_substrings", "segment", "Segment", "diff_spans", "word_spans"]
+__all__ = ["MappingStats", "map_substrings", "salvage_quotes", "segment", "Segment", "diff_spans", "word_spans"]
 
 _TRIM = " \t\n\r\"'`.,;:!?()[]{}«»„“”‘’「」『』、。，！？：；"
 
@@ -33,6 +35,7 @@ class MappingStats:
     fuzzy: int = 0
     unmatched: int = 0
     unmatched_strings: list[str] = field(default_factory=list)
+    invalid: int = 0  # quotes whose probability is not a number in [0, 1] (NaN, -1, 7, "high"): dropped
 
     @property
     def total(self) -> int:
@@ -79,7 +82,9 @@ def map_substrings(
        its similarity is at least ``threshold`` (0-1), trimmed to whole characters of ``text``.
     4. Anything else is dropped and counted in ``MappingStats.unmatched``.
 
-    Probabilities are clamped to [0, 1] (a non-number becomes 1.0). Empty quotes are dropped and counted.
+    A missing probability (None) means 1.0; a probability that is not a number (or numeric string) in [0, 1]
+    (NaN, -1, 7, "high") drops the quote and counts it in ``MappingStats.invalid`` (nothing is guessed). Empty quotes are
+    dropped and counted as unmatched.
     """
     stats = MappingStats()
     spans: list[Span] = []
@@ -87,7 +92,10 @@ def map_substrings(
     cursor = 0
     for q in quotes:
         quote, prob = (q, 1.0) if isinstance(q, str) or q is None else (q[0], q[1])
-        prob = clamp01(prob, default=1.0)
+        prob = _probability(prob)
+        if prob is None:
+            stats.invalid += 1
+            continue
         quote = "" if quote is None else str(quote)
         found = _locate(text, quote, used, cursor, threshold)
         if found is None:
@@ -103,6 +111,47 @@ def map_substrings(
         used.append((start, end))
         cursor = end
     return spans, stats
+
+
+def _probability(value: Any) -> float | None:
+    """A quote's probability: None (absent) -> 1.0; a number or numeric string in [0, 1] -> itself; anything else
+    (NaN, -1, 7, "high", True) -> None, i.e. invalid."""
+    if value is None:
+        return 1.0
+    if isinstance(value, bool):
+        return None
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        return None
+    return p if 0.0 <= p <= 1.0 else None  # NaN fails both comparisons
+
+
+def salvage_quotes(raw: str, field: str = "spans") -> tuple[list[tuple[str, Any]], int] | None:
+    """The well-formed quotes of an LM output that failed to parse as a whole: the first JSON object in ``raw``
+    whose ``field`` is a list; items ``{"text": str, "probability": number or absent}`` are kept as
+    ``(text, probability or None)``, anything else is counted. Returns ``(quotes, n_invalid)``, or None when
+    ``raw`` holds no such object. Probabilities are checked later, by :func:`map_substrings`."""
+    if not isinstance(raw, str):
+        return None
+    decoder = json.JSONDecoder()
+    i = raw.find("{")
+    while i != -1:
+        try:
+            obj, _ = decoder.raw_decode(raw, i)
+        except ValueError:
+            i = raw.find("{", i + 1)
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get(field), list):
+            quotes, invalid = [], 0
+            for item in obj[field]:
+                if isinstance(item, dict) and isinstance(item.get("text"), str) and item["text"].strip():
+                    quotes.append((item["text"], item.get("probability")))
+                else:
+                    invalid += 1
+            return quotes, invalid
+        i = raw.find("{", i + 1)
+    return None
 
 
 def _locate(text: str, quote: str, used, cursor: int, threshold: float) -> tuple[int, int, str] | None:
