@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import dspy
+from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
 from dspy.lm15 import Message, Response, Usage, response_to_events
 
@@ -49,6 +50,7 @@ __all__ = [
     "LMUsage",
     "usage_of",
     "history_since",
+    "SchemaJSONAdapter",
 ]
 
 DEFAULT_LM = "local"
@@ -319,18 +321,53 @@ def make_lm(
     return dspy.LM(spec, temperature=temperature, max_tokens=max_tokens, cache=cache, **extra, **kwargs)
 
 
+class SchemaJSONAdapter(dspy.JSONAdapter):
+    """DSPy's JSON adapter that always sends the signature's JSON schema as ``response_format`` and the output
+    budget as ``max_tokens``: for OpenAI-compatible servers (vLLM, llama.cpp's server, Ollama) whose model DSPy
+    does not know, so it would send neither a schema nor a ``max_tokens`` they honour.
+
+    Without it a small model behind such a server writes free text until the token limit (llama.cpp's server
+    ignores ``max_completion_tokens``, which is what an ``openai/`` model string sends), every call fails to
+    parse and DSPy calls again. The schema is bounded like the embedded engine's (:func:`limit_schema`:
+    ``max_items`` per list, ``max_string`` characters per string inside lists); ``None`` leaves it as is.
+    Each call's ``max_tokens`` (a program's per-stage budget, else the LM's) is sent as ``max_tokens``.
+    """
+
+    def __init__(self, max_items: int | None = 8, max_string: int | None = 200, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.max_items, self.max_string = max_items, max_string
+
+    def _prepare_response_format(self, lm, lm_kwargs, signature):
+        try:  # DSPy's strict structured-output model of the signature's outputs
+            model = _get_structured_outputs_response_format(signature, self.use_native_function_calling)
+            schema = model.model_json_schema()
+        except (ValueError, TypeError):  # an open-ended dict output: JSON mode without a schema
+            lm_kwargs["response_format"] = {"type": "json_object"}
+        else:
+            if self.max_items is not None:
+                schema = limit_schema(schema, self.max_items, self.max_string or 10**6)
+            lm_kwargs["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": model.__name__, "schema": schema, "strict": True}}
+        budget = lm_kwargs.get("max_tokens") or (getattr(lm, "kwargs", None) or {}).get("max_tokens")
+        if budget:
+            lm_kwargs["extra_body"] = {**(lm_kwargs.get("extra_body") or {}), "max_tokens": int(budget)}
+
+
 def configure(
     lm: str | dspy.LM = DEFAULT_LM,
     *,
     cache_dir: str | Path | None = None,
     adapter: str | None = None,
+    response_schema: bool | None = None,
     **lm_kwargs: Any,
 ) -> dspy.LM:
     """Make ``lm`` (a spec or an LM) the default, with DSPy's disk cache in ``cache_dir``.
 
     ``cache_dir`` defaults to :func:`halluscope.paths.cache_dir`. ``adapter`` is
     "json" or "chat"; by default JSON for the embedded model (constrained decoding) and DSPy's chat
-    adapter otherwise.
+    adapter otherwise. ``response_schema`` (default: on for a model served from an ``api_base``, unless the
+    chat adapter is asked for) sends each signature's JSON schema and output budget to the server
+    (:class:`SchemaJSONAdapter`).
     """
     cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
     api_base = lm_kwargs.get("api_base") if isinstance(lm, str) else getattr(lm, "kwargs", {}).get("api_base")
@@ -340,10 +377,17 @@ def configure(
     dspy.configure_cache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(cache_dir))
     if isinstance(lm, str):
         lm = make_lm(lm, **lm_kwargs)
+    if adapter not in (None, "json", "chat"):
+        raise ValueError(f"adapter must be 'json' or 'chat', not {adapter!r}")
+    if response_schema is None:
+        response_schema = bool(api_base) and adapter != "chat"
+    if response_schema:
+        if adapter == "chat":
+            raise ValueError("response_schema needs the JSON adapter, not 'chat'")
+        dspy.configure(lm=lm, adapter=SchemaJSONAdapter())
+        return lm
     if adapter is None:
         adapter = "json" if isinstance(lm.engine, LlamaCppEngine) else "chat"
-    if adapter not in ("json", "chat"):
-        raise ValueError(f"adapter must be 'json' or 'chat', not {adapter!r}")
     dspy.configure(lm=lm, adapter=dspy.JSONAdapter() if adapter == "json" else dspy.ChatAdapter())
     return lm
 

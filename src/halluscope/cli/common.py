@@ -82,6 +82,11 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adapter", choices=["json", "chat"], default=None,
                    help="DSPy adapter (default: json for the embedded model, chat otherwise)")
     g.add_argument("--cache-dir", default=None, help="DSPy disk cache folder (default .cache/dspy or $HALLUSCOPE_CACHE_DIR)")
+    g.add_argument("--response-schema", choices=["auto", "on", "off"], default="auto",
+                   help="send each stage's JSON schema and output budget to the server (response_format, max_tokens); "
+                        "auto: on with --api-base unless --adapter chat")
+    g.add_argument("--lm-timeout", type=float, default=None, help="seconds per LM request to a server")
+    g.add_argument("--lm-retries", type=int, default=None, help="retries of a failed LM request (DSPy's default: 3)")
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -163,8 +168,12 @@ def load_examples(args) -> tuple[list, str]:
 def setup_lm(args, *, needed: bool = True):
     if not needed:
         return None
+    schema = {"auto": None, "on": True, "off": False}[getattr(args, "response_schema", "auto")]
+    server = {k: v for k, v in (("timeout", getattr(args, "lm_timeout", None)),
+                                ("num_retries", getattr(args, "lm_retries", None))) if v is not None}
     lm = configure(args.lm, cache_dir=args.cache_dir, adapter=args.adapter, api_base=args.api_base,
-                   api_key=args.api_key, max_tokens=args.max_tokens, temperature=args.temperature)
+                   api_key=args.api_key, max_tokens=args.max_tokens, temperature=args.temperature,
+                   response_schema=schema, **server)
     try:  # once, before any item: a run where every item would fail stops here
         check_lm(lm, timeout=getattr(args, "lm_timeout", None) or 60.0)
     except LMCheckError as e:
