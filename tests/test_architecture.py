@@ -46,6 +46,7 @@ ABOVE = {  # roof modules in src/halluscope
     "halluscope.serve": 4,  # the HTTP server: built on the roof (detector, artifacts); the CLI starts it
     "halluscope.runner": 3, "halluscope.detector": 3, "halluscope.artifacts": 3,
     "halluscope.model_registry": 3, "halluscope.mlflow_model": 3,
+    "halluscope.scale": 3,
 }
 
 

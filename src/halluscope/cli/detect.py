@@ -4,11 +4,16 @@
     halluscope detect --lang de --metric iou --input answers.jsonl --output spans.jsonl
     halluscope detect --lang de --list                      # the versions there are, best marked
     halluscope detect --task qa --program halluclean --answer "..."   # a HalluClean artifact (keyed by task)
+    halluscope detect --lang de --input rows.parquet --output out.parquet --engine ray --workers 4
 
 Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``question`` (or ``model_input``),
 ``context``, ``lang`` and ``id`` are optional. Each output row is ``{"id", "ok", ...Detection.to_dict()}``
 (``spans``, ``soft_labels``, ``hard_labels``, ``label``, ``score``, ...); a failed item is
 ``{"id", "ok": false, "error"}`` and is counted.
+
+With ``--engine ray`` (see :mod:`halluscope.scale`) the input may be JSONL or Parquet and the output
+``.parquet`` (the contract flattened into columns, spans as JSON) or ``.jsonl``; the job is resumable:
+rerun the same command and the rows already in ``<output>.parts/`` are skipped.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
 from halluscope.cli.common import add_lm_args, resolve_dataset, setup_lm, usage_error
+from halluscope.cli.engine import add_engine_args, detect_with_ray
 from halluscope.detector import detect, detect_jsonl
 from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
@@ -47,13 +53,17 @@ def add_parser(subparsers) -> None:
                         "samplers) that would receive your API keys; only for artifacts you trust")
     src = d.add_mutually_exclusive_group()
     src.add_argument("--answer", help="one answer to check")
-    src.add_argument("--input", help="JSONL file of answers (answer/model_output_text, question, context, id)")
+    src.add_argument("--input", help="JSONL file of answers (answer/model_output_text, question, context, id); "
+                                     "with --engine ray also Parquet")
     d.add_argument("--question", default="", help="the question of --answer")
     d.add_argument("--context", default="", help="reference text for --answer")
     d.add_argument("--output", default=None, help="output JSONL (default: stdout for --answer, "
                                                    "outputs/detect/<time>/detections.jsonl for --input)")
     d.add_argument("--threads", type=int, default=1)
     d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--retry-failed", action="store_true",
+                   help="--engine ray: a rerun also retries the rows an earlier run wrote as failed")
+    add_engine_args(d)
     add_lm_args(d)
     d.set_defaults(func=cmd_detect)
 
@@ -84,6 +94,8 @@ def cmd_detect(args) -> int:
         return 0
     if args.answer is None and args.input is None:
         raise SystemExit("halluscope detect: give --answer TEXT or --input FILE.jsonl (or --list)")
+    if args.engine == "ray" and args.input is None:
+        raise SystemExit("halluscope detect: --engine ray needs --input FILE.{jsonl,parquet}")
     try:
         detector = load_compiled(args.program, lang=key, metric=args.metric, version=args.version,
                                  root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)
@@ -91,6 +103,8 @@ def cmd_detect(args) -> int:
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2
     m = detector.manifest
+    if args.engine == "ray":
+        return detect_with_ray(args, detector, lang=lang, task=task)
     print(f"loaded {detector.path} (v{detector.version:04d}, {m.get('optimizer', {}).get('description', '?')}, "
           f"cv {args.metric}={_fmt((m.get('cv') or {}).get('mean', {}).get('compiled', {}).get(args.metric))})",
           file=sys.stderr)

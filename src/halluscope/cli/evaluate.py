@@ -15,6 +15,7 @@ from pathlib import Path
 
 from halluscope import paths
 from halluscope.cli.common import add_data_args, add_lm_args, load_examples, parse_options, setup_lm
+from halluscope.cli.engine import add_engine_args, evaluate_with_ray
 from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetSpec, get_dataset
 from halluscope.optimize.tracking import track_run
@@ -31,6 +32,7 @@ def add_parser(sub) -> None:
     add_data_args(ev)
     add_lm_args(ev)
     ev.add_argument("--threads", type=int, default=1)
+    add_engine_args(ev)
     ev.add_argument("--out-dir", default=None, help="where predictions are written (default ./outputs)")
     ev.add_argument("--max-failed-share", type=float, default=0.5,
                     help="the run FAILS (exit 1, MLflow status FAILED, not ranked by compare) when more than this "
@@ -56,11 +58,19 @@ def cmd_evaluate(args) -> int:
     examples, source = load_examples(args)
     if not examples:
         raise SystemExit(f"no examples to evaluate in {source}")
-    lm = setup_lm(args, needed=spec.uses_lm)
-    print(f"evaluating {spec.name} on {len(examples)} items of {source}"
-          f"{' with ' + lm.model if lm is not None else ''}", file=sys.stderr)
-    result = run_eval(program, examples, threads=args.threads, progress=not args.no_progress,
-                      extra_inputs=spec.extra_inputs, report=spec.report)
+    if args.engine == "ray":  # each Ray actor builds the program and configures its own LM
+        lm = None
+        print(f"evaluating {spec.name} on {len(examples)} items of {source} on Ray ({args.workers} workers)",
+              file=sys.stderr)
+        result = evaluate_with_ray(args, spec, options, examples)
+        if result is None:
+            return 2
+    else:
+        lm = setup_lm(args, needed=spec.uses_lm)
+        print(f"evaluating {spec.name} on {len(examples)} items of {source}"
+              f"{' with ' + lm.model if lm is not None else ''}", file=sys.stderr)
+        result = run_eval(program, examples, threads=args.threads, progress=not args.no_progress,
+                          extra_inputs=spec.extra_inputs, report=spec.report)
     summary = result.summary()
     if lm is not None and hasattr(lm.engine, "stats"):
         summary["engine_truncated_prompts"] = lm.engine.stats.truncated

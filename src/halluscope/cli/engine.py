@@ -1,0 +1,83 @@
+"""``--engine inprocess|ray`` for ``halluscope detect`` and ``halluscope evaluate`` (see :mod:`halluscope.scale`).
+
+The arguments, and the Ray side of both commands: the job runs in Ray actors that each build or load the
+program and configure their own LM, so no LM is set up in the driver. Ray is imported only when a job runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from halluscope import paths
+from halluscope.artifacts import ArtifactError
+from halluscope.scale import LMConfig, RayOptions, detect_ray, evaluate_ray
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--engine", choices=["inprocess", "ray"], default="inprocess",
+                   help="inprocess (the default: threads in this process) or ray (Ray Data actors; "
+                        'pip install -e ".[ray]")')
+    g.add_argument("--address", default=None,
+                   help="Ray cluster to join ('auto', 'ray://host:10001'); default: a local Ray on this machine")
+    g.add_argument("--workers", type=int, default=2, help="Ray actors, each with its own program and LM (default 2)")
+    g.add_argument("--batch-size", type=int, default=256,
+                   help="rows per Ray batch: the unit written at once, and at most lost when a job is killed")
+    g.add_argument("--cpus-per-worker", type=float, default=1.0,
+                   help="CPUs Ray reserves per actor (the embedded model's threads); a fraction for a hosted LM")
+    g.add_argument("--lm-concurrency", type=int, default=None,
+                   help="at most this many LM calls in flight across all Ray actors (a hosted LM's limit)")
+    g.add_argument("--lm-per-minute", type=float, default=None,
+                   help="at most this many LM calls started per minute across all Ray actors")
+    g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="module every Ray actor imports first (a plugin that registers programs; repeatable)")
+
+
+def ray_options(args) -> RayOptions:
+    """The :class:`RayOptions` of the engine arguments (ValueError on bad values)."""
+    return RayOptions(address=args.address, workers=args.workers, batch_size=args.batch_size,
+                      cpus_per_worker=args.cpus_per_worker, lm_concurrency=args.lm_concurrency,
+                      lm_per_minute=args.lm_per_minute, imports=tuple(args.imports),
+                      progress=not args.no_progress)
+
+
+def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> int:
+    """``halluscope detect --engine ray``: exit 0 when every row is ok, 1 when some failed, 2 on bad input."""
+    from halluscope.programs.registry import get
+
+    print(f"loaded {detector.path} (v{detector.version:04d}, hash {detector.content_hash[:12]})", file=sys.stderr)
+    spec = get(args.program)
+    out = Path(args.output) if args.output else paths.outputs_dir() / "detect" / time.strftime(
+        "%Y%m%d-%H%M%S") / "detections.parquet"
+    try:
+        stats = detect_ray(detector, args.input, out, opts=ray_options(args), lang=lang, task=task,
+                           lm=LMConfig.from_args(args) if spec.uses_lm else None, extra_inputs=spec.extra_inputs,
+                           retry_failed=args.retry_failed)
+    except (OSError, ValueError, ImportError, ArtifactError) as e:  # scale.ResumeError is a ValueError
+        print(f"halluscope detect: {e}", file=sys.stderr)
+        return 2
+    print_summary(stats)
+    return 0 if stats["output_failed"] == 0 else 1
+
+
+def print_summary(stats: dict) -> None:
+    done = stats["rows"] - stats["skipped"]
+    print(f"{stats['rows']} rows: {stats['skipped']} already done, {done} run now "
+          f"({stats['ok']} ok, {stats['failed']} failed) in {stats['seconds']:.1f} s = {stats['rows_per_s']} rows/s; "
+          f"LM calls {stats['lm_calls']}, tokens {stats['lm_input_tokens']} in / {stats['lm_output_tokens']} out"
+          + (f"; LM gate {stats['lm_gate']}" if "lm_gate" in stats else ""))
+    print(f"output: {stats['output']} ({stats['output_rows']} rows, {stats['output_failed']} failed); "
+          f"resume state: {stats['parts']}")
+
+
+def evaluate_with_ray(args, spec, options: dict, examples):
+    """``halluscope evaluate --engine ray``: the :class:`EvalResult`, or None after printing a bad-input error."""
+    try:
+        return evaluate_ray(spec.name, options, examples, opts=ray_options(args),
+                            lm=LMConfig.from_args(args) if spec.uses_lm else None)
+    except (ValueError, ImportError) as e:
+        print(f"halluscope evaluate: {e}", file=sys.stderr)
+        return None
