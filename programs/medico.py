@@ -9,12 +9,12 @@ Pipeline for a question q and an answer o (one :class:`Medico` call):
    timeout or HTTP 500) is **counted** (``failures["source_<name>"]``) and **named with its reason** in the
    prediction's ``failed_sources``; detection goes on with the sources that worked. Files that were skipped
    inside a working ``files`` source are listed in ``source_notes``.
-2. **Rerank** the pooled pieces by BM25 relevance to q + o (``rerank="bm25"``; ``"none"`` keeps source order)
-   and keep the top ``top_l``.
+2. **Rerank** the pooled pieces by BM25 relevance to q + o (``rerank="bm25"``; ``"none"`` keeps source order;
+   ``"lm"`` asks the LM to order the ``rerank_pool`` BM25-best pieces, :class:`LMRerank`) and keep the top ``top_l``.
 3. **Fuse**: ``fuse="concat"`` numbers the pieces (``[1] (kb) ...``); ``fuse="summary"`` asks the LM for a
    query-focused summary (:class:`signatures.medico.Fuse`; a summary that fails falls back to concat).
 4. **Detect** (:class:`signatures.medico.Detect`): verdict (True = hallucinated) and a rationale. ``label`` is
-   the verdict, ``score`` its likelihood p(True) (below), ``rationale`` the rationale, ``evidence`` the pieces
+   the verdict, ``score`` its likelihood p(True) (see the last line), ``rationale`` the rationale, ``evidence`` the pieces
    used, and ``spans`` the parts of the answer the rationale quotes in double quotes (mapped to offsets with
    :func:`halluscope.text.map_substrings`; quotes of the evidence simply do not map), each with the score.
 5. **Ensemble** (when a combiner has been fitted, see :func:`fit_combiner`): one detection per source with that
@@ -29,32 +29,23 @@ Pipeline for a question q and an answer o (one :class:`Medico` call):
    ``accepted``, ``approved``, ``reason``); ``correction`` is ``"approved"``, ``"max_rounds"``,
    ``"not_flagged"`` or ``"disabled"``; ``revision`` is the last accepted revision (``None`` when none).
 
-Likelihood p(True)
-------------------
-Every detection asks the LM for token log-probabilities (``logprobs=True``, 5 alternatives). Where the LM returns
-them (OpenAI-compatible servers and other providers that report ``logprobs``), p(True) = σ((log p_T − log p_F)/τ)
-with p_T / p_F the probability mass of the true-like / false-like alternatives of the verdict's first token
-(:func:`logprob_probability`; a side absent from the alternatives gets the rest of the mass). Where the LM returns
-none — the embedded llama.cpp engine and the scripted test LM today — the documented **fallback** is used:
-p(True) = σ(±1/τ), the verdict as ±1 divided by the temperature ``tau`` through a logistic (τ = 1: 0.731 / 0.269;
-small τ → 1 / 0); an undecided (unparseable) verdict is 0.5. ``likelihood`` in the prediction says which one
-the fused detection used. The ensemble combiner is fitted on these features, so it learns how much to trust
-each source's verdict.
+Likelihood p(True) and the ensemble combiner: :mod:`halluscope.programs.medico_ensemble`.
 """
 
 from __future__ import annotations
 
 import copy
-import math
+import logging
 import re
 
 import dspy
-import numpy as np
 from dspy.utils.exceptions import AdapterParseError
 from rapidfuzz.distance import Levenshtein
 
 import halluscope.retrievers  # noqa: F401  (registers the kb/files/kg/search retrievers)
 from halluscope.contract import Detection, Evidence, Span, to_prediction
+from halluscope.programs.medico_ensemble import (combine, fit_combiner, logprob_probability, medico_report,
+                                                 verdict_probability)
 from halluscope.programs.registry import ProgramSpec, register
 from halluscope.retrieval import ContextRetriever, Retriever
 from halluscope.retrievers.bm25 import BM25Index, Passage
@@ -62,14 +53,18 @@ from halluscope.retrievers.files import FileRetriever
 from halluscope.retrievers.kb import KBRetriever
 from halluscope.retrievers.kg import KGRetriever
 from halluscope.retrievers.search import SearchRetriever
-from halluscope.signatures.medico import Detect, Fuse, IdentifySpans, Revise
+from halluscope.signatures.medico import Detect, Fuse, IdentifySpans, Rerank, Revise
 from halluscope.text import map_substrings
 
-__all__ = ["SOURCES", "Medico", "preservation", "verdict_probability", "logprob_probability", "quoted", "fit_combiner", "medico_report"]
+__all__ = ["SOURCES", "Medico", "LMRerank", "apply_ranking", "preservation", "quoted",
+           # re-exported from medico_ensemble
+           "verdict_probability", "logprob_probability", "fit_combiner", "medico_report"]
+
+log = logging.getLogger(__name__)
 
 SOURCES = ("context", "kb", "files", "kg", "search")
 # Per-stage output budgets (tokens): small models ramble until max_tokens.
-MAX_TOKENS = {"summarize": 256, "detect": 160, "identify": 96, "revise": 192}
+MAX_TOKENS = {"rerank": 48, "summarize": 256, "detect": 160, "identify": 96, "revise": 192}
 _QUOTES = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|„([^“”\n]+)[“”]|«\s*([^»\n]+?)\s*»|「([^」\n]+)」')
 
 
@@ -78,65 +73,6 @@ def preservation(original: str, revision: str) -> float:
     if not original:
         return 1.0 if not revision else 0.0
     return max(1.0 - Levenshtein.distance(original, revision) / len(original), 0.0)
-
-
-def verdict_probability(verdict: bool | None, tau: float = 1.0) -> float:
-    """p(True) from a verdict alone (the fallback, see the module docstring): σ(±1/τ); ``None`` → 0.5."""
-    if verdict is None:
-        return 0.5
-    z = (1.0 if verdict else -1.0) / max(float(tau), 1e-6)
-    return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
-
-
-def _entries(logprobs) -> list[dict]:
-    content = logprobs.get("content") if isinstance(logprobs, dict) else getattr(logprobs, "content", None)
-    out = []
-    for e in content or []:
-        e = e if isinstance(e, dict) else {"token": getattr(e, "token", ""), "logprob": getattr(e, "logprob", None),
-                                           "top_logprobs": getattr(e, "top_logprobs", None) or []}
-        out.append(e)
-    return out
-
-
-def _side(token: str) -> str | None:
-    t = str(token or "").strip().strip('"').lower()
-    if t and "true".startswith(t[:4]) and t[0] == "t":
-        return "T"
-    if t and "false".startswith(t[:5]) and t[0] == "f":
-        return "F"
-    return None
-
-
-def logprob_probability(logprobs, tau: float = 1.0) -> float | None:
-    """p(True) from the token log-probabilities of a Detect output, or ``None`` when they are missing.
-
-    The verdict token is the first true-like or false-like token after the text ``verdict`` (ChatAdapter's
-    ``[[ ## verdict ## ]]`` or JSON's ``"verdict":``). p_T and p_F are the summed probabilities of its
-    true-like and false-like alternatives (the chosen token included); a side without any alternative gets
-    ``1 − `` the other. Returns σ((log p_T − log p_F)/τ)."""
-    entries = _entries(logprobs)
-    text = ""
-    for e in entries:
-        tok = str(e.get("token") or "")
-        if "verdict" in text.lower() and _side(tok) and e.get("logprob") is not None:
-            mass = {"T": 0.0, "F": 0.0}
-            alts = [(tok, e["logprob"])] + [(a.get("token") if isinstance(a, dict) else getattr(a, "token", ""),
-                                             a.get("logprob") if isinstance(a, dict) else getattr(a, "logprob", None))
-                                            for a in (e.get("top_logprobs") or [])]
-            seen = set()
-            for t, lp in alts:
-                side = _side(t)
-                if side and lp is not None and t not in seen:
-                    seen.add(t)
-                    mass[side] += math.exp(float(lp))
-            if mass["T"] <= 0:
-                mass["T"] = max(1.0 - mass["F"], 1e-9)
-            if mass["F"] <= 0:
-                mass["F"] = max(1.0 - mass["T"], 1e-9)
-            z = (math.log(mass["T"]) - math.log(mass["F"])) / max(float(tau), 1e-6)
-            return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
-        text += tok
-    return None
 
 
 def quoted(text: str) -> list[str]:
@@ -155,8 +91,40 @@ def _as_bool(value) -> bool | None:
     return None
 
 
-def _sigmoid(z):
-    return 1.0 / (1.0 + np.exp(-np.clip(z, -50, 50)))
+def apply_ranking(n: int, ranking) -> list[int]:
+    """0-based order of ``n`` pieces from an LM's 1-based ``ranking``: the valid numbers first, in the LM's order,
+    repeats dropped; the pieces it left out follow in their previous order (``top_l`` cuts the tail)."""
+    first: list[int] = []
+    for r in ranking or []:
+        try:
+            i = int(r) - 1
+        except (TypeError, ValueError):
+            continue
+        if 0 <= i < n and i not in first:
+            first.append(i)
+    return first + [i for i in range(n) if i not in first]
+
+
+class LMRerank(dspy.Module):
+    """The LM-scored rerank option (``rerank="lm"``): one listwise call (:class:`signatures.medico.Rerank`) shows
+    the numbered pieces (each cut to ``passage_chars``) and reads back their numbers, most useful first;
+    :func:`apply_ranking` turns that into an order. Returns ``Prediction(order, parsed)``; an output that does
+    not parse leaves the order as it was (``parsed=False``)."""
+
+    def __init__(self, passage_chars: int = 400):
+        super().__init__()
+        self.passage_chars = int(passage_chars)
+        self.rank = dspy.Predict(Rerank)
+
+    def forward(self, question: str, answer: str, pieces: list[Evidence]) -> dspy.Prediction:
+        passages = "\n".join(f"[{i}] ({e.source}) {' '.join(e.text.split())[: self.passage_chars]}"
+                              for i, e in enumerate(pieces, 1))
+        try:
+            ranking = self.rank(question=question, answer=answer, passages=passages,
+                                config={"max_tokens": MAX_TOKENS["rerank"]}).ranking
+        except AdapterParseError:
+            return dspy.Prediction(order=list(range(len(pieces))), parsed=False)
+        return dspy.Prediction(order=apply_ranking(len(pieces), ranking), parsed=True)
 
 
 class Medico(dspy.Module):
@@ -168,9 +136,12 @@ class Medico(dspy.Module):
         files: a folder or comma-separated files (TXT, Markdown, PDF, DOCX) for the files source.
         kg: a triples file (TSV or N-Triples) for the kg source.
         search: the search API URL for the search source (key from $HALLUSCOPE_SEARCH_KEY); empty = off.
+        search_timeout: seconds to wait for the search server; a slower answer fails the source (counted).
         k: pieces retrieved per source.
         top_l: pieces kept after reranking the pool.
-        rerank: bm25 (relevance to question + answer) or none (source order).
+        rerank: bm25 (relevance to question + answer), lm (the LM orders the rerank_pool BM25-best pieces, one
+            call per pool) or none (source order).
+        rerank_pool: pieces shown to the LM reranker (rerank=lm).
         fuse: concat (numbered pieces) or summary (an LM query-focused summary).
         correct: run the span-then-revise correction loop on flagged answers.
         max_rounds: most correction rounds.
@@ -184,7 +155,8 @@ class Medico(dspy.Module):
     """
 
     def __init__(self, sources: str = "context", kb: str = "", files: str = "", kg: str = "", search: str = "",
-                 k: int = 5, top_l: int = 5, rerank: str = "bm25", fuse: str = "concat", correct: bool = True,
+                 search_timeout: float = 10.0,
+                 k: int = 5, top_l: int = 5, rerank: str = "bm25", rerank_pool: int = 10, fuse: str = "concat", correct: bool = True,
                  max_rounds: int = 5, delta: float = 0.5, tau: float = 1.0, ensemble: bool = True,
                  files_max_mb: float = 20.0, max_evidence_chars: int = 6000, retry_temperature: float = 0.7):
         super().__init__()
@@ -195,25 +167,32 @@ class Medico(dspy.Module):
                              f"choose from {', '.join(SOURCES)}")
         if fuse not in ("concat", "summary"):
             raise ValueError(f"medico: fuse must be 'concat' or 'summary', not {fuse!r}")
-        if rerank not in ("bm25", "none"):
-            raise ValueError(f"medico: rerank must be 'bm25' or 'none', not {rerank!r}")
+        if rerank not in ("bm25", "lm", "none"):
+            raise ValueError(f"medico: rerank must be 'bm25', 'lm' or 'none', not {rerank!r}")
         self.sources = [s for s in dict.fromkeys(names) if s != "none"]  # "none": zero evidence
         self.k, self.top_l, self.rerank, self.fuse = int(k), int(top_l), rerank, fuse
+        self.rerank_pool = int(rerank_pool)
         self.correct, self.max_rounds, self.delta = bool(correct), int(max_rounds), float(delta)
         self.tau, self.ensemble = float(tau), bool(ensemble)
         self.max_evidence_chars, self.retry_temperature = int(max_evidence_chars), float(retry_temperature)
         self.retrievers: dict[str, Retriever] = {}
         self.source_errors: dict[str, str] = {}
         self.source_notes: dict[str, str] = {}
-        settings = {"kb": kb, "files": files, "kg": kg, "search": search}
+        settings = {"kb": kb, "files": files, "kg": kg, "search": search, "search_timeout": float(search_timeout)}
         for name in self.sources:
             try:
                 self.retrievers[name] = self._make_retriever(name, settings, files_max_mb)
             except (OSError, ValueError, RuntimeError) as e:
                 self.source_errors[name] = f"{type(e).__name__}: {e}"
+                log.warning("medico: evidence source %r is off (%s); detection goes on without it",
+                            name, self.source_errors[name])
         files_r = self.retrievers.get("files")
         if isinstance(files_r, FileRetriever) and files_r.skipped:
             self.source_notes["files"] = files_r.report()
+            log.warning("medico: %s", self.source_notes["files"])
+        self._warned: set[str] = set()  # sources whose retrieval failure was logged (once each)
+        if rerank == "lm":  # only then: the predictors (and so the saved state) of other settings stay as they were
+            self.reranker = LMRerank()
         self.summarize = dspy.Predict(Fuse)
         self.detect = dspy.Predict(Detect)
         self.identify = dspy.Predict(IdentifySpans)
@@ -232,7 +211,7 @@ class Medico(dspy.Module):
             return FileRetriever(settings["files"], max_mb=files_max_mb)
         if name == "kg":
             return KGRetriever(settings["kg"])
-        return SearchRetriever(settings["search"])
+        return SearchRetriever(settings["search"], timeout=settings["search_timeout"])
 
     # -- state: predictors + the fitted combiner (JSON) ------------------------------------------------------
     def dump_state(self, json_mode=True):
@@ -259,21 +238,34 @@ class Medico(dspy.Module):
                 found[name] = list(retriever.retrieve(query, k=self.k, context=context))
             except Exception as e:  # noqa: BLE001 - any source may fail; the others still count
                 failed[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                if name not in self._warned:  # once per source, not once per item
+                    self._warned.add(name)
+                    log.warning("medico: evidence source %r failed (%s); counted as failures['source_%s'] "
+                                "of each item it fails on", name, failed[name], name)
         return found, failed
 
-    def select(self, pieces: list[Evidence], question: str, answer: str) -> list[Evidence]:
-        """The pool deduplicated and reranked (BM25 against question + answer), top ``top_l``."""
+    def select(self, pieces: list[Evidence], question: str, answer: str,
+               failures: dict | None = None) -> list[Evidence]:
+        """The pool deduplicated and reranked (BM25 against question + answer; with ``rerank="lm"`` the LM then
+        orders the ``rerank_pool`` best, a ranking that does not parse counts ``failures["rerank"]`` and keeps
+        the BM25 order), top ``top_l``."""
         seen, pool = set(), []
         for e in pieces:
             key = " ".join(e.text.split())
             if key and key not in seen:
                 seen.add(key)
                 pool.append(e)
-        if self.rerank == "bm25" and len(pool) > 1:
+        if self.rerank in ("bm25", "lm") and len(pool) > 1:
             index = BM25Index([Passage(str(i), e.source, e.text) for i, e in enumerate(pool)])
             scores = index.scores(f"{question} {answer}")
             order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
             pool = [pool[i] for i in order]
+        head, tail = pool[: max(self.rerank_pool, 1)], pool[max(self.rerank_pool, 1):]
+        if self.rerank == "lm" and len(head) > 1:
+            ranked = self.reranker(question=question, answer=answer, pieces=head)
+            if not ranked.parsed and failures is not None:
+                failures["rerank"] = failures.get("rerank", 0) + 1
+            pool = [head[i] for i in ranked.order] + tail
         return pool[: max(self.top_l, 0)]
 
     def render(self, pieces: list[Evidence]) -> str:
@@ -319,17 +311,15 @@ class Medico(dspy.Module):
         failures: dict = {}
         feats = {}
         for name in self.sources:
-            pieces = self.select(found.get(name, []), question, answer)
+            pieces = self.select(found.get(name, []), question, answer, failures)
             feats[name] = self.judge_p(question, answer, self.render(pieces), failures)[2] if pieces else 0.5
-        pieces = self.select([e for n in self.sources for e in found.get(n, [])], question, answer)
+        pieces = self.select([e for n in self.sources for e in found.get(n, [])], question, answer, failures)
         evidence = self.fuse_evidence(question, answer, pieces, failures)
         feats["fused"] = self.judge_p(question, answer, evidence, failures)[2]
         return feats
 
     def combine(self, feats: dict[str, float]) -> float:
-        c = self.combiner
-        x = np.array([feats.get(f, 0.5) for f in c["features"]], dtype=float)
-        return float(_sigmoid(float(np.dot(c["weights"], x)) + float(c["bias"])))
+        return combine(self.combiner, feats)
 
     # -- correction ---------------------------------------------------------------------------------------
     def correct_answer(self, question: str, answer: str, evidence: str, rationale: str,
@@ -382,13 +372,13 @@ class Medico(dspy.Module):
                                  rounds=[], correction="not_flagged", failed_sources={}, source_p={})
         found, failed = self.gather(question, answer, context)
         failures: dict[str, int] = {f"source_{name}": 1 for name in failed}
-        pieces = self.select([e for n in self.sources for e in found.get(n, [])], question, answer)
+        pieces = self.select([e for n in self.sources for e in found.get(n, [])], question, answer, failures)
         evidence = self.fuse_evidence(question, answer, pieces, failures)
         verdict, rationale, score, likelihood = self.judge_p(question, answer, evidence, failures)
         source_p: dict[str, float] = {"fused": round(score, 6)}
         if self.ensemble and self.combiner.get("fitted"):
             for name in self.sources:
-                own = self.select(found.get(name, []), question, answer)
+                own = self.select(found.get(name, []), question, answer, failures)
                 source_p[name] = round(self.judge_p(question, answer, self.render(own), failures)[2] if own else 0.5, 6)
             score = self.combine(source_p)
             label = score > 0.5
@@ -404,60 +394,6 @@ class Medico(dspy.Module):
         return to_prediction(det, verdict=verdict, likelihood=likelihood, source_p=source_p, rounds=rounds, correction=status,
                              failed_sources=failed, source_notes=dict(self.source_notes),
                              unmatched_quotes=stats.unmatched)
-
-
-# -- the ensemble combiner: logistic regression (BCE), fitted through ProgramSpec.fit ------------------------
-
-def _fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 0.01, steps: int = 2000, lr: float = 0.5):
-    """Weights and bias minimising mean binary cross-entropy + ``l2``/2·|w|² (full-batch gradient descent)."""
-    w, b = np.zeros(x.shape[1]), 0.0
-    for _ in range(steps):
-        p = _sigmoid(x @ w + b)
-        w -= lr * (x.T @ (p - y) / len(y) + l2 * w)
-        b -= lr * float(np.mean(p - y))
-    return w, b
-
-
-def fit_combiner(module: Medico, trainset: list, metric_name: str = "f1") -> dict:
-    """``ProgramSpec.fit``: the per-source likelihood features of every labelled training example, then a
-    logistic regression (BCE) on them; stored in ``module.combiner`` (saved as JSON with the program's state).
-    Examples without a gold label are skipped."""
-    rows, ys = [], []
-    features = [*module.sources, "fused"]
-    for ex in trainset:
-        if ex.get("label") is None:
-            continue
-        f = module.source_features(ex.get("question") or "", ex.get("answer") or "", ex.get("context") or "")
-        rows.append([f[name] for name in features])
-        ys.append(1.0 if ex.get("label") else 0.0)
-    if not rows:
-        raise ValueError("medico fit: no training example has a gold label")
-    x, y = np.array(rows, dtype=float), np.array(ys, dtype=float)
-    w, b = _fit_logistic(x, y)
-    pred = _sigmoid(x @ w + b) > 0.5
-    module.combiner = {"fitted": True, "features": features, "weights": [round(float(v), 6) for v in w],
-                       "bias": round(float(b), 6), "tau": module.tau, "n": len(ys), "positives": int(y.sum())}
-    return {"n": len(ys), "positives": int(y.sum()), "features": features, "weights": module.combiner["weights"],
-            "bias": module.combiner["bias"], "train_accuracy": round(float(np.mean(pred == (y > 0.5))), 6)}
-
-
-def medico_report(examples: list, predictions: list) -> dict:
-    """Correction and source statistics of an evaluation: flagged answers, cumulative approval rate after each
-    round (over flagged answers), mean preservation of accepted revisions, failed sources per name."""
-    flagged = [p for p in predictions if p is not None and getattr(p, "label", False)]
-    rounds = [getattr(p, "rounds", None) or [] for p in flagged]
-    out: dict = {"flagged": len(flagged)}
-    max_r = max((len(r) for r in rounds), default=0)
-    for r in range(1, max_r + 1):
-        approved = sum(1 for rs in rounds if any(x["approved"] and x["round"] <= r for x in rs))
-        out[f"approved_after_round_{r}"] = round(approved / len(flagged), 6) if flagged else 0.0
-    prev = [x["preservation"] for rs in rounds for x in rs if x.get("accepted")]
-    out["mean_preservation"] = round(float(np.mean(prev)), 6) if prev else None
-    out["rejected_by_preservation"] = sum(1 for rs in rounds for x in rs if "below delta" in x.get("reason", ""))
-    for p in predictions:
-        for name in (getattr(p, "failed_sources", None) or {}) if p is not None else {}:
-            out[f"failed_source_{name}"] = out.get(f"failed_source_{name}", 0) + 1
-    return out
 
 
 register(ProgramSpec(

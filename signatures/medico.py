@@ -8,7 +8,18 @@ from __future__ import annotations
 
 import dspy
 
-__all__ = ["Fuse", "Detect", "IdentifySpans", "Revise"]
+__all__ = ["Rerank", "Fuse", "Detect", "IdentifySpans", "Revise"]
+
+
+class Rerank(dspy.Signature):
+    """Order the numbered passages by how useful they are for checking the answer to the question: passages
+    that confirm or contradict a fact of the answer (a name, number, date) first. Give the passage numbers,
+    most useful first; leave out passages that have nothing to do with the question."""
+
+    question: str = dspy.InputField(desc="the question the answer responds to")
+    answer: str = dspy.InputField(desc="the answer that will be checked against the passages")
+    passages: str = dspy.InputField(desc="retrieved passages, numbered [1], [2], ..., each with its source")
+    ranking: list[int] = dspy.OutputField(desc="passage numbers, most useful first")
 
 
 class Fuse(dspy.Signature):

@@ -282,3 +282,196 @@ def test_likelihood_from_token_logprobs_where_the_lm_gives_them():
                            {"token": "false", "logprob": math.log(0.8), "top_logprobs": []}]}
     assert logprob_probability(entries) == pytest.approx(0.2)
     assert logprob_probability({"content": []}) is None and logprob_probability(None) is None
+
+
+def test_apply_ranking_keeps_valid_numbers_first_then_the_rest():
+    from halluscope.programs.medico import apply_ranking
+
+    assert apply_ranking(4, [3, 1]) == [2, 0, 1, 3]
+    assert apply_ranking(3, [2, 2, 9, 0, -1, "x", "3"]) == [1, 2, 0]  # repeats, out of range, junk dropped
+    assert apply_ranking(2, []) == [0, 1] and apply_ranking(0, [1]) == []
+
+
+def test_lm_rerank_orders_the_pool_and_falls_back_to_bm25_when_unparseable():
+    context = "Lyon is a city in France known for its food.\n\nParis is the capital and largest city of France."
+
+    def ranked(ranking):
+        base = responder()
+
+        def respond(call):
+            return {"ranking": ranking} if "ranking" in call.outputs else base(call)
+        return respond
+
+    lm = scripted_lm(ranked([2, 1]))
+    pred = run(get("medico").make(rerank="lm", correct=False), lm, context=context)
+    rerank_calls = [c for c in lm.engine.calls if "ranking" in c.outputs]
+    assert len(rerank_calls) == 1
+    shown = rerank_calls[0].inputs["passages"].splitlines()
+    assert len(shown) == 2 and shown[0].startswith("[1] (context)")
+    texts = [line.split(") ", 1)[1] for line in shown]
+    assert texts[0].startswith("Paris")  # BM25's order: the question's words are in the Paris paragraph
+    assert [e.text for e in pred.detection.evidence] == texts[::-1] and pred.failures == {}  # the LM's order wins
+    assert "reranker.rank" in dict(get("medico").make(rerank="lm").named_predictors())
+    assert "reranker.rank" not in dict(get("medico").make().named_predictors())  # other settings: state unchanged
+    # top_l after the LM's order; rerank_pool limits what the LM sees
+    lm = scripted_lm(ranked([2, 1]))
+    pred = run(get("medico").make(rerank="lm", top_l=1, correct=False), lm, context=context)
+    assert [e.text for e in pred.detection.evidence] == texts[1:]
+    pred = run(get("medico").make(rerank="lm", top_l=1, rerank_pool=1, correct=False), lm, context=context)
+    assert [e.text for e in pred.detection.evidence] == texts[:1]  # a pool of one: nothing to ask the LM
+    assert len([c for c in lm.engine.calls if "ranking" in c.outputs]) == 1
+    # an unparseable ranking keeps the BM25 order and is counted
+    lm = scripted_lm(ranked("not a list"))
+    bm25 = run(get("medico").make(correct=False), scripted_lm(responder()), context=context)
+    pred = run(get("medico").make(rerank="lm", correct=False), lm, context=context)
+    assert pred.failures == {"rerank": 1}
+    assert [e.text for e in pred.detection.evidence] == [e.text for e in bm25.detection.evidence]
+    with pytest.raises(ValueError, match="'bm25', 'lm' or 'none'"):
+        get("medico").make(rerank="cross-encoder")
+
+
+class _Slow(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        import time
+
+        time.sleep(1.0)
+        try:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"[]")
+        except OSError:  # the client gave up (timed out) and closed the connection
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def _bad_source(kind: str, tmp_path, url: str) -> dict:
+    """Options of a medico whose one extra source (beside the working context) is broken in the way ``kind`` says."""
+    from pypdf import PdfWriter
+
+    d = tmp_path / "docs"
+    d.mkdir()
+    if kind == "encrypted_pdf":
+        writer = PdfWriter()
+        writer.add_blank_page(200, 200)
+        writer.encrypt("secret", algorithm="RC4-128")
+        with open(d / "locked.pdf", "wb") as f:
+            writer.write(f)
+    elif kind == "unreadable_pdf":
+        (d / "broken.pdf").write_bytes(b"%PDF-1.4 not a pdf at all")
+    elif kind == "empty_file":
+        (d / "empty.txt").write_bytes(b"")
+    elif kind == "binary_file":
+        (d / "blob.md").write_bytes(b"\x00\x01binary\x00" * 20)
+    elif kind == "huge_file":
+        (d / "big.txt").write_text("Paris " * 400)
+        return {"sources": "context,files", "files": str(d), "files_max_mb": 0.001}
+    if kind.endswith(("_pdf", "_file")):
+        return {"sources": "context,files", "files": str(d)}
+    if kind == "missing_index":
+        return {"sources": "context,kb", "kb": str(tmp_path / "no-index")}
+    if kind == "kg_wrong_arity":
+        (tmp_path / "kg.tsv").write_text("Paris\tcapital_of\tFrance\nLyon\tcity_in\n")
+        return {"sources": "context,kg", "kg": str(tmp_path / "kg.tsv")}
+    if kind == "search_off":
+        return {"sources": "context,search"}
+    return {"sources": "context,search", "search": url, "search_timeout": 0.3}  # search_timeout / search_500
+
+
+@pytest.mark.parametrize("kind,source,reason", [
+    ("encrypted_pdf", "files", "encrypted PDF"),
+    ("unreadable_pdf", "files", "unreadable PDF"),
+    ("empty_file", "files", "empty file"),
+    ("binary_file", "files", "binary file"),
+    ("huge_file", "files", "over the 0.001 MB limit"),
+    ("missing_index", "kb", "halluscope index build"),
+    ("kg_wrong_arity", "kg", "kg.tsv: line 2: expected 3 tab-separated fields"),
+    ("search_off", "search", "web search is off"),
+    ("search_timeout", "search", "did not answer within 0.3 s"),
+    ("search_500", "search", "HTTP 500"),
+])
+def test_every_bad_input_is_a_counted_named_source_and_detection_goes_on(kind, source, reason, tmp_path,
+                                                                          monkeypatch, caplog):
+    monkeypatch.delenv("HALLUSCOPE_SEARCH_URL", raising=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Slow if kind == "search_timeout" else _Boom)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        options = _bad_source(kind, tmp_path, f"http://127.0.0.1:{server.server_address[1]}/s")
+        with caplog.at_level("WARNING", logger="halluscope.programs.medico"):
+            lm = scripted_lm(responder())
+            module = get("medico").make(correct=False, **options)
+            preds = [run(module, lm), run(module, lm)]
+    finally:
+        server.shutdown()
+        server.server_close()
+    for pred in preds:
+        assert list(pred.failed_sources) == [source] and reason in pred.failed_sources[source]
+        assert pred.failures == {f"source_{source}": 1}  # counted, and in Detection.to_dict() for `detect`
+        assert pred.label is True and {e.source for e in pred.detection.evidence} == {"context"}
+        assert pred.detection.evidence[0].text.startswith("Paris")
+    assert len(lm.engine.calls) == 2  # one Detect per item: the broken source cost no LM call
+    warned = [r.getMessage() for r in caplog.records if f"source {source!r}" in r.getMessage()]
+    assert len(warned) == 1 and reason in warned[0]  # named once, with its reason, not once per item
+
+
+def test_optimize_py_fits_the_ensemble_under_cv_and_halluscope_detect_serves_it(tmp_path, monkeypatch, capsys):
+    """``python optimize.py --program medico --task qa --metric f1`` (argparse -> run_optimize, the CLI path) on a
+    HalluClean-format fixture with a knowledge base pooled from every item's knowledge, then ``halluscope detect
+    --program medico`` on the artifact; with the index gone, detect still answers and names the failed source."""
+    import halluscope.cli as hcli
+    import halluscope.cli.detect as detect_cmd
+    from halluscope.artifacts import load_compiled
+    from halluscope.cli.optimize import build_parser
+    from halluscope.cli.optimize import run as optimize_run
+
+    facts = [("France", "Paris", "Lyon"), ("Italy", "Rome", "Marseille"), ("Germany", "Berlin", "Lyon"),
+             ("Spain", "Madrid", "Marseille")]
+    data = tmp_path / "halluclean"
+    data.mkdir()
+    (data / "QA.dev.json").write_text(json.dumps([
+        {"id": i, "knowledge": f"{right} is the capital of {country}.", "question": f"What is the capital of {country}?",
+         "right_answer": f"The capital is {right}.", "hallucinated_answer": f"The capital is {wrong}."}
+        for i, (country, right, wrong) in enumerate(facts)]))
+    corpus = tmp_path / "pooled.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"qa-{i}", "text": f"{r} is the capital of {c}."}) + "\n"
+                              for i, (c, r, _) in enumerate(facts)))
+    kb = build_index(corpus, tmp_path / "kb").folder
+    lm = scripted_lm(responder())
+    p = build_parser()
+    args = p.parse_args(["--program", "medico", "--task", "qa", "--metric", "f1", "--data-dir", str(data),
+                         "--folds", "2", "-O", "sources=context,kb", "-O", f"kb={kb}", "-O", "correct=false",
+                         "--compiled-dir", str(tmp_path / "compiled"), "--report-dir", str(tmp_path / "reports"),
+                         "--no-mlflow", "--quiet"])
+    assert optimize_run(args, p, task_lm=lm) == 0
+    out = capsys.readouterr().out
+    assert "zero-shot vs compiled, 2-fold cross-validation" in out
+    assert "fit hook fitted on the other folds" in out  # the ensemble is scored on held-out folds only
+    art = load_compiled("medico", lang="qa", metric="f1", root=tmp_path / "compiled")
+    combiner = art.program.combiner
+    assert combiner["fitted"] and combiner["features"] == ["context", "kb", "fused"] and combiner["n"] == 8
+    assert art.manifest["cv"]["folds"] and "f1" in art.manifest["cv"]["mean"]["compiled"]
+
+    def fake_setup(args, needed=True):
+        dspy.configure(lm=lm)
+        return lm
+
+    monkeypatch.setattr(detect_cmd, "setup_lm", fake_setup)
+    argv = ["detect", "--program", "medico", "--task", "qa", "--metric", "f1", "--compiled-dir",
+            str(tmp_path / "compiled"), "--question", "What is the capital of Italy?", "--answer",
+            "The capital is Marseille.", "--context", "Rome is the capital of Italy."]
+    assert hcli.main(argv) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["label"] is True and row["score"] > 0.5 and row["failures"] == {}
+    assert row["answer"][row["spans"][0]["start"]:row["spans"][0]["end"]] == "Marseille"
+    assert {e["source"] for e in row["evidence"]} == {"context", "kb"}
+    assert row["evidence"][0]["text"] == "Rome is the capital of Italy."
+    import shutil
+
+    shutil.rmtree(kb)  # a missing index at detect time: the source is counted and named, detection goes on
+    assert hcli.main(argv) == 0
+    captured = capsys.readouterr()
+    row = json.loads(captured.out.strip().splitlines()[-1])
+    assert row["label"] is True and row["failures"] == {"source_kb": 1}
+    assert {e["source"] for e in row["evidence"]} == {"context"}
+    assert "evidence source 'kb' is off" in captured.err and "halluscope index build" in captured.err

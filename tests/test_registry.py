@@ -19,7 +19,8 @@ from halluscope.programs.registry import (InvalidOptionError, OptionError, Progr
                                           get, names)
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILTIN = ["direct", "direct+routing", "finch", "grounded", "halluclean", "logits", "mark-all", "medico", "spans"]
+BUILTIN = ["direct", "direct+routing", "finch", "grounded", "halluclean", "jointcq", "logits", "mark-all", "medico",
+           "spans"]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -108,8 +109,9 @@ def test_catch_all_and_missing_defaults_are_refused_at_registration():
 
 
 def test_fit_is_an_optional_field():
-    # medico fits its ensemble combiner, grounded its unit combiner
-    assert all(get(n).fit is None for n in BUILTIN if n not in ("medico", "grounded"))
+    # medico fits its ensemble combiner; jointcq compiles its claim-query stage on criteria-filtered demos;
+    # grounded fits its unit combiner
+    assert all(get(n).fit is None for n in BUILTIN if n not in ("medico", "jointcq", "grounded"))
 
     def fit(module, trainset, metric_name):
         return {"n": len(trainset), "metric": metric_name}
