@@ -553,3 +553,73 @@ def test_lm_signal_through_the_program_with_a_stub(tmp_path):
     assert "lm_missing" not in p.failures and p.hard_labels
     state = json.loads(json.dumps(prog.dump_state()))
     assert "lm_delta" in state["grounded"]["features"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# halluscope detect: grounded is the default with the embedded model
+# ---------------------------------------------------------------------------------------------------
+
+
+def _compile(tmp_path, lang):
+    from halluscope.optimize.run import FINISHED, OptimizeConfig, run_optimize
+
+    recs = fixture_examples(16)
+    config = OptimizeConfig(program="grounded", metric="iou", lang=lang, source="fixture", folds=2,
+                            program_options={"genlogits": False},  # detect --answer carries no logits
+                            compiled_dir=tmp_path / "compiled", report_dir=tmp_path / "reports", mlflow=False)
+    res = run_optimize(config, recs)
+    assert res.status == FINISHED, res.error
+    return res
+
+
+def test_detect_defaults_to_grounded_and_falls_back_to_the_cross_lingual_artifact(tmp_path, capsys, monkeypatch):
+    from halluscope import cli
+    import halluscope.cli.detect as detect_cmd
+
+    monkeypatch.delenv("HALLUSCOPE_LM", raising=False)
+    _compile(tmp_path, "de")
+    _compile(tmp_path, "all")
+    answer, question = "Die Hauptstadt von Frankreich ist Lyon, sagt man.", "Was ist die Hauptstadt von Frankreich?"
+    context = "Die Hauptstadt von Frankreich ist Paris. Paris ist bekannt."
+    base = ["detect", "--answer", answer, "--question", question, "--context", context,
+            "--compiled-dir", str(tmp_path / "compiled")]
+
+    def no_lm(args, needed=True):
+        assert not needed, "grounded needs no LM"
+
+    monkeypatch.setattr(detect_cmd, "setup_lm", no_lm)
+    assert cli.main(base + ["--lang", "de"]) == 0
+    out, err = capsys.readouterr()
+    assert "program grounded (the default with the embedded model" in err and "compiled/grounded/de/iou/v0001" in err
+    row = json.loads(out)
+    assert [answer[s:e] for s, e in row["hard_labels"]] == ["Lyon"]
+
+    assert cli.main(base + ["--lang", "ca"]) == 0  # Catalan: no artifact of its own
+    out, err = capsys.readouterr()
+    assert "no artifact for 'ca', using the cross-lingual one" in err and "compiled/grounded/all/iou/v0001" in err
+    assert json.loads(out)["ok"] is True
+
+    args = detect_cmd_args(["--lang", "de", "--lm", "openai/gpt-4o-mini"])
+    assert detect_cmd.default_program(args, "de", lang="de", task=None)[0] == "spans"  # a capable LM: spans
+    args = detect_cmd_args(["--lang", "de", "--program", "grounded"])
+    assert detect_cmd.default_program(args, "de", lang="de", task=None) == ("grounded", "de", "")
+
+
+def detect_cmd_args(argv):
+    import argparse
+
+    import halluscope.cli.detect as detect_cmd
+
+    p = argparse.ArgumentParser()
+    detect_cmd.add_parser(p.add_subparsers())
+    return p.parse_args(["detect", *argv])
+
+
+def test_detect_default_without_grounded_artifacts_stays_spans(tmp_path):
+    import halluscope.cli.detect as detect_cmd
+
+    args = detect_cmd_args(["--lang", "de", "--compiled-dir", str(tmp_path)])
+    program, key, why = detect_cmd.default_program(args, "de", lang="de", task=None)
+    assert (program, key) == ("spans", "de") and "no grounded artifact" in why
+    args = detect_cmd_args(["--task", "qa", "--compiled-dir", str(tmp_path)])
+    assert detect_cmd.default_program(args, "qa", lang=None, task="qa") == ("spans", "qa", "")

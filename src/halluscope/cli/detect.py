@@ -4,6 +4,11 @@
     halluscope detect --lang de --metric iou --input answers.jsonl --output spans.jsonl
     halluscope detect --lang de --list                      # the versions there are, best marked
     halluscope detect --task qa --program halluclean --answer "..."   # a HalluClean artifact (keyed by task)
+
+Without ``--program``, a Mu-SHROOM-style language uses ``grounded`` when the LM is the embedded default
+(``--lm local``): the evidence-grounded unit scorer needs no capable LM. It loads the best ``grounded``
+artifact compiled for ``--lang``, or the cross-lingual one (``compiled/grounded/all/``) for a language without
+one, and says which on stderr. With another ``--lm`` the default stays ``spans``.
     halluscope detect --lang de --input rows.parquet --output out.parquet --engine ray --workers 4
 
 Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``question`` (or ``model_input``),
@@ -37,7 +42,9 @@ from halluscope.programs.registry import get, names
 
 def add_parser(subparsers) -> None:
     d = subparsers.add_parser("detect", help="run a compiled artifact on one answer or a JSONL file of answers")
-    d.add_argument("--program", choices=names(), default="spans")
+    d.add_argument("--program", choices=names(), default=None,
+                   help="default: grounded with the embedded model (--lm local; falls back to the cross-lingual "
+                        "artifact for a language without its own), spans with any other --lm")
     d.add_argument("--dataset", choices=dataset_names(), default=None,
                    help="the dataset the artifact was compiled on: it says what --lang/--task mean "
                         "(default: halluclean when --task is given, else mushroom)")
@@ -78,6 +85,9 @@ def cmd_detect(args) -> int:
         usage_error(args, "give --lang LANG or --task TASK: artifacts are stored per language or task "
                           "(compiled/<program>/<lang or task>/<metric>/)")
     key = dataset.key(lang, task)
+    args.program, key, why = default_program(args, key, lang=lang, task=task)
+    if why:
+        print(f"halluscope detect: {why}", file=sys.stderr)
     if args.list:
         versions = list_versions(args.program, key, args.metric, root=args.compiled_dir, include_invalid=True)
         if not versions:
@@ -108,9 +118,9 @@ def cmd_detect(args) -> int:
     print(f"loaded {detector.path} (v{detector.version:04d}, {m.get('optimizer', {}).get('description', '?')}, "
           f"cv {args.metric}={_fmt((m.get('cv') or {}).get('mean', {}).get('compiled', {}).get(args.metric))})",
           file=sys.stderr)
-    lm = setup_lm(args)
+    lm = setup_lm(args, needed=get(args.program).uses_lm)  # grounded needs none
     compiled_with = (m.get("task_lm") or {}).get("model")
-    if compiled_with and compiled_with != lm.model:
+    if lm is not None and compiled_with and compiled_with != lm.model:
         print(f"warning: the artifact was compiled with {compiled_with}; running it with {lm.model}", file=sys.stderr)
     extra_inputs = get(args.program).extra_inputs
     if args.answer is not None:
@@ -133,6 +143,32 @@ def cmd_detect(args) -> int:
     print(f"{stats['items']} answers: {stats['ok']} ok ({stats['with_spans']} with spans), {stats['failed']} failed, "
           f"{stats['seconds']:.1f} s -> {stats['output']}")
     return 0 if stats["failed"] == 0 else 1
+
+
+def default_program(args, key: str, *, lang: str | None, task: str | None) -> tuple[str, str, str]:
+    """``(program, artifact key, what was chosen and why)`` for ``halluscope detect``.
+
+    An explicit ``--program`` is kept (``why`` is ""), except that ``grounded`` for a language without its own
+    artifact falls back to the cross-lingual one. Without ``--program``: ``grounded`` for a language (not a
+    HalluClean task) when the LM is the embedded default or another local GGUF (``--lm local...``), else
+    ``spans``."""
+    explicit = args.program is not None
+    embedded = str(getattr(args, "lm", "local") or "local").startswith("local")
+    program = args.program or ("grounded" if embedded and lang and not task else "spans")
+    if program != "grounded" or not lang or task:
+        return program, key, ""
+    have_own = bool(list_versions("grounded", key, args.metric, root=args.compiled_dir))
+    if have_own or key == "all" or args.version is not None:
+        why = "" if explicit else (f"program grounded (the default with the embedded model; --program spans for "
+                                   f"the LM span detector), artifact for {key!r}")
+        return program, key, why
+    if list_versions("grounded", "all", args.metric, root=args.compiled_dir):
+        return program, "all", (f"program grounded{'' if explicit else ' (the default with the embedded model)'}: "
+                                f"no artifact for {key!r}, using the cross-lingual one (compiled/grounded/all/"
+                                f"{args.metric}, fitted on every validation language)")
+    if not explicit:
+        return "spans", key, f"no grounded artifact for {key!r} or 'all': using the spans program"
+    return program, key, ""
 
 
 def _fmt(d: Any) -> str:
