@@ -4,12 +4,12 @@
     halluscope detect --lang de --metric iou --input answers.jsonl --output spans.jsonl
     halluscope detect --lang de --list                      # the versions there are, best marked
     halluscope detect --task qa --program halluclean --answer "..."   # a HalluClean artifact (keyed by task)
+    halluscope detect --lang de --input rows.parquet --output out.parquet --engine ray --workers 4
 
 Without ``--program``, a Mu-SHROOM-style language uses ``grounded`` when the LM is the embedded default
 (``--lm local``): the evidence-grounded unit scorer needs no capable LM. It loads the best ``grounded``
 artifact compiled for ``--lang``, or the cross-lingual one (``compiled/grounded/all/``) for a language without
 one, and says which on stderr. With another ``--lm`` the default stays ``spans``.
-    halluscope detect --lang de --input rows.parquet --output out.parquet --engine ray --workers 4
 
 Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``question`` (or ``model_input``),
 ``context``, ``lang`` and ``id`` are optional. Each output row is ``{"id", "ok", ...Detection.to_dict()}``
