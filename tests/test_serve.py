@@ -6,6 +6,7 @@ No-LM programs (mark-all, logits) run for real; the span detector runs on a scri
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -315,10 +316,14 @@ def _free_port() -> int:
 
 def test_real_server_survives_clients_that_disconnect(tmp_path):
     write(tmp_path, "mark-all", "de")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    work = tmp_path / "work"  # the server's working directory and home: it must write nothing there
+    work.mkdir()
     port = _free_port()
+    env = {**os.environ, "HALLUSCOPE_HOME": str(work)}
     proc = subprocess.Popen([sys.executable, "-m", "halluscope", "serve", "--program", "mark-all", "--lang", "de",
                              "--compiled-dir", str(tmp_path), "--port", str(port), "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -349,3 +354,5 @@ def test_real_server_survives_clients_that_disconnect(tmp_path):
         proc.terminate()
         out, _ = proc.communicate(timeout=20)
     assert "Traceback" not in out, out
+    assert list(work.iterdir()) == []
+    assert sorted(str(p) for p in tmp_path.rglob("*") if p != work) == before  # artifacts untouched

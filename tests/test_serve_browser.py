@@ -135,12 +135,15 @@ def _wait_result(browser):
     WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "status").text == "Done.")
 
 
-def test_page_highlights_spans_by_probability_at_375px(browser, server):
+def test_page_highlights_spans_by_probability_at_375px(browser, server, tmp_path):
     _open(browser, server)
     labels = [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#artifact option")]
     assert labels[0].startswith("page-fixture · lang en · v0001") and labels[1].startswith("spans · lang de")
     browser.find_element(By.ID, "example").click()
     assert browser.find_element(By.ID, "answer").get_property("value") == ANSWER
+    notes = tmp_path / "notes.txt"
+    notes.write_text("Parliament House is in Canberra.\n", encoding="utf-8")
+    browser.find_element(By.ID, "evidence-files").send_keys(str(notes))  # an uploaded evidence file
     browser.find_element(By.ID, "submit").click()
     _wait_result(browser)
 
@@ -163,6 +166,7 @@ def test_page_highlights_spans_by_probability_at_375px(browser, server):
     assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#revision ins")] == ["Canberra,", "1913."]
     evidence = browser.find_element(By.ID, "evidence-list").text
     assert EVIDENCE in evidence and "passage-1" in evidence
+    assert "Parliament House is in Canberra." in evidence  # the file's text reached the detector
     assert "page-fixture en iou v0001" in browser.find_element(By.ID, "provenance").text
 
     # fits 375 px: nothing scrolls sideways

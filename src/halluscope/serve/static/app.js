@@ -205,7 +205,11 @@ async function submit(ev) {
   const body = { answer, question: $("question").value, program: a.program, version: a.version };
   if (a.task) body.task = a.task; else body.lang = a.lang;
   const evidence = $("evidence").value.trim();
-  if (evidence) body.evidence = [evidence];
+  body.evidence = evidence ? [evidence] : [];
+  for (const file of $("evidence-files").files) {  // read here, in the browser; sent as passages
+    const text = (await file.text()).trim();
+    if (text) body.evidence.push(text);
+  }
   $("submit").disabled = true;
   setStatus("Detecting…");
   try {
