@@ -159,14 +159,33 @@ class Detection:
         )
 
 
+def _offset(x: Any) -> int | None:
+    """A span offset as an int; None for anything that is not a finite number (NaN, None, text, a list)."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float) and math.isfinite(x):
+        return int(x)
+    return None
+
+
 def normalize_spans(spans, text_len: int) -> list[Span]:
-    """Clip spans to ``[0, text_len]``, clamp probabilities, drop empty or zero spans, sort."""
+    """Clip spans to ``[0, text_len]``, clamp probabilities, drop empty or zero spans and spans whose offsets
+    are not finite numbers, sort."""
     out = []
-    for s in spans:
-        if not isinstance(s, Span):
-            s = Span(int(s[0]), int(s[1]), s[2] if len(s) > 2 else 1.0)
-        start, end = max(0, int(s.start)), min(text_len, int(s.end))
-        prob = clamp01(s.prob)
+    for s in spans or []:
+        if isinstance(s, Span):
+            raw = (s.start, s.end, s.prob)
+        elif isinstance(s, (list, tuple)) and len(s) >= 2:
+            raw = (s[0], s[1], s[2] if len(s) > 2 else 1.0)
+        else:
+            continue
+        start, end = _offset(raw[0]), _offset(raw[1])
+        if start is None or end is None:
+            continue
+        start, end = max(0, start), min(text_len, end)
+        prob = clamp01(raw[2])
         if end > start and prob > 0.0:
             out.append(Span(start, end, prob))
     return sorted(out, key=lambda s: (s.start, s.end, -s.prob))
