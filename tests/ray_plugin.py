@@ -1,8 +1,10 @@
-"""A program for the Ray engine's tests, imported by each actor through ``RayOptions.imports``.
+"""Programs for the Ray engine's tests, imported by each actor through ``RayOptions.imports``.
 
 ``crash-once:<path>`` answers kill the worker process the first time (``os._exit``, as an OOM kill would),
 leaving ``<path>`` behind as proof; ``raise`` answers raise. Every other answer gets one span over its first
-three characters. It is registered only where it is imported (the tests restore the registry afterwards).
+three characters. ``test-lm`` asks a scripted LM once per answer (an LM the actor has without configuring
+one: the gate and the LM-usage columns see its calls). They are registered only where this module is imported
+(the tests restore the registry afterwards).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import dspy
 
 from halluscope.contract import Detection, to_prediction
 from halluscope.programs.registry import ProgramSpec, register
+from halluscope.testing import scripted_lm
 
 NAME = "test-crash-once"
+LM_NAME = "test-lm"
 
 
 class CrashOnce(dspy.Module):
@@ -36,3 +40,24 @@ def build() -> CrashOnce:
 
 
 register(ProgramSpec(name=NAME, build=build, description="test: kills its worker once", uses_lm=False))
+
+
+class AskOnce(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.ask = dspy.Predict("answer -> verdict: bool")
+        self.lm = scripted_lm({"verdict": True})
+
+    def forward(self, answer: str = "", **_):
+        with dspy.context(lm=self.lm, adapter=dspy.ChatAdapter()):
+            verdict = self.ask(answer=answer).verdict
+        return to_prediction(Detection(answer=answer, label=bool(verdict), score=1.0 if verdict else 0.0))
+
+
+def build_lm() -> AskOnce:
+    """:class:`AskOnce` (no options)."""
+    return AskOnce()
+
+
+register(ProgramSpec(name=LM_NAME, build=build_lm, description="test: one scripted LM call per answer",
+                     uses_lm=False))

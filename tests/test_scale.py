@@ -280,6 +280,17 @@ def test_a_worker_killed_mid_batch_loses_nothing(plugin, tmp_path):
     assert [r["id"] for r in got if not r["ok"]] == ["row-009"] and "failed on purpose" in got[9]["error"]
 
 
+def test_every_lm_call_of_every_actor_passes_the_global_gate(plugin, tmp_path):
+    det = _artifact(tmp_path / "compiled", program=plugin.LM_NAME)
+    src = _jsonl(tmp_path / "in.jsonl", _rows(8))
+    out = tmp_path / "out.parquet"
+    stats = detect_ray(det, src, out, opts=RayOptions(**OPTS, imports=("tests.ray_plugin",), lm_concurrency=1,
+                                                      lm_per_minute=6000))
+    assert stats["ok"] == 8 and stats["lm_calls"] == 8 and stats["lm_input_tokens"] > 0
+    assert stats["lm_gate"] == {"started": 8, "in_flight": 0, "max_in_flight": 1}
+    assert [r["lm_calls"] for r in read_output(out)] == [1] * 8 and all(r["label"] for r in read_output(out))
+
+
 def test_ray_lm_gate_is_shared_by_concurrent_callers(ray_session):
     ray = ray_session
     gate = ray.remote(num_cpus=0, max_concurrency=32)(LMGate).remote(2, None)

@@ -289,8 +289,8 @@ class DetectWorker:
         self.done = _resolve(done)
         if lm is not None:
             lm.configure(n_threads=n_threads)
-        if gate is not None:
-            dspy.configure(callbacks=[_ray_gate_callback(gate)])
+        if gate is not None:  # beside any callbacks already installed
+            dspy.configure(callbacks=[*(dspy.settings.callbacks or []), _ray_gate_callback(gate)])
         self.schema = _output_schema()
 
     def __call__(self, batch):
@@ -673,8 +673,8 @@ class EvalWorker:
         self.extra_inputs = tuple(extra_inputs)
         if lm is not None:
             lm.configure(n_threads=n_threads)
-        if gate is not None:
-            dspy.configure(callbacks=[_ray_gate_callback(gate)])
+        if gate is not None:  # beside any callbacks already installed
+            dspy.configure(callbacks=[*(dspy.settings.callbacks or []), _ray_gate_callback(gate)])
 
     def __call__(self, batch):
         import pyarrow as pa  # heavy; comes with the datasets dependency
