@@ -170,8 +170,8 @@ def track_run(
     ``step_metrics`` maps a name to ``[(step, value), ...]`` (e.g. per-fold scores); ``artifacts`` are files
     logged at the root, ``artifact_dirs`` maps a folder name inside the run to files. ``status`` is FINISHED,
     FAILED or KILLED. ``parent_run_id`` nests the run under another (the UI shows it as a child run);
-    ``datasets`` are logged as MLflow dataset inputs (see :func:`log_datasets`). Tracking never takes a run down: with ``strict=False`` (the default) an MLflow error is
-    printed and None returned.
+    ``datasets`` are logged as MLflow dataset inputs (see :func:`log_datasets`). Tracking never takes a run
+    down: with ``strict=False`` (the default) an MLflow error is printed and None returned.
     """
     try:
         return _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_metrics, tags,

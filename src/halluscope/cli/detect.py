@@ -33,6 +33,8 @@ from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
 from halluscope.cli.common import add_lm_args, resolve_dataset, setup_lm, usage_error
 from halluscope.cli.engine import add_engine_args, detect_with_ray
+from halluscope.optimize.tracing import lm_tracing
+from halluscope.optimize.tracking import experiment_name
 from halluscope.detector import detect, detect_jsonl
 from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
@@ -70,6 +72,11 @@ def add_parser(subparsers) -> None:
     d.add_argument("--no-progress", action="store_true")
     d.add_argument("--retry-failed", action="store_true",
                    help="--engine ray: a rerun also retries the rows an earlier run wrote as failed")
+    d.add_argument("--trace", action="store_true",
+                   help="record every LM call of the program as an MLflow trace (prompts and outputs, "
+                        "credentials redacted; see halluscope ui)")
+    d.add_argument("--tracking-uri", default=None,
+                   help="MLflow store for --trace (default $MLFLOW_TRACKING_URI, else the project's sqlite store)")
     add_engine_args(d)
     add_lm_args(d)
     d.set_defaults(func=cmd_detect)
@@ -123,26 +130,28 @@ def cmd_detect(args) -> int:
     if lm is not None and compiled_with and compiled_with != lm.model:
         print(f"warning: the artifact was compiled with {compiled_with}; running it with {lm.model}", file=sys.stderr)
     extra_inputs = get(args.program).extra_inputs
-    if args.answer is not None:
-        det = detect(detector, args.answer, question=args.question, context=args.context, lang=lang, task=task)
-        line = json.dumps({"id": "answer", "ok": True, **det.to_dict()}, ensure_ascii=False)
-        if args.output:
-            out = write_text_atomic(args.output, line + "\n")
-            print(f"wrote {out}", file=sys.stderr)
-        else:
-            print(line)
-        return 0
-    out = Path(args.output) if args.output else create_unique_dir(  # never shared by two runs in one second
-        paths.outputs_dir() / "detect", time.strftime("%Y%m%d-%H%M%S")) / "detections.jsonl"
-    try:
-        stats = detect_jsonl(detector, args.input, out, lang=lang, task=task, threads=args.threads,
-                             progress=not args.no_progress, extra_inputs=extra_inputs)
-    except (OSError, ValueError) as e:
-        print(f"halluscope detect: {e}", file=sys.stderr)
-        return 2
-    print(f"{stats['items']} answers: {stats['ok']} ok ({stats['with_spans']} with spans), {stats['failed']} failed, "
-          f"{stats['seconds']:.1f} s -> {stats['output']}")
-    return 0 if stats["failed"] == 0 else 1
+    with lm_tracing(args.trace, experiment=experiment_name(detector.name, detector.lang or key),
+                    tracking_uri=args.tracking_uri, kind="detect"):
+        if args.answer is not None:
+            det = detect(detector, args.answer, question=args.question, context=args.context, lang=lang, task=task)
+            line = json.dumps({"id": "answer", "ok": True, **det.to_dict()}, ensure_ascii=False)
+            if args.output:
+                out = write_text_atomic(args.output, line + "\n")
+                print(f"wrote {out}", file=sys.stderr)
+            else:
+                print(line)
+            return 0
+        out = Path(args.output) if args.output else create_unique_dir(  # never shared by two runs in one second
+            paths.outputs_dir() / "detect", time.strftime("%Y%m%d-%H%M%S")) / "detections.jsonl"
+        try:
+            stats = detect_jsonl(detector, args.input, out, lang=lang, task=task, threads=args.threads,
+                                 progress=not args.no_progress, extra_inputs=extra_inputs)
+        except (OSError, ValueError) as e:
+            print(f"halluscope detect: {e}", file=sys.stderr)
+            return 2
+        print(f"{stats['items']} answers: {stats['ok']} ok ({stats['with_spans']} with spans), "
+              f"{stats['failed']} failed, {stats['seconds']:.1f} s -> {stats['output']}")
+        return 0 if stats["failed"] == 0 else 1
 
 
 def default_program(args, key: str, *, lang: str | None, task: str | None) -> tuple[str, str, str]:

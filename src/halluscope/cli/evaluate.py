@@ -18,7 +18,8 @@ from halluscope.cli.common import add_data_args, add_lm_args, load_examples, par
 from halluscope.cli.engine import add_engine_args, evaluate_with_ray
 from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetSpec, get_dataset
-from halluscope.optimize.tracking import track_run
+from halluscope.optimize.tracing import lm_tracing
+from halluscope.optimize.tracking import experiment_name, track_run
 from halluscope.programs.registry import get, names
 from halluscope.redact import redact_obj
 from halluscope.runner import run_eval
@@ -39,6 +40,9 @@ def add_parser(sub) -> None:
                          "share of the items failed")
     ev.add_argument("--no-progress", action="store_true")
     ev.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
+    ev.add_argument("--trace", action="store_true",
+                   help="record every LM call of the program as an MLflow trace (prompts and outputs, "
+                        "credentials redacted; see halluscope ui)")
     ev.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite store in the project)")
     ev.set_defaults(func=cmd_evaluate)
 
@@ -69,8 +73,10 @@ def cmd_evaluate(args) -> int:
         lm = setup_lm(args, needed=spec.uses_lm)
         print(f"evaluating {spec.name} on {len(examples)} items of {source}"
               f"{' with ' + lm.model if lm is not None else ''}", file=sys.stderr)
-        result = run_eval(program, examples, threads=args.threads, progress=not args.no_progress,
-                          extra_inputs=spec.extra_inputs, report=spec.report)
+        with lm_tracing(args.trace, experiment=experiment_name(spec.name, args.lang or args.task),
+                        tracking_uri=args.tracking_uri, kind="evaluate"):
+            result = run_eval(program, examples, threads=args.threads, progress=not args.no_progress,
+                              extra_inputs=spec.extra_inputs, report=spec.report)
     summary = result.summary()
     if lm is not None and hasattr(lm.engine, "stats"):
         summary["engine_truncated_prompts"] = lm.engine.stats.truncated

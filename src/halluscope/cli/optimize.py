@@ -25,6 +25,8 @@ from halluscope.loaders.mushroom import load_mushroom
 from halluscope.metrics.adapters import METRIC_LEVEL, METRICS, SPAN_METRICS
 from halluscope.optimize.cv import FoldSizeError, OptimizerConfig, check_fold_sizes
 from halluscope.optimize.run import OptimizeConfig, optimizer_for, run_optimize
+from halluscope.optimize.tracing import lm_tracing
+from halluscope.optimize.tracking import experiment_name
 from halluscope.programs.registry import get, names
 
 
@@ -99,6 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlruns/mlflow.db)")
     r.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
+    r.add_argument("--trace", action="store_true",
+                   help="record every LM call of the program (compile included) as an MLflow trace (prompts "
+                        "and outputs, credentials redacted; see halluscope ui)")
     r.add_argument("--quiet", action="store_true", help="hide DSPy's optimizer log")
 
 
@@ -195,7 +200,10 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
         elif name == "write_report":
             print(format_summary(res, compiled_dir=args.compiled_dir))
 
-    res = run_optimize(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=_stderr, on_stage=on_stage)
+    with lm_tracing(getattr(args, "trace", False), experiment=experiment_name(config.program, config.lang),
+                    tracking_uri=args.tracking_uri, kind="optimize", during_compile=True):
+        res = run_optimize(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=_stderr,
+                           on_stage=on_stage)
     if res.mlflow_run_id:
         print(f"mlflow run: {res.mlflow_run_id}")
     return res.exit_code
