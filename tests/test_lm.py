@@ -9,7 +9,8 @@ import dspy
 import pytest
 
 from halluscope import lm as lmmod
-from halluscope.lm import LlamaCppEngine, _response_schema, configure, limit_schema, make_lm, usage_of
+from halluscope.lm import (LlamaCppEngine, SchemaJSONAdapter, _response_schema, configure, limit_schema, make_lm,
+                           usage_of)
 
 
 class FakeLlama:
@@ -188,7 +189,9 @@ def test_configure_picks_adapter_and_cache_folder_per_server(gguf, tmp_path, mon
     assert isinstance(dspy.settings.adapter, dspy.JSONAdapter)
     assert dspy.settings.lm is lm
     configure("openai/x", cache_dir=tmp_path / "c2", api_base="http://127.0.0.1:9/v1")
-    assert isinstance(dspy.settings.adapter, dspy.ChatAdapter)
+    assert type(dspy.settings.adapter) is SchemaJSONAdapter  # a server gets each stage's schema and budget
+    configure("openai/x", cache_dir=tmp_path / "c2", api_base="http://127.0.0.1:9/v1", adapter="chat")
+    assert type(dspy.settings.adapter) is dspy.ChatAdapter
     made = [p.name for p in (tmp_path / "c2").iterdir()]
     assert len(made) == 1 and made[0].startswith("server-")
     with pytest.raises(ValueError, match="adapter"):

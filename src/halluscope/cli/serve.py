@@ -94,7 +94,7 @@ def cmd_serve(args) -> int:
     for d in detectors:
         print(f"loaded {d.name}/{d.lang}/{d.metric} v{d.version:04d} ({d.content_hash[:12]}) from {d.path}",
               file=sys.stderr)
-    if get(args.program).uses_lm:
+    if any(get(d.name).uses_lm for d in detectors):  # else no LM is configured (nor its model loaded)
         lm = setup_lm(args)
         compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
         if compiled_with:

@@ -30,7 +30,7 @@ import asyncio
 import hmac
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from importlib import resources
 from typing import Any, Sequence
@@ -392,7 +392,7 @@ def create_app(
     @app.get("/v1/artifacts", dependencies=[Depends(require_key)], summary="The compiled artifacts loaded")
     async def artifacts_route() -> dict:
         return {"artifacts": [table[k].describe() for k in sorted(table)],
-                "limits": limits.__dict__, "lm_concurrency": lm_concurrency}
+                "limits": asdict(limits), "lm_concurrency": lm_concurrency}
 
     @app.get("/healthz", summary="Liveness: the server answers and has detectors loaded")
     async def healthz() -> dict:
