@@ -41,9 +41,9 @@ LAYER_OF_PACKAGE = {
     "halluscope.retrievers": 2,
     "halluscope.optimize": 3,
     "halluscope.cli": 4,
+    "halluscope.serve": 4,  # the HTTP server: built on the roof (detector, artifacts); the CLI starts it
 }
 ABOVE = {  # roof modules in src/halluscope
-    "halluscope.serve": 4,  # the HTTP server: built on the roof (detector, artifacts); the CLI starts it
     "halluscope.runner": 3, "halluscope.detector": 3, "halluscope.artifacts": 3,
     "halluscope.model_registry": 3, "halluscope.mlflow_model": 3,
     "halluscope.scale": 3,
@@ -228,11 +228,11 @@ def test_wheel_installs_only_the_halluscope_package(tmp_path):
     for sub in ("cli", "programs", "signatures", "metrics", "loaders", "optimize"):
         assert f"halluscope/{sub}/__init__.py" in names, sub
     assert not any(n.startswith("halluscope/tests") for n in names)
+    for name in ("index.html", "app.js", "style.css"):  # the web page of halluscope serve (package data)
+        assert f"halluscope/serve/static/{name}" in names, name
 
 
 def test_cli_runs_from_another_directory_and_writes_there(tmp_path):
-    for name in ("index.html", "app.js", "style.css"):  # the web page of halluscope serve (package data)
-        assert f"halluscope/serve/static/{name}" in names, name
     """Outputs land under the working directory (or $HALLUSCOPE_HOME), never next to the package."""
     import os
 
