@@ -309,3 +309,20 @@ def test_cli_evaluate_on_a_generic_csv_writes_predictions_and_no_submission(tmp_
     assert [r["id"] for r in rows] == ["b1"]
     summary = json.loads(next(out.rglob("*.summary.json")).read_text())["summary"]
     assert summary["n"] == 1 and summary["accuracy"] == 1.0 and "iou" not in summary
+
+
+def test_loaders_keep_no_metric_facts_and_import_no_metrics():
+    """Which metrics fit a level is the metrics layer's fact (METRIC_LEVEL); the loaders neither copy nor import it."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "loaders"
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").startswith("halluscope.metrics"), path.name
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("halluscope.metrics") for a in node.names), path.name
+            if isinstance(node, ast.Name):
+                assert node.id not in ("SPAN_METRICS", "RESPONSE_METRICS", "METRIC_LEVEL", "ALL_METRICS"), path.name
