@@ -20,6 +20,7 @@ such a literal is not logged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -28,6 +29,11 @@ import re
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 from halluscope import paths
 from halluscope.artifacts import git_commit
@@ -116,9 +122,52 @@ def metric_key(*parts: str) -> str:
 # ------------------------------------------------------------------------------------------------------
 
 
+#: How long tracking waits on a bad store. MLflow's defaults retry an HTTP request for about 4 minutes and the
+#: creation of a SQLite engine for about 100 s; a run's files are on disk anyway, so tracking gives up after a few
+#: seconds. The MLFLOW_HTTP_REQUEST_* environment variables, when set, win; HALLUSCOPE_MLFLOW_DB_RETRIES sets
+#: the SQL store's attempts.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+DB_RETRIES = 3
+
+
+def _bound_mlflow_waits() -> None:
+    import mlflow.store.db.utils as db_utils  # mlflow is imported only when tracking (about 2 s)
+
+    for k, v in HTTP_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    db_utils.MAX_RETRY_COUNT = int(os.environ.get("HALLUSCOPE_MLFLOW_DB_RETRIES", DB_RETRIES))
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str):
+    """For a SQLite store, an inter-process lock (``<db>.lock``) around one run's writes: concurrent processes
+    creating the tables of a fresh store, or writing at once, otherwise fail with "table already exists" or
+    "database is locked". Other stores (a tracking server, files) need none; where ``fcntl`` is missing
+    (Windows) concurrent runs on one SQLite store are not supported."""
+    if not uri.startswith("sqlite:///") or fcntl is None:
+        yield
+        return
+    db = Path(uri[len("sqlite:///"):])
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        f = open(str(db) + ".lock", "a+")
+    except OSError:  # an unusable location: MLflow reports it (quickly, see _bound_mlflow_waits)
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _client(tracking_uri: str | None):
     import mlflow  # noqa: F401  (about 2 s; only when tracking)
     from mlflow.tracking import MlflowClient  # (idem)
+
+    _bound_mlflow_waits()
 
     uri = resolve_tracking_uri(tracking_uri)
     return MlflowClient(tracking_uri=uri), uri
@@ -174,8 +223,9 @@ def track_run(
     down: with ``strict=False`` (the default) an MLflow error is printed and None returned.
     """
     try:
-        return _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_metrics, tags,
-                      artifact_dirs, status, run_name, parent_run_id, datasets)
+        with _store_lock(resolve_tracking_uri(tracking_uri)):
+            return _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_metrics, tags,
+                          artifact_dirs, status, run_name, parent_run_id, datasets)
     except Exception as e:
         if strict:
             raise
@@ -336,6 +386,8 @@ def runs_table(
                 "test": m.get(f"test/{mk}"),
                 "lm_calls": m.get("lm_calls"),
                 "lm_cache_hits": m.get("lm_cache_hits"),
+                "lm_tokens": (None if m.get("lm_input_tokens") is None
+                              else m["lm_input_tokens"] + m.get("lm_output_tokens", 0.0)),
                 "seconds": m.get("seconds"),
             })
         token = page.token

@@ -1,6 +1,11 @@
-"""``halluscope compare``: a table of MLflow runs (metric by language, optimizer, LM) and a PNG plot.
+"""``halluscope compare``: a table of MLflow runs (metric by language, optimizer, LM) and three PNGs.
 
-    halluscope compare --metric iou          # table + outputs/compare/iou-by-language.png
+    halluscope compare --metric iou          # table + outputs/compare/iou-{by-language,grid,frontier}.png
+
+``<metric>-by-language.png``: grouped bars; ``<metric>-grid.png``: programs × languages (or tasks) with the sd
+over CV folds; ``<metric>-frontier.png``: the metric against LM calls (``--cost tokens``: tokens) per item,
+Pareto front marked (see :mod:`halluscope.optimize.compare`). The PNGs and the rows are also logged as an
+MLflow run of the experiment ``halluscope-compare`` (``--no-mlflow`` to skip).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from pathlib import Path
 
 from halluscope import paths
 from halluscope.metrics.adapters import METRICS
+from halluscope.optimize.compare import log_views, plot_frontier, plot_grid
 from halluscope.optimize.tracking import format_table, plot_scores, resolve_tracking_uri, runs_table
 
 
@@ -24,6 +30,10 @@ def add_parser(subparsers) -> None:
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else the project's sqlite store)")
     c.add_argument("--plot", default=None, help="PNG path (default outputs/compare/<metric>-by-language.png)")
     c.add_argument("--no-plot", action="store_true")
+    c.add_argument("--cost", choices=["calls", "tokens"], default="calls",
+                   help="frontier x axis: LM calls or LM tokens per item (default calls)")
+    c.add_argument("--out-dir", default=None, help="folder of the grid and frontier PNGs (default outputs/compare)")
+    c.add_argument("--no-mlflow", action="store_true", help="do not log the PNGs to MLflow")
     c.add_argument("--max-rows", type=int, default=50, help="rows printed (newest first)")
     c.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     c.set_defaults(func=cmd_compare)
@@ -52,4 +62,19 @@ def cmd_compare(args) -> int:
             f"{args.metric.replace('+', '_')}-by-language.png"
         written = plot_scores(rows, args.metric, path)
         print(f"plot: {written}" if written else f"plot: no finished run has a {args.metric} score", file=sys.stderr)
+        out_dir = Path(args.out_dir) if args.out_dir else paths.outputs_dir() / "compare"
+        stem = args.metric.replace("+", "_")
+        grid = plot_grid(rows, args.metric, out_dir / f"{stem}-grid.png")
+        frontier = plot_frontier(rows, args.metric, out_dir / f"{stem}-frontier.png", cost=args.cost)
+        print(f"grid: {grid}" if grid else "grid: nothing to show", file=sys.stderr)
+        print(f"frontier: {frontier}" if frontier else
+              f"frontier: no finished evaluate run with LM {args.cost} and a {args.metric} score", file=sys.stderr)
+        files = [f for f in (written, grid, frontier) if f]
+        if files and not args.no_mlflow:
+            try:
+                run_id = log_views(files, rows, args.metric, tracking_uri=args.tracking_uri)
+                print(f"logged to MLflow (experiment halluscope-compare): run {run_id}", file=sys.stderr)
+            except Exception as e:  # the PNGs are on disk either way
+                print(f"warning: logging the plots to MLflow failed: {type(e).__name__}: {str(e)[:200]}",
+                      file=sys.stderr)
     return 0

@@ -1,0 +1,188 @@
+"""The comparison views of ``halluscope compare``: a programs × languages (or tasks) grid of scores with their
+cross-validation spread, and a cost–quality frontier.
+
+Rows come from :func:`halluscope.optimize.tracking.runs_table` (newest first; the latest run of each
+series and language counts). A *series* is a program and how it was made: ``spans evaluate (LM)``,
+``spans MIPROv2 [iou] (LM)`` (the cross-validated compiled mean), ``spans zero-shot, CV (LM)``.
+
+The frontier plots, per language, each evaluate run's metric against its cost per item — LM calls
+(``lm_calls / n``) or tokens (``(input + output tokens) / n``) — and marks the Pareto front: the runs no
+other run beats on both (higher score at no higher cost). Optimize runs are left out of the frontier: their
+logged LM usage is the cost of compiling, not of running the program. Both views are PNGs; :func:`log_views`
+records them (and the rows) as an MLflow run of the experiment ``halluscope-compare``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from halluscope.optimize.tracking import _client, _experiment_id
+
+__all__ = ["COMPARE_EXPERIMENT", "grid_cells", "frontier_points", "pareto_front", "plot_grid", "plot_frontier",
+           "log_views"]
+
+COMPARE_EXPERIMENT = "halluscope-compare"  # not halluscope/...: compare's own runs are not compared
+
+
+def _series(r: dict) -> list[tuple[str, float | None, float | None]]:
+    """``[(label, score, sd)]`` a row contributes to the grid (an optimize run gives compiled and zero-shot)."""
+    demo = " DEMO" if str(r.get("source", "")).startswith("demo") else ""
+    if r["kind"] == "optimize":
+        opt = str(r["optimizer"]).split("(", 1)[0].strip() or "?"
+        return [(f"{r['program']} {opt} [{r['opt_metric']}] ({r['lm']}){demo}", r["score"], r["sd"]),
+                (f"{r['program']} zero-shot, CV ({r['lm']}){demo}", r["zero_shot"], r.get("zero_shot_sd"))]
+    return [(f"{r['program']} ({r['lm']}){demo}", r["score"], None)]
+
+
+def grid_cells(rows: Sequence[dict]) -> dict[tuple[str, str], tuple[float, float | None]]:
+    """``{(series, lang): (score, sd or None)}`` from the latest finished run of each series and language."""
+    cells: dict[tuple[str, str], tuple[float, float | None]] = {}
+    for r in rows:
+        if r["status"] != "FINISHED":
+            continue
+        for label, score, sd in _series(r):
+            if score is not None:
+                cells.setdefault((label, r["lang"]), (float(score), sd))
+    return cells
+
+
+def frontier_points(rows: Sequence[dict], cost: str = "calls") -> dict[str, list[dict]]:
+    """``{lang: [{"label", "cost", "score", "run_id"}]}``: the latest finished evaluate run of each program
+    per language, with its cost per item (``cost`` "calls" or "tokens")."""
+    if cost not in ("calls", "tokens"):
+        raise ValueError(f"cost must be 'calls' or 'tokens', not {cost!r}")
+    out: dict[str, list[dict]] = {}
+    seen = set()
+    for r in rows:
+        if r["status"] != "FINISHED" or r["kind"] != "evaluate" or r["score"] is None or not r.get("n"):
+            continue
+        label = _series(r)[0][0]
+        if (label, r["lang"]) in seen:
+            continue
+        used = r.get("lm_calls") if cost == "calls" else r.get("lm_tokens")
+        if used is None:
+            continue
+        seen.add((label, r["lang"]))
+        out.setdefault(r["lang"], []).append({"label": label, "cost": float(used) / float(r["n"]),
+                                              "score": float(r["score"]), "run_id": r["run_id"]})
+    return out
+
+
+def pareto_front(points: Sequence[dict]) -> list[dict]:
+    """The points no other point dominates (score at least as high at no higher cost, and better in one),
+    sorted by cost."""
+    front = []
+    for p in points:
+        dominated = any(q["cost"] <= p["cost"] and q["score"] >= p["score"]
+                        and (q["cost"] < p["cost"] or q["score"] > p["score"]) for q in points)
+        if not dominated:
+            front.append(p)
+    return sorted(front, key=lambda p: (p["cost"], -p["score"]))
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_grid(rows: Sequence[dict], metric: str, path: str | os.PathLike) -> Path | None:
+    """A heat-map grid, series × language, each cell the score (± the sd over CV folds where there is one)."""
+    cells = grid_cells(rows)
+    if not cells:
+        return None
+    plt = _plt()
+    langs = sorted({lang for _, lang in cells})
+    series = sorted({label for label, _ in cells})
+    import numpy as np
+
+    values = np.full((len(series), len(langs)), np.nan)
+    for (label, lang), (v, _) in cells.items():
+        values[series.index(label), langs.index(lang)] = v
+    fig, ax = plt.subplots(figsize=(1.5 + 1.1 * len(langs) + 0.06 * max(len(s) for s in series),
+                                    1.2 + 0.55 * len(series)))
+    im = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", aspect="auto")
+    for (label, lang), (v, sd) in cells.items():
+        i, j = series.index(label), langs.index(lang)
+        text = f"{v:.3f}" + (f"\n±{sd:.3f}" if sd is not None else "")
+        finite = values[np.isfinite(values)]
+        dark = v < (finite.min() + finite.max()) / 2 if finite.size else True
+        ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xticks(range(len(langs)), labels=langs)
+    ax.set_yticks(range(len(series)), labels=series, fontsize=7)
+    ax.set_title(f"{metric}: latest run per program and language (± sd over CV folds)", fontsize=9)
+    fig.colorbar(im, ax=ax, label=metric)
+    return _save(fig, path)
+
+
+def plot_frontier(rows: Sequence[dict], metric: str, path: str | os.PathLike, cost: str = "calls") -> Path | None:
+    """Metric vs cost per item, one panel per language, the Pareto front joined and its points circled."""
+    points = frontier_points(rows, cost)
+    if not points:
+        return None
+    plt = _plt()
+    langs = sorted(points)
+    fig, axes = plt.subplots(1, len(langs), figsize=(4.2 * len(langs), 4.0), squeeze=False)
+    labels = sorted({p["label"] for pts in points.values() for p in pts})
+    colors = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
+    for ax, lang in zip(axes[0], langs):
+        pts = points[lang]
+        for p in pts:
+            ax.scatter(p["cost"], p["score"], color=colors[p["label"]], s=40, zorder=3)
+        front = pareto_front(pts)
+        ax.plot([p["cost"] for p in front], [p["score"] for p in front], "--", color="grey", zorder=2,
+                drawstyle="steps-post", label="Pareto front")
+        ax.scatter([p["cost"] for p in front], [p["score"] for p in front], s=160, facecolors="none",
+                   edgecolors="black", zorder=4)
+        ax.set_title(lang)
+        ax.set_xlabel("LM calls per item" if cost == "calls" else "LM tokens per item (in + out)")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], marker="o", linestyle="", color=colors[label], label=label) for label in labels]
+    handles.append(plt.Line2D([], [], marker="o", linestyle="--", color="grey", markerfacecolor="none",
+                              markeredgecolor="black", markersize=10, label="Pareto front"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(3, len(handles)), fontsize=7, frameon=False,
+               bbox_to_anchor=(0.5, -0.02 - 0.04 * (len(handles) // 3)))
+    fig.suptitle(f"cost–quality frontier: {metric} vs {'LM calls' if cost == 'calls' else 'tokens'} per item "
+                 f"(latest evaluate run per program)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(handles) // 3), 1, 1))
+    return _save(fig, path)
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    _plt().close(fig)
+    return path
+
+
+def log_views(files: Sequence[str | os.PathLike], rows: Sequence[dict], metric: str,
+              tracking_uri: str | None = None) -> str:
+    """Record the PNGs and the rows (JSON) as one run of the experiment ``halluscope-compare``; its id."""
+    client, uri = _client(tracking_uri)
+    exp_id = _experiment_id(client, COMPARE_EXPERIMENT, uri)
+    run = client.create_run(exp_id, run_name=f"compare-{metric}-{time.strftime('%Y%m%d-%H%M%S')}",
+                            tags={"halluscope.kind": "compare", "halluscope.metric": metric})
+    try:
+        client.log_param(run.info.run_id, "metric", metric)
+        client.log_metric(run.info.run_id, "runs", float(len(rows)))
+        for f in files:
+            client.log_artifact(run.info.run_id, str(f), artifact_path="compare")
+        with tempfile.TemporaryDirectory() as tmp:
+            table = Path(tmp) / "runs.json"
+            table.write_text(json.dumps(list(rows), indent=2, default=str), encoding="utf-8")
+            client.log_artifact(run.info.run_id, str(table), artifact_path="compare")
+    except Exception:
+        client.set_terminated(run.info.run_id, "FAILED")
+        raise
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
