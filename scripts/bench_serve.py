@@ -60,6 +60,15 @@ def start_server(args: list[str], env: dict) -> tuple[subprocess.Popen, str, flo
             time.sleep(0.05)
 
 
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()  # uvicorn finishes requests in flight first
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(20)
+
+
 async def load(base: str, bodies: list[dict], concurrency: int, timeout: float) -> dict:
     sem = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
@@ -110,11 +119,11 @@ def bench_no_lm(env: dict, compiled: Path, requests: int, levels: list[int]) -> 
         out["rss_mb_after"] = round(rss_mb(proc.pid), 1)
         return out
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc)
 
 
 def bench_embedded(env: dict, data_dir: Path, per_level: dict[int, int]) -> dict:
+    """The committed spans/de artifact on the embedded model: ``per_level`` = {concurrency: requests}."""
     (path,) = sorted((data_dir / "val").glob("mushroom.de-val*.jsonl"))
     # speed only; items after the 16 the artifact was compiled on
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][16:]
@@ -130,11 +139,11 @@ def bench_embedded(env: dict, data_dir: Path, per_level: dict[int, int]) -> dict
             bodies = [{"answer": r["model_output_text"], "question": r["model_input"]} for r in rows[i:i + n]]
             i += n
             out["levels"].append(asyncio.run(load(base, bodies, c, 1200)))
+            print(json.dumps(out["levels"][-1]), file=sys.stderr, flush=True)  # progress: each level as it ends
         out["rss_mb_after"] = round(rss_mb(proc.pid), 1)
         return out
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc)
 
 
 def main() -> int:
@@ -142,6 +151,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=400, help="requests per concurrency level (no-LM)")
     p.add_argument("--levels", default="1,8,32")
     p.add_argument("--embedded", action="store_true", help="also the embedded model at concurrency 1 and 4")
+    p.add_argument("--embedded-requests", default="3,4", help="requests at concurrency 1 and at 4 (default 3,4)")
+    p.add_argument("--no-lm", dest="no_lm", action="store_false", help="skip the no-LM levels")
     p.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "mushroom",
                    help="Mu-SHROOM root: German validation answers for the embedded run")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here too")
@@ -150,10 +161,12 @@ def main() -> int:
     env.pop("HALLUSCOPE_SERVE_KEY", None)
     results = {"uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
                "cpus": os.cpu_count()}
-    with tempfile.TemporaryDirectory() as tmp:
-        results["no_lm"] = bench_no_lm(env, Path(tmp), args.requests, [int(x) for x in args.levels.split(",")])
+    if args.no_lm:
+        with tempfile.TemporaryDirectory() as tmp:
+            results["no_lm"] = bench_no_lm(env, Path(tmp), args.requests, [int(x) for x in args.levels.split(",")])
     if args.embedded:
-        results["embedded"] = bench_embedded(env, args.data_dir, {1: 3, 4: 4})
+        n1, n4 = (int(x) for x in args.embedded_requests.split(","))
+        results["embedded"] = bench_embedded(env, args.data_dir, {1: n1, 4: n4})
     results["uptime_after"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     text = json.dumps(results, indent=2)
     print(text)
