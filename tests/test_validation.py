@@ -173,3 +173,32 @@ def test_salvage_quotes_from_raw_output():
     assert salvage_quotes(raw, "spans") == ([("a", 0.5), ("c", None)], 2)
     assert salvage_quotes("not json at all", "spans") is None
     assert salvage_quotes('{"spans": 3}', "spans") is None
+
+
+# -- an over-long prompt is cut, said and counted ----------------------------------------------------
+
+
+class _ByteTokenizer:
+    """One token per byte: enough for the engine's prompt budgeting."""
+
+    def tokenize(self, data: bytes, add_bos=False, special=False):
+        return list(data)
+
+    def detokenize(self, toks):
+        return bytes(toks)
+
+
+def test_an_over_long_prompt_is_cut_with_a_warning(tmp_path, caplog):
+    import logging
+
+    from halluscope.lm import LlamaCppEngine
+
+    gguf = tmp_path / "fake.gguf"
+    gguf.write_bytes(b"x")
+    engine = LlamaCppEngine(gguf, n_ctx=200)
+    engine._llm = _ByteTokenizer()
+    messages = [{"role": "system", "content": "Check it."}, {"role": "user", "content": "A" * 1000 + "END"}]
+    with caplog.at_level(logging.WARNING, logger="halluscope.lm"):
+        fitted, truncated = engine._fit(messages, max_tokens=50)
+    assert truncated and "[... truncated ...]" in fitted[1]["content"] and fitted[1]["content"].endswith("END")
+    assert any("truncated" in r.getMessage() and "n_ctx=200" in r.getMessage() for r in caplog.records)

@@ -24,6 +24,7 @@ import atexit
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from dspy.lm15 import Message, Response, Usage, response_to_events
 
 from halluscope import paths
 from halluscope.redact import redact, redact_url, register_secret
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_LM",
@@ -200,6 +203,9 @@ class LlamaCppEngine:
         head, tail = toks[: keep // 2], toks[len(toks) - (keep - keep // 2):] if keep else []
         detok = lambda t: self.llm.detokenize(t).decode("utf-8", "ignore")  # noqa: E731
         messages[i]["content"] = detok(head) + "\n[... truncated ...]\n" + detok(tail)
+        logger.warning("prompt of %d tokens does not fit n_ctx=%d with %d output tokens: truncated, %d tokens cut "
+                       "from the middle of the longest message (counted in the engine's stats.truncated)",
+                       sum(sizes) + overhead, self.n_ctx, max_tokens, len(toks) - keep)
         return messages, True
 
     # -- the engine protocol ----------------------------------------------------------------------

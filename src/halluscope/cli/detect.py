@@ -151,6 +151,10 @@ def cmd_detect(args) -> int:
             return 2
         print(f"{stats['items']} answers: {stats['ok']} ok ({stats['with_spans']} with spans), "
               f"{stats['failed']} failed, {stats['seconds']:.1f} s -> {stats['output']}")
+        truncated = getattr(getattr(lm, "engine", None), "stats", None)
+        if truncated is not None and truncated.truncated:
+            print(f"warning: {truncated.truncated} prompts were longer than the model's context and were cut in the "
+                  f"middle", file=sys.stderr)
         return 0 if stats["failed"] == 0 else 1
 
 

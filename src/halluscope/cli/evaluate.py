@@ -80,6 +80,9 @@ def cmd_evaluate(args) -> int:
     summary = result.summary()
     if lm is not None and hasattr(lm.engine, "stats"):
         summary["engine_truncated_prompts"] = lm.engine.stats.truncated
+        if lm.engine.stats.truncated:
+            print(f"warning: {lm.engine.stats.truncated} prompts were longer than the model's context and were cut "
+                  f"in the middle (engine_truncated_prompts)", file=sys.stderr)
     n_failed = sum(p is None for p in result.predictions)
     summary["failed_items"] = n_failed
     failed_run = bool(result.n) and n_failed / result.n > args.max_failed_share
