@@ -52,6 +52,7 @@ import dspy
 from halluscope.contract import Detection, Span, Unit, to_prediction
 from halluscope.lm import make_lm
 from halluscope.parallel import try_map
+from halluscope.redact import error_text
 from halluscope.text import segment
 from halluscope.programs.registry import ProgramSpec, register
 from halluscope.signatures.finch import (
@@ -269,10 +270,6 @@ def _spec_name(spec: Any) -> str:
     return str(spec) if not isinstance(spec, Mapping) else "&".join(f"{k}={v}" for k, v in spec.items())
 
 
-def _err(e: Exception) -> str:
-    return f"{type(e).__name__}: {str(e)[:300]}"
-
-
 # -- sampling -----------------------------------------------------------------------------------------
 
 
@@ -371,7 +368,7 @@ class Sampler(dspy.Module):
             else:
                 prompts[v] = question
                 failures["variant"] += 1
-                errors.append(f"variant {v}: " + (_err(out) if not ok else "empty"))
+                errors.append(f"variant {v}: " + (error_text(out) if not ok else "empty"))
         prefix = f"Context:\n{context.strip()}\n\n" if context and context.strip() else ""
 
         lms: dict[int, Any] = {}
@@ -407,7 +404,7 @@ class Sampler(dspy.Module):
                 samples.append(out)
             else:
                 failures["sampler"] += 1
-                errors.append(f"sample {job[0]} ({_spec_name(self.samplers[job[2]])}): {_err(out)}")
+                errors.append(f"sample {job[0]} ({_spec_name(self.samplers[job[2]])}): {error_text(out)}")
         return dspy.Prediction(samples=samples, failures=failures, calls=calls, errors=errors)
 
 
@@ -519,7 +516,7 @@ class FinchZK(dspy.Module):
                 got: dict[int, _Vote] = {}
                 if not ok:
                     failures["judge"] += 1
-                    errors.append(f"judge sample {s.index}: {_err(out)}")
+                    errors.append(f"judge sample {s.index}: {error_text(out)}")
                 else:
                     for v in out:
                         idx = getattr(v, "block", None)
@@ -542,7 +539,7 @@ class FinchZK(dspy.Module):
                 else:
                     if not ok:
                         failures["judge"] += 1
-                        errors.append(f"judge block {b + 1} sample {s.index}: {_err(out)}")
+                        errors.append(f"judge block {b + 1} sample {s.index}: {error_text(out)}")
                     votes[b].append(_Vote("unknown", "", s.index))
         unknown = sum(v.rating == "unknown" for bv in votes for v in bv)
         if unknown:
@@ -579,7 +576,7 @@ class FinchZK(dspy.Module):
         for b, (ok, out) in zip(flagged, try_map(fix, flagged, threads=self.num_threads)):
             if not ok:
                 failures["correct"] += 1
-                errors.append(f"correct block {b + 1}: {_err(out)}")
+                errors.append(f"correct block {b + 1}: {error_text(out)}")
                 continue
             summary, fixed = out
             summaries[b] = summary
@@ -602,7 +599,7 @@ class FinchZK(dspy.Module):
                 failures["reflect"] += 1
         except Exception as e:  # noqa: BLE001 - the block-level correction still stands
             failures["reflect"] += 1
-            errors.append(f"reflect: {_err(e)}")
+            errors.append(f"reflect: {error_text(e)}")
             revision, changes = corrected, ""
         return summaries, corrected, revision, changes
 

@@ -70,6 +70,7 @@ from dspy.utils.exceptions import AdapterParseError
 import halluscope.retrievers  # noqa: F401  (registers the kb/files/kg/search retriever specs)
 from halluscope.contract import Detection, Evidence, Span, Unit, to_prediction
 from halluscope.parallel import try_map
+from halluscope.redact import error_text
 from halluscope.programs.jointcq_align import (HALLUCINATED, LABELS, MAX_TOKENS, UNVERIFIABLE, Alignment, aggregate,
                                                align_claim, claim_score, claim_spans, pair_fields, parse_label,
                                                render_snippets)
@@ -97,10 +98,6 @@ class _LMRequests(BaseCallback):
 @lru_cache(maxsize=16)
 def _retriever(spec: str) -> Retriever:
     return make_retriever(spec)
-
-
-def _err(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e)[:300]}"
 
 
 @dataclass
@@ -210,7 +207,7 @@ class JointCQ(dspy.Module):
             found = self.retriever.retrieve(rec.searched_with, k=self.top_k, context=context)
             rec.evidence = list(found)[: self.top_k]
         except Exception as e:  # noqa: BLE001 - a failed search makes this claim unverifiable, nothing more
-            rec.status, rec.rationale = "search_failed", f"search failed: {_err(e)}"
+            rec.status, rec.rationale = "search_failed", f"search failed: {error_text(e)}"
             return
         if not rec.evidence:
             rec.status, rec.rationale = "no_evidence", "no evidence found"

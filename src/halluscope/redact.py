@@ -140,3 +140,8 @@ def redact_argv(argv: Iterable[str] | None) -> list[str] | None:
             continue
         out.append(redact(a))
     return out
+
+
+def error_text(e: BaseException) -> str:
+    """One line naming an exception for a report: ``"<Type>: <message>"``, the message cut to 300 characters."""
+    return f"{type(e).__name__}: {str(e)[:300]}"

@@ -52,6 +52,7 @@ from halluscope.detector import CompiledDetector, detect
 from halluscope.files import write_text_atomic
 from halluscope.lm import LMUsage, configure, history_since, usage_of
 from halluscope.programs.registry import get
+from halluscope.redact import error_text
 from halluscope.runner import EvalResult, score_predictions
 
 __all__ = [
@@ -239,10 +240,6 @@ def flatten_detection(det: dict) -> dict:
     return out
 
 
-def _error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e)[:300]}"
-
-
 def _row_id(value: Any) -> str | None:
     if value is None or (isinstance(value, float) and value != value):
         return None
@@ -320,7 +317,7 @@ class DetectWorker:
                          task=self.task, **extra)
             out = {**base, "ok": True, **flatten_detection(det.to_dict())}
         except Exception as e:  # one bad row never stops the job: it is written with its error
-            out = {**base, "ok": False, "error": _error_text(e)}
+            out = {**base, "ok": False, "error": error_text(e)}
         usage = usage_of(history_since(started))
         out.update(lm_calls=usage.calls, lm_input_tokens=usage.input_tokens, lm_output_tokens=usage.output_tokens)
         return out
@@ -694,7 +691,7 @@ class EvalWorker:
             extras = {k: v for k, v in pred.items() if k not in d and k != "detection"}
             out["prediction"] = json.dumps({"detection": d, "extra": extras}, ensure_ascii=False, default=str)
         except Exception as e:  # the run goes on; this example is a counted failure
-            out.update(ok=False, error=_error_text(e))
+            out.update(ok=False, error=error_text(e))
         usage = usage_of(history_since(started))
         out.update(lm_calls=usage.calls, lm_input_tokens=usage.input_tokens, lm_output_tokens=usage.output_tokens,
                    lm_cache_hits=usage.cache_hits)
