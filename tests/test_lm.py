@@ -10,6 +10,7 @@ import pytest
 
 from halluscope import lm as lmmod
 from halluscope.lm import (LlamaCppEngine, SchemaJSONAdapter, _response_schema, configure, limit_schema, make_lm,
+                           schema_bounds,
                            usage_of)
 
 
@@ -149,6 +150,35 @@ def test_limit_schema_bounds_arrays_and_nested_strings_only():
     assert "maxLength" not in out["properties"]["label"]
     assert out["$defs"]["Q"]["properties"]["text"]["maxLength"] == 50
     assert "maxItems" not in schema["properties"]["spans"]  # the input is not modified
+
+
+def test_schema_bounds_fit_a_full_list_in_the_output_budget():
+    assert schema_bounds(None, 8, 200) == (8, 200)  # no budget: as configured
+    assert schema_bounds(4096, 8, 200) == (8, 200)
+    for budget in (32, 64, 128, 256, 512, 1024):
+        items, chars = schema_bounds(budget, 8, 200)
+        assert 1 <= items <= 8 and 8 <= chars <= 200
+        # a list at its bounds (each string plus quotes/comma) stays within ~2 characters per token
+        assert items * (chars + 16) <= 2 * budget or chars == 8, (budget, items, chars)
+    assert schema_bounds(256, 8, 200) == (4, 112)
+
+
+def test_schema_adapter_sends_bounds_scaled_to_the_call_budget():
+    class Sig(dspy.Signature):
+        """Quote the false parts."""
+        answer: str = dspy.InputField()
+        quotes: list[str] = dspy.OutputField()
+
+    def sent(max_tokens):
+        kwargs = {"max_tokens": max_tokens}
+        SchemaJSONAdapter()._prepare_response_format(None, kwargs, Sig)
+        schema = kwargs["response_format"]["json_schema"]["schema"]
+        return schema["properties"]["quotes"], kwargs["extra_body"]["max_tokens"]
+
+    small, budget = sent(256)
+    assert (small["maxItems"], small["items"]["maxLength"], budget) == (4, 112, 256)
+    large, _ = sent(4096)
+    assert (large["maxItems"], large["items"]["maxLength"]) == (8, 200)
 
 
 def test_response_schema_shapes():

@@ -111,6 +111,23 @@ def limit_schema(schema: Any, max_items: int, max_string: int, _nested: bool = F
     return out
 
 
+def schema_bounds(budget: int | None, max_items: int, max_string: int) -> tuple[int, int]:
+    """``(items per list, characters per string in a list)`` so that a list at its bounds fits in ``budget``
+    output tokens: at most one item per 64 tokens, and the strings' total within two characters per token
+    (a conservative rate for non-English text), less room for quotes and commas. No budget: the bounds as given.
+
+    >>> schema_bounds(256, 8, 200)
+    (4, 112)
+    >>> schema_bounds(4096, 8, 200)
+    (8, 200)
+    """
+    if not budget:
+        return max_items, max_string
+    items = max(1, min(max_items, int(budget) // 64))
+    chars = max(8, min(max_string, (2 * int(budget)) // items - 16))
+    return items, chars
+
+
 def _response_schema(response_format: Any) -> dict | None:
     """llama-cpp-python's ``response_format`` for a DSPy/OpenAI one, or None for plain text."""
     if not response_format:
@@ -344,17 +361,18 @@ class SchemaJSONAdapter(dspy.JSONAdapter):
         self.max_items, self.max_string = max_items, max_string
 
     def _prepare_response_format(self, lm, lm_kwargs, signature):
+        budget = lm_kwargs.get("max_tokens") or (getattr(lm, "kwargs", None) or {}).get("max_tokens")
         try:  # DSPy's strict structured-output model of the signature's outputs
             model = _get_structured_outputs_response_format(signature, self.use_native_function_calling)
             schema = model.model_json_schema()
         except (ValueError, TypeError):  # an open-ended dict output: JSON mode without a schema
             lm_kwargs["response_format"] = {"type": "json_object"}
         else:
-            if self.max_items is not None:
-                schema = limit_schema(schema, self.max_items, self.max_string or 10**6)
+            if self.max_items is not None:  # bounded so that a list at its bounds fits the output budget
+                items, chars = schema_bounds(budget, self.max_items, self.max_string or 10**6)
+                schema = limit_schema(schema, items, chars)
             lm_kwargs["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": model.__name__, "schema": schema, "strict": True}}
-        budget = lm_kwargs.get("max_tokens") or (getattr(lm, "kwargs", None) or {}).get("max_tokens")
         if budget:
             lm_kwargs["extra_body"] = {**(lm_kwargs.get("extra_body") or {}), "max_tokens": int(budget)}
 
