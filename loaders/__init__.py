@@ -100,7 +100,9 @@ def _load_mushroom_dataset(data_dir=None, *, lang=None, task=None, split="val", 
             raise DatasetArgumentError(f"argument --lang: required with a Mu-SHROOM data folder ({root}); "
                                        f"choose from {', '.join(LANGS)}")
         source = "mushroom"
-    examples = load_mushroom(root, lang=lang, split=split, context=context or "none", limit=limit)
+    # "all": every language with a file in the folder (one cross-lingual artifact, keyed "all")
+    examples = load_mushroom(root, lang=None if lang == "all" else lang, split=split, context=context or "none",
+                             limit=limit)
     return examples, f"{source}/{lang or 'all'}/{split}/context={context or 'none'}"
 
 
@@ -123,7 +125,8 @@ register_dataset(DatasetSpec(
     description="Mu-SHROOM (SemEval-2025 Task 3): span-level gold in 14 languages; the built-in demo set "
                 "stands in when no data is configured (--data-dir or $HALLUSCOPE_DATA_DIR)",
     loader=_load_mushroom_dataset, level="span", splits=SPLITS, default_split="val",
-    lang=ArgRole("the Mu-SHROOM language; required with a data folder, en for the demo set", choices=LANGS),
+    lang=ArgRole("the Mu-SHROOM language, or all (every language in the folder); required with a data folder, "
+                 "en for the demo set", choices=(*LANGS, "all")),
     submission=_write_mushroom_submission,
 ))
 register_dataset(DatasetSpec(

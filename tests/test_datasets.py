@@ -173,6 +173,12 @@ def test_built_in_loaders_through_the_registry_and_the_demo_notice_is_logged(tmp
                                                               for e in examples)
     with pytest.raises(DatasetArgumentError, match="--lang: required with a Mu-SHROOM data folder"):
         get_dataset("mushroom").load(root)
+    # --lang all: every language with a file in the folder (one cross-lingual artifact, keyed "all")
+    every, source = get_dataset("mushroom").load(root, lang="all", context="native")
+    langs = {e.lang for e in every}
+    assert source == "mushroom/all/val/context=native" and len(langs) > 1 and "de" in langs
+    assert len(every) == sum(len(get_dataset("mushroom").load(root, lang=x, context="native")[0]) for x in langs)
+    assert get_dataset("mushroom").key("all", None) == "all"
 
 
 # -- the generic loader --------------------------------------------------------------------------------------
