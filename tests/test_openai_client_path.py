@@ -121,8 +121,9 @@ def test_schema_adapter_sends_the_bounded_schema_and_each_stages_budget(home):
     rf = first["response_format"]
     assert rf["type"] == "json_schema" and rf["json_schema"]["strict"] is True
     schema = rf["json_schema"]["schema"]
-    assert schema["properties"]["spans"]["maxItems"] == 8
-    assert schema["$defs"]["QuotedSpan"]["properties"]["text"]["maxLength"] == 200
+    # bounded to fit the 300-token budget (schema_bounds): 4 quotes of at most 134 characters, not 8 x 200
+    assert schema["properties"]["spans"]["maxItems"] == 4
+    assert schema["$defs"]["QuotedSpan"]["properties"]["text"]["maxLength"] == 134
     assert first["max_tokens"] == 300 and second["max_tokens"] == 64  # the LM's budget, then the stage's own
     assert second["response_format"]["json_schema"]["schema"]["required"] == ["summary"]
     assert lm.kwargs["api_base"] == base

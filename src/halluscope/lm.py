@@ -352,7 +352,8 @@ class SchemaJSONAdapter(dspy.JSONAdapter):
     Without it a small model behind such a server writes free text until the token limit (llama.cpp's server
     ignores ``max_completion_tokens``, which is what an ``openai/`` model string sends), every call fails to
     parse and DSPy calls again. The schema is bounded like the embedded engine's (:func:`limit_schema`:
-    ``max_items`` per list, ``max_string`` characters per string inside lists); ``None`` leaves it as is.
+    ``max_items`` per list, ``max_string`` characters per string inside lists, both scaled down so that a full list
+fits the call's ``max_tokens``: :func:`schema_bounds`); ``None`` leaves it as is.
     Each call's ``max_tokens`` (a program's per-stage budget, else the LM's) is sent as ``max_tokens``.
     """
 
