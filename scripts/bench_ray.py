@@ -105,7 +105,8 @@ def cmd_nolm(args) -> None:
     init_ray(RayOptions(workers=max(args.workers)))
     print(f"ray.init: {time.perf_counter() - t0:.1f} s (load {load()})")
     header()
-    run_inprocess(detector, jsonl, work / "inprocess.jsonl", len(rows), extra=extra)
+    if not args.skip_inprocess:
+        run_inprocess(detector, jsonl, work / "inprocess.jsonl", len(rows), extra=extra)
     for w in args.workers:
         run_ray(detector, parquet, work / f"ray-{w}.parquet", w, args.batch_size, extra=extra)
     shutil.rmtree(work, ignore_errors=True)
@@ -116,7 +117,7 @@ def cmd_embedded(args) -> None:
 
     data = Path(args.data_dir) / "val"
     rows = []
-    for lang in VAL_LANGS:
+    for lang in args.langs or VAL_LANGS:
         for line_ in (data / f"mushroom.{lang}-val.v2.extra.jsonl").read_text(encoding="utf-8").splitlines():
             r = json.loads(line_)
             rows.append({"id": r["id"], "answer": r["model_output_text"], "question": r["model_input"],
@@ -147,12 +148,15 @@ def main() -> None:
     a.add_argument("--rows", type=int, default=100_000)
     a.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     a.add_argument("--batch-size", type=int, default=2000)
+    a.add_argument("--skip-inprocess", action="store_true")
     b = sub.add_parser("embedded")
     b.add_argument("--rows", type=int, default=200)
     b.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     b.add_argument("--batch-size", type=int, default=5)
-    b.add_argument("--data-dir", default=os.environ.get("HALLUSCOPE_DATA_DIR", str(ROOT.parent / "shared/data/mushroom")))
+    b.add_argument("--data-dir",
+                   default=os.environ.get("HALLUSCOPE_DATA_DIR", str(ROOT.parent / "shared/data/mushroom")))
     b.add_argument("--skip-inprocess", action="store_true")
+    b.add_argument("--langs", nargs="+", default=None, help="Mu-SHROOM languages to take rows from (default: all)")
     args = p.parse_args()
     {"nolm": cmd_nolm, "embedded": cmd_embedded}[args.cmd](args)
 

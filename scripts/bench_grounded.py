@@ -1,0 +1,287 @@
+#!/usr/bin/env python
+"""Benchmarks of the ``grounded`` span detector (issue #9); every number is scored on items the combiner was
+not fitted on.
+
+  python scripts/bench_grounded.py cv        [--data-dir ../shared/data/mushroom] [--folds 5] [-O lm=true] [--limit N]
+  python scripts/bench_grounded.py ablation  [...]          # each signal alone and all together, per-language CV
+  python scripts/bench_grounded.py xling     [...]          # trained on 9 languages, scored on the 10th
+  python scripts/bench_grounded.py halluclean [--hc-dir ../shared/data/halluclean] [--limit N]
+  python scripts/bench_grounded.py speed     [...]
+
+``cv``: per language, k seeded folds (seed 0): fit on k-1 folds (``fit_grounded``, metric iou), predict the held-out
+fold; IoU / Corr / MaxIoU are the official item scores averaged over all items of the language, beside ``mark-all``
+and ``logits`` on the same items. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
+from halluscope.metrics.mushroom import score_item
+from halluscope.programs.registry import get
+
+
+from halluscope.programs.grounded.detector import GroundedDetector, fit_grounded
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_opts(pairs: list[str]) -> dict:
+    out = {}
+    for p in pairs or []:
+        k, _, v = p.partition("=")
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def folds_of(n: int, k: int, seed: int = 0) -> list[list[int]]:
+    idx = list(range(n))
+    random.Random(seed).shuffle(idx)
+    return [sorted(idx[i::k]) for i in range(k)]
+
+
+def inputs_of(ex) -> dict:
+    return {"question": ex.get("question", ""), "answer": ex.answer, "lang": ex.get("lang", ""),
+            "context": ex.get("context", ""), "model_output_tokens": ex.get("model_output_tokens"),
+            "model_output_logits": ex.get("model_output_logits")}
+
+
+def gold_of(ex) -> dict:
+    return {"text": ex.answer, "hard_labels": ex.hard_labels, "soft_labels": ex.soft_labels,
+            "annotations": ex.get("annotations") or {}}
+
+
+def score(examples, preds) -> dict:
+    s = [score_item(gold_of(ex), {"hard_labels": p.hard_labels, "soft_labels": p.soft_labels})
+         for ex, p in zip(examples, preds)]
+    return {k: float(np.mean([x[k] for x in s])) for k in ("iou", "corr", "maxiou")}
+
+
+def baseline(name: str, examples) -> dict:
+    prog = get(name).make()
+    return score(examples, [prog(**inputs_of(ex)) for ex in examples])
+
+
+def cv_predict(examples, opts: dict, k: int, metric: str, seed: int = 0, fit_log: list | None = None) -> list:
+    preds = [None] * len(examples)
+    for fold in folds_of(len(examples), k, seed):
+        held = set(fold)
+        train = [ex for i, ex in enumerate(examples) if i not in held]
+        module = GroundedDetector(**opts)
+        t = time.perf_counter()
+        info = fit_grounded(module, train, metric)
+        if fit_log is not None:
+            fit_log.append({"seconds": time.perf_counter() - t, "threshold": info["threshold"], "floor": info["floor"]})
+        for i in fold:
+            preds[i] = module(**inputs_of(examples[i]))
+    return preds
+
+
+def load(args, lang):
+    return load_mushroom(args.data_dir, lang=lang, split="val", context=args.context, limit=args.limit)
+
+
+def cmd_cv(args):
+    opts = parse_opts(args.O)
+    rows, means = [], {"grounded": [], "mark-all": [], "logits": []}
+    fails_total: dict = {}
+    for lang in args.langs:
+        exs = load(args, lang)
+        t = time.perf_counter()
+        log: list = []
+        preds = cv_predict(exs, opts, args.folds, args.metric, fit_log=log)
+        secs = time.perf_counter() - t
+        for p in preds:
+            for k2, v in p.failures.items():
+                fails_total[k2] = fails_total.get(k2, 0) + v
+        g = score(exs, preds)
+        ma, lg = baseline("mark-all", exs), baseline("logits", exs)
+        for name, s in (("grounded", g), ("mark-all", ma), ("logits", lg)):
+            means[name].append(s)
+        rows.append((lang, len(exs), g, ma, lg, secs, np.mean([x["threshold"] for x in log])))
+        print(f"{lang}: grounded {g['iou']:.3f}/{g['corr']:.3f}  mark-all {ma['iou']:.3f}/{ma['corr']:.3f}  "
+              f"logits {lg['iou']:.3f}/{lg['corr']:.3f}  ({secs:.1f}s)", file=sys.stderr, flush=True)
+    print(f"\n{args.folds}-fold CV per language, options {opts or '{}'}, metric {args.metric}, context {args.context}\n")
+    print("| language | items | grounded IoU / Corr / MaxIoU | mark-all IoU / Corr / MaxIoU | logits IoU / Corr / MaxIoU | above mark-all | mean threshold |")
+    print("|---|---|---|---|---|---|---|")
+    f = lambda s: f"{s['iou']:.3f} / {s['corr']:.3f} / {s['maxiou']:.3f}"  # noqa: E731
+    for lang, n, g, ma, lg, secs, thr in rows:
+        print(f"| {lang} | {n} | {f(g)} | {f(ma)} | {f(lg)} | {'yes' if g['iou'] > ma['iou'] else 'NO'} | {thr:.3f} |")
+    m = {k: {kk: float(np.mean([s[kk] for s in v])) for kk in ("iou", "corr", "maxiou")} for k, v in means.items()}
+    print(f"| **mean** | {sum(r[1] for r in rows)} | **{f(m['grounded'])}** | {f(m['mark-all'])} | {f(m['logits'])} | "
+          f"{sum(r[2]['iou'] > r[3]['iou'] for r in rows)}/{len(rows)} | |")
+    print(f"\nfailures (counted, per item-prediction): {fails_total}")
+    return m
+
+
+def cmd_ablation(args):
+    base = parse_opts(args.O)
+    configs = {
+        "support only": {"support": True, "idf": False, "genlogits": False, "lm": False},
+        "idf only": {"support": False, "idf": True, "genlogits": False, "lm": False},
+        "genlogits only": {"support": False, "idf": False, "genlogits": True, "lm": False},
+        "support + idf": {"support": True, "idf": True, "genlogits": False, "lm": False},
+        "all no-LM (support + idf + genlogits)": {"support": True, "idf": True, "genlogits": True, "lm": False},
+    }
+    if base.get("lm"):
+        configs["lm only"] = {"support": False, "idf": False, "genlogits": False, "lm": True}
+        configs["all + lm"] = {"support": True, "idf": True, "genlogits": True, "lm": True}
+    data = {lang: load(args, lang) for lang in args.langs}
+    print(f"\nAblation: {args.folds}-fold CV per language, mean over {len(args.langs)} languages ({', '.join(args.langs)})\n")
+    print("| signals | mean IoU | mean Corr | mean MaxIoU | languages above mark-all |")
+    print("|---|---|---|---|---|")
+    ma = {lang: baseline("mark-all", exs) for lang, exs in data.items()}
+    for name, cfg in configs.items():
+        opts = {**base, **cfg}
+        per = {lang: score(exs, cv_predict(exs, opts, args.folds, args.metric)) for lang, exs in data.items()}
+        m = {k: np.mean([s[k] for s in per.values()]) for k in ("iou", "corr", "maxiou")}
+        above = sum(per[lang]["iou"] > ma[lang]["iou"] for lang in data)
+        print(f"| {name} | {m['iou']:.3f} | {m['corr']:.3f} | {m['maxiou']:.3f} | {above}/{len(data)} |", flush=True)
+
+
+def cmd_xling(args):
+    opts = parse_opts(args.O)
+    data = {lang: load(args, lang) for lang in args.langs}
+    print(f"\nLeave-one-language-out: fitted on the other {len(data) - 1} languages, scored on the held-out one; options {opts or '{}'}\n")
+    print("| held-out language | items | grounded IoU / Corr / MaxIoU | mark-all IoU / Corr | threshold |")
+    print("|---|---|---|---|---|")
+    allg, allm = [], []
+    for lang, exs in data.items():
+        train = [ex for l2, e2 in data.items() if l2 != lang for ex in e2]
+        module = GroundedDetector(**opts)
+        info = fit_grounded(module, train, args.metric)
+        g = score(exs, [module(**inputs_of(ex)) for ex in exs])
+        ma = baseline("mark-all", exs)
+        allg.append(g)
+        allm.append(ma)
+        print(f"| {lang} | {len(exs)} | {g['iou']:.3f} / {g['corr']:.3f} / {g['maxiou']:.3f} | {ma['iou']:.3f} / {ma['corr']:.3f} | {info['threshold']:.3f} |", flush=True)
+    mg = {k: np.mean([s[k] for s in allg]) for k in ("iou", "corr", "maxiou")}
+    mm = {k: np.mean([s[k] for s in allm]) for k in ("iou", "corr")}
+    print(f"| **mean** | | **{mg['iou']:.3f} / {mg['corr']:.3f} / {mg['maxiou']:.3f}** | {mm['iou']:.3f} / {mm['corr']:.3f} | |")
+
+
+def _f1_bacc(y: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
+    tp = float(np.sum(pred & y)); fp = float(np.sum(pred & ~y)); fn = float(np.sum(~pred & y)); tn = float(np.sum(~pred & ~y))
+    f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+    bacc = 0.5 * (tp / max(tp + fn, 1) + tn / max(tn + fp, 1))
+    return f1, bacc
+
+
+def _auc(y: np.ndarray, s: np.ndarray) -> float:
+    from scipy.stats import rankdata
+    r = rankdata(s)
+    npos, nneg = int(y.sum()), int((~y).sum())
+    return float((r[y].sum() - npos * (npos + 1) / 2) / max(npos * nneg, 1))
+
+
+def cv_threshold(y: np.ndarray, s: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
+    """Held-out predictions: for each of ``k`` folds (stratified by label, seeded), the threshold on the
+    response score with the best F1 on the other folds."""
+    pred = np.zeros(len(y), dtype=bool)
+    rng = random.Random(seed)
+    pos, neg = [i for i in range(len(y)) if y[i]], [i for i in range(len(y)) if not y[i]]
+    rng.shuffle(pos)
+    rng.shuffle(neg)
+    folds = [pos[j::k] + neg[j::k] for j in range(k)]
+    for fold in folds:
+        train = np.ones(len(y), dtype=bool)
+        train[fold] = False
+        cands = np.unique(s[train])
+        best = max(cands, key=lambda t: (_f1_bacc(y[train], s[train] >= t)[0], -t))
+        pred[fold] = s[fold] >= best
+    return pred
+
+
+def cmd_halluclean(args):
+    """Response level: the combiner fitted on every Mu-SHROOM validation language (spans), the knowledge or
+    document as the evidence; response score = an aggregate of the unit probabilities; the decision threshold
+    on it chosen by k-fold CV on the HalluClean labels (F1 of the hallucinated class)."""
+    from halluscope.loaders.halluclean import load_halluclean
+
+    opts = parse_opts(args.O)
+    module = GroundedDetector(**opts)
+    train = [ex for lang in VAL_LANGS for ex in load_mushroom(args.data_dir, lang=lang, split="val", context=args.context)]
+    fit_grounded(module, train, "iou")
+    print(f"\nHalluClean dev sets, response level: grounded fitted on the {len(train)} Mu-SHROOM validation items "
+          f"(10 languages, span labels); evidence = knowledge (QA, dialogue) / document (summarization); threshold "
+          f"by {args.folds}-fold CV on the labels; options {opts or '{}'}\n")
+    print("| task | cases (hallucinated) | aggregate | F1 | balanced acc. | AUC | HalluClean paper best F1 |")
+    print("|---|---|---|---|---|---|---|")
+    paper = {"qa": 71.5, "dialogue": 77.1, "summarization": 65.9}
+    for task in ("qa", "dialogue", "summarization"):
+        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
+        y = np.array([bool(ex.label) for ex in exs])
+        aggs: dict[str, list[float]] = {"max": [], "mean": [], "share above t": []}
+        for ex in exs:
+            _, probs = module.unit_probs(question=ex.get("question", ""), answer=ex.answer, context=ex.get("context", ""),
+                                         lang="en")
+            probs = np.asarray(probs) if len(probs) else np.zeros(1)
+            aggs["max"].append(float(probs.max()))
+            aggs["mean"].append(float(probs.mean()))
+            aggs["share above t"].append(float((probs > module.threshold).mean()))
+        for name, vals in aggs.items():
+            sc = np.asarray(vals)
+            pred = cv_threshold(y, sc, args.folds)
+            f1, bacc = _f1_bacc(y, pred)
+            print(f"| {task} | {len(y)} ({int(y.sum())}) | {name} | {100 * f1:.1f} | {100 * bacc:.1f} | "
+                  f"{_auc(y, sc):.3f} | {paper[task]} |", flush=True)
+
+
+def cmd_speed(args):
+    """Per language: the time to fit on all items (the compiled artifact's fit) and to predict them all."""
+    opts = parse_opts(args.O)
+    print(f"\nSpeed, options {opts or '{}'} (fit = fit_grounded on all items of the language; predict = one "
+          f"forward per item with the fitted program, features included)\n")
+    print("| language | items | units/item | fit s (CPU) | fit s (wall) | predict items/s (CPU) | predict items/s (wall) |")
+    print("|---|---|---|---|---|---|---|")
+    tot_items, tot_secs, tot_cpu = 0, 0.0, 0.0
+    for lang in args.langs:
+        exs = load(args, lang)
+        module = GroundedDetector(**opts)
+        t, c = time.perf_counter(), time.process_time()
+        fit_grounded(module, exs, args.metric)
+        fit_s, fit_c = time.perf_counter() - t, time.process_time() - c
+        t, c = time.perf_counter(), time.process_time()
+        preds = [module(**inputs_of(ex)) for ex in exs]
+        pred_s, pred_c = time.perf_counter() - t, time.process_time() - c
+        tot_items, tot_secs, tot_cpu = tot_items + len(exs), tot_secs + pred_s, tot_cpu + pred_c
+        units = np.mean([len(p.units) for p in preds])
+        print(f"| {lang} | {len(exs)} | {units:.0f} | {fit_c:.2f} | {fit_s:.2f} | {len(exs) / pred_c:.0f} | "
+              f"{len(exs) / pred_s:.0f} |", flush=True)
+    print(f"| **all** | {tot_items} | | | | **{tot_items / tot_cpu:.0f}** | {tot_items / tot_secs:.0f} |")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["cv", "ablation", "xling", "halluclean", "speed"])
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "mushroom"))
+    ap.add_argument("--hc-dir", default=str(ROOT.parent / "shared" / "data" / "halluclean"))
+    ap.add_argument("--context", default="native")
+    ap.add_argument("--langs", nargs="+", default=list(VAL_LANGS))
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--metric", default="iou")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("-O", action="append", default=[], help="build option name=value (JSON value)")
+    args = ap.parse_args(argv)
+    t = time.perf_counter()
+    {"cv": cmd_cv, "ablation": cmd_ablation, "xling": cmd_xling,
+     "halluclean": lambda a: cmd_halluclean(a), "speed": lambda a: cmd_speed(a)}[args.command](args)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\nwall {time.perf_counter() - t:.1f} s, peak RSS {rss:.0f} MB", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
