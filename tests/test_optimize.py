@@ -589,3 +589,28 @@ def test_detect_routes_halluclean_artifacts_by_their_task():
     assert seen["task"] == "" and seen["lang"] == "de"
     detect(Recorder(), "x", lang="en", task="dialogue")
     assert seen["task"] == "dialogue"
+
+
+def test_default_program_is_grounded_on_the_embedded_model_for_span_data(tmp_path, demo_env, capsys, monkeypatch):
+    """The README's main command (no --program, --lm local) fits the grounded combiner — what detect then loads
+    by default — and says so; any other LM, an injected LM, response-level data or metric keeps spans."""
+    from halluscope.cli.optimize import build_parser, default_program, main
+
+    p = build_parser()
+    pick = lambda *argv, **kw: default_program(p.parse_args(list(argv)), **kw)[0]  # noqa: E731
+    assert pick("--lang", "de") == "grounded"
+    assert pick("--lang", "de", "--lm", "local:/models/other.gguf") == "grounded"
+    assert pick("--lang", "de", "--lm", "openai/gpt-4o-mini") == "spans"
+    assert pick("--lang", "de", injected_lm=True) == "spans"
+    assert pick("--lang", "de", "--metric", "f1") == "spans"
+    assert pick("--task", "qa", "--metric", "f1") == "spans"
+    assert pick("--lang", "de", "--program", "finch") == "finch"
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--metric", "iou", "--lang", "de", "--no-mlflow", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "program grounded (the default with the embedded model" in err
+    assert [v.version for v in A.list_versions("grounded", "de", "iou", root=tmp_path / "compiled")] == [1]
+    assert not (tmp_path / "compiled" / "spans").exists()
+    det = A.load_compiled("grounded", lang="de", metric="iou", root=tmp_path / "compiled")
+    assert det.manifest["program"] == "grounded" and det.manifest["cv"]["k"] == 2

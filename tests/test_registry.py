@@ -266,7 +266,8 @@ def test_optimize_cli_bad_option_exits_2(option, needles, no_data_dir, capsys):
     from halluscope.cli.optimize import main
 
     with pytest.raises(SystemExit) as e:
-        main(["--metric", "iou", "--lang", "de", "--data-dir", no_data_dir, "--no-mlflow", "-O", option])
+        main(["--program", "spans", "--metric", "iou", "--lang", "de", "--data-dir", no_data_dir, "--no-mlflow",
+              "-O", option])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: optimize.py") and "optimize.py: error:" in err
@@ -275,8 +276,8 @@ def test_optimize_cli_bad_option_exits_2(option, needles, no_data_dir, capsys):
 
 
 def test_optimize_py_script_bad_option_exits_2(no_data_dir):
-    proc = subprocess.run([sys.executable, str(ROOT / "optimize.py"), "--metric", "iou", "--lang", "de",
-                           "--data-dir", no_data_dir, "--no-mlflow", "-O", "nonsense=1"],
+    proc = subprocess.run([sys.executable, str(ROOT / "optimize.py"), "--program", "spans", "--metric", "iou",
+                           "--lang", "de", "--data-dir", no_data_dir, "--no-mlflow", "-O", "nonsense=1"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     assert "unknown option 'nonsense' for program 'spans'; valid options: fuzzy_threshold, reasoning, use_context" \

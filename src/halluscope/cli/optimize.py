@@ -56,7 +56,9 @@ def add_parser(subparsers) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--program", choices=names(), default="spans", help="detector program (registry name)")
+    p.add_argument("--program", choices=names(), default=None,
+                   help="detector program (registry name); default: grounded for span data on the embedded model "
+                        "(--lm local: its combiner is fitted, no prompt to optimise), else spans (MIPROv2)")
     p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
                    help="program build option, e.g. -O reasoning=true (repeatable)")
     p.add_argument("--metric", choices=list(METRICS), default="iou",
@@ -107,7 +109,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--quiet", action="store_true", help="hide DSPy's optimizer log")
 
 
+def default_program(args, *, injected_lm: bool = False) -> tuple[str, str]:
+    """``(program, why)`` when ``--program`` is not given: ``grounded`` for span-level data scored with a span
+    metric when the LM is the embedded default (or another local GGUF) — the 135M model cannot write the quotes
+    that ``spans`` needs, while the grounded combiner beats mark-all (BENCHMARKS.md) — else ``spans``, the LM
+    span detector MIPROv2 optimises. ``why`` is printed; it is "" for an explicit ``--program``."""
+    if args.program:
+        return args.program, ""
+    embedded = not injected_lm and str(getattr(args, "lm", "local") or "local").startswith("local")
+    span_data = args.task is None and (args.dataset or "mushroom") == "mushroom"
+    if embedded and span_data and METRIC_LEVEL.get(args.metric) == "span":
+        return "grounded", ("program grounded (the default with the embedded model: evidence support, IDF and the "
+                            "generating model's logits fused by a fitted combiner; --program spans optimises the "
+                            "LM span detector's prompt with MIPROv2 instead)")
+    return "spans", ""
+
+
 def validate_args(p: argparse.ArgumentParser, args) -> None:
+    if args.program is None:
+        args.program, _ = default_program(args)
     dataset = check_data_args(args)  # --lang/--task/--split/--column as the dataset reads them (exit 2)
     problem = dataset.metric_problem(args.metric, METRIC_LEVEL[args.metric])
     if problem:
@@ -147,6 +167,9 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     ``task_lm``/``prompt_lm`` inject ready ``dspy.LM`` objects (tests, notebooks) instead of ``--lm``/``--prompt-lm``.
     """
     parser = parser or build_parser()
+    args.program, why = default_program(args, injected_lm=task_lm is not None)
+    if why:
+        _stderr(why)
     validate_args(parser, args)
     if args.quiet:
         logging.getLogger("dspy").setLevel(logging.WARNING)
