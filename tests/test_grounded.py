@@ -542,6 +542,35 @@ def test_lm_scorer_rows_cache_and_evidence_selection(tmp_path):
     assert token_char_offsets("ab", [b"x", b"b"]) == [None, (1, 2)]
 
 
+def test_lm_scorer_evidence_is_budgeted_in_tokens_of_its_own_script(tmp_path):
+    """A Chinese character is three byte-tokens for the stub (SmolLM2: two or three): the evidence must still
+    fit ``max_evidence_tokens``, not a character budget that was meant for English."""
+    from halluscope.programs.grounded.lmscore import LMScorer
+
+    be = StubBackend()
+    sc = LMScorer(cache_dir=tmp_path, backend=be, max_evidence_tokens=40)
+    zh = "巴黎是法国的首都。" * 20 + "柏林是德国的首都。" * 20
+    ev = sc.evidence_for("巴黎", zh, "zh")
+    assert ev and len(be.tokenize(ev)) <= 40
+    en = "Paris is the capital of France. " * 20
+    ev_en = sc.evidence_for("Paris", en, "en")
+    assert 0 < len(be.tokenize(ev_en)) <= 40
+    assert sc.evidence_for("Paris", "   ", "en") == ""
+
+
+def test_token_logprobs_from_rows_is_the_log_softmax_of_the_target():
+    import numpy as np
+
+    from halluscope.programs.grounded.lmscore import token_logprobs_from_rows
+
+    rows = np.array([[0.0, 0.0], [2.0, 0.0], [1000.0, 0.0]])  # the last would overflow a naive softmax
+    out = token_logprobs_from_rows(rows, [1, 0, 1])
+    assert out[0] == pytest.approx(np.log(0.5))
+    assert out[1] == pytest.approx(2.0 - np.log(np.exp(2.0) + 1.0))
+    assert out[2] == pytest.approx(-1000.0) and all(np.isfinite(out))
+    assert token_logprobs_from_rows(np.zeros((0, 2)), []) == []
+
+
 def test_lm_signal_through_the_program_with_a_stub(tmp_path):
     from halluscope.programs.grounded.lmscore import LMScorer
 

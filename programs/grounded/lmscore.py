@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import threading
 from pathlib import Path
@@ -87,18 +86,29 @@ class LlamaBackend:
         return self.llm.detokenize(tokens)
 
     def logprobs(self, tokens: list[int], start: int) -> list[float]:
-        tokens = list(tokens)[-self.n_ctx:] if len(tokens) > self.n_ctx else list(tokens)
+        if len(tokens) > self.n_ctx:  # keep the end (the answer); the prompt's beginning goes
+            start = max(1, start - (len(tokens) - self.n_ctx))
+            tokens = list(tokens)[-self.n_ctx:]
+        tokens = list(tokens)
+        start = max(1, start)
+        if start >= len(tokens):
+            return []
         with self._lock:
             self.llm.reset()
             self.llm.eval(tokens)
             self.tokens_evaluated += len(tokens)
-            scores = np.asarray(self.llm.scores[:len(tokens)], dtype=np.float64)
-        out = []
-        for i in range(max(1, start), len(tokens)):
-            row = scores[i - 1]
-            m = row.max()
-            out.append(float(row[tokens[i]] - m - math.log(np.exp(row - m).sum())))
-        return out
+            # only the rows that predict tokens[start:] (a view, then one float64 copy of those rows)
+            rows = np.asarray(self.llm.scores[start - 1:len(tokens) - 1], dtype=np.float64)
+        return token_logprobs_from_rows(rows, tokens[start:])
+
+
+def token_logprobs_from_rows(rows: np.ndarray, targets: list[int]) -> list[float]:
+    """log softmax(rows[i])[targets[i]] for each row: the log-probability the model gave each next token."""
+    if len(targets) == 0:
+        return []
+    m = rows.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(rows - m).sum(axis=1))
+    return [float(x) for x in rows[np.arange(len(targets)), np.asarray(targets)] - lse]
 
 
 def select_evidence(answer: str, context: str, budget_chars: int, lang: str = "en") -> str:
@@ -185,12 +195,26 @@ class LMScorer:
         h = hashlib.sha256(json.dumps([name, self.max_evidence_tokens, *parts]).encode("utf-8")).hexdigest()
         return h[:40]
 
+    def evidence_for(self, answer: str, context: str, lang: str = "en") -> str:
+        """The evidence sentences most relevant to the answer within ``max_evidence_tokens`` *tokens*: the
+        character budget comes from this context's own characters per token (a Chinese character is two or
+        three tokens for SmolLM2's tokenizer, an English word about one), and the selection is cut to the
+        token budget exactly."""
+        if not context.strip() or self.max_evidence_tokens <= 0:
+            return ""
+        be = self.backend
+        sample = context[:2000]
+        per_token = len(sample) / max(1, len(be.tokenize(sample)))
+        evidence = select_evidence(answer, context, int(self.max_evidence_tokens * per_token), lang)
+        toks = be.tokenize(evidence)
+        if len(toks) > self.max_evidence_tokens:
+            evidence = be.detokenize(toks[:self.max_evidence_tokens]).decode("utf-8", "ignore")
+        return evidence
+
     def token_logprobs(self, question: str, answer: str, context: str, lang: str = "en") -> dict:
         """``{"pieces": [hex bytes], "with": [...], "without": [...], "tokens": n}`` for the answer's tokens."""
         be = self.backend
-        # ~4 characters per token for the embedded tokenizer in Latin script; fewer elsewhere (budget in chars)
-        budget = self.max_evidence_tokens * (4 if context.isascii() else 2)
-        evidence = select_evidence(answer, context, budget, lang)
+        evidence = self.evidence_for(answer, context, lang)
         key = self._key(be.name, question, answer, evidence)
         path = self.cache_dir / key[:2] / f"{key}.json"
         try:
