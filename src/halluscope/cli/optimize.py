@@ -117,7 +117,8 @@ def default_program(args, *, injected_lm: bool = False) -> tuple[str, str]:
     if args.program:
         return args.program, ""
     embedded = not injected_lm and str(getattr(args, "lm", "local") or "local").startswith("local")
-    span_data = args.task is None and (args.dataset or "mushroom") == "mushroom"
+    dataset = args.dataset or ("halluclean" if args.task else "mushroom")  # check_data_args's default
+    span_data = args.task is None and get_dataset(dataset).level == "span"
     if embedded and span_data and METRIC_LEVEL.get(args.metric) == "span":
         return "grounded", ("program grounded (the default with the embedded model: evidence support, IDF and the "
                             "generating model's logits fused by a fitted combiner; --program spans optimises the "
