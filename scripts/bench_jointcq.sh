@@ -16,7 +16,7 @@ for lang in en zh; do
   $PY scripts/bench_medico.py --dataset mushroom --lang $lang --data-dir $M --out "$W/kb"
 done
 $PY scripts/bench_medico.py --dataset halluclean --task qa --data-dir $H --out "$W/kb"
-common="--limit $LIMIT --lm local --cache-dir $W/cache --no-progress --no-mlflow"
+common="--limit $LIMIT --lm local --cache-dir $W/cache --no-progress --no-mlflow --max-failed-share 1"
 for lang in en zh; do
   echo "== mushroom $lang (uptime: $(uptime))"
   $LOCK $HS evaluate --program jointcq --lang $lang --split val --data-dir $M --context native $common \
