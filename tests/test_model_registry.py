@@ -163,3 +163,70 @@ def test_mlflow_models_serve_offline(tmp_path, store):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _serve_app(argv, monkeypatch):
+    """``halluscope serve ARGV`` up to the point where uvicorn would start: (exit status, the app it would serve)."""
+    import uvicorn
+
+    from halluscope.cli import build_parser
+
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app, **kw))
+    args = build_parser().parse_args(["serve", *argv])
+    return args.func(args), started.get("app")
+
+
+def test_serve_model_uri_from_the_registry(tmp_path, store, monkeypatch, capsys):
+    """``halluscope serve --model models:/NAME@ALIAS`` (no --lang needed) serves the registered artifact under
+    its program and language, beside local ones, loaded without pickles and with the hash checks."""
+    from fastapi.testclient import TestClient
+
+    root = tmp_path / "compiled"
+    de = A.write_artifact(get("mark-all").make(), {"source": "fixture"}, program_name="mark-all", lang="de",
+                          metric="iou", root=root)
+    en = A.write_artifact(get("mark-all").make(), {"source": "fixture"}, program_name="mark-all", lang="en",
+                          metric="iou", root=root)
+    reg = register_artifact(de.path, tracking_uri=store)
+    assert reg.uri == "models:/halluscope-mark-all-de@champion"
+    _no_unpickling(monkeypatch)
+
+    rc, app = _serve_app(["--model", reg.uri, "--tracking-uri", store], monkeypatch)
+    assert rc == 0, capsys.readouterr().err
+    assert "loaded mark-all/de/iou v0001" in capsys.readouterr().err
+    with TestClient(app) as c:
+        arts = c.get("/v1/artifacts").json()["artifacts"]
+        assert [(a["program"], a["lang"], a["version"], a["content_hash"]) for a in arts] == [
+            ("mark-all", "de", 1, de.content_hash)]
+        r = c.post("/v1/detect", json={"answer": "Die Provinz heißt Álava."})  # the only one: no lang needed
+        assert r.status_code == 200, r.text
+        assert r.json()["hard_labels"] == [[0, 24]]
+        assert r.json()["artifact"] == {"program": "mark-all", "key": "de", "metric": "iou", "version": 1,
+                                        "content_hash": de.content_hash}
+
+    # beside a local artifact named by --lang, each under its own language; the same artifact twice is one
+    rc, app = _serve_app(["--model", reg.uri, "--model", reg.uri, "--tracking-uri", store, "--program",
+                          "mark-all", "--lang", "en", "--lang", "de", "--compiled-dir", str(root)], monkeypatch)
+    assert rc == 0
+    with TestClient(app) as c:
+        arts = c.get("/v1/artifacts").json()["artifacts"]
+        assert [(a["lang"], a["content_hash"]) for a in arts] == [("de", de.content_hash), ("en", en.content_hash)]
+        for lang, h in (("de", de.content_hash), ("en", en.content_hash)):
+            r = c.post("/v1/detect", json={"answer": "Eins.", "lang": lang})
+            assert r.status_code == 200 and r.json()["artifact"]["content_hash"] == h
+
+    # bad URIs and unknown aliases are start-up errors naming the problem (exit 2, nothing served)
+    for argv, words in ((["--model", "halluscope-mark-all-de"], "models:/NAME@ALIAS"),
+                        (["--model", "models:/halluscope-mark-all-de@nope"], "cannot load"),
+                        ([], "--lang or --task")):
+        rc, app = _serve_app([*argv, "--tracking-uri", store], monkeypatch)
+        assert rc == 2 and app is None
+        assert words in capsys.readouterr().err
+
+    # a different artifact under the same program/language/version as the registered one is refused
+    other = tmp_path / "other"
+    A.write_artifact(get("mark-all").make(), {"source": "another fixture"}, program_name="mark-all", lang="de",
+                     metric="iou", root=other)
+    rc, app = _serve_app(["--model", reg.uri, "--tracking-uri", store, "--program", "mark-all", "--lang", "de",
+                          "--compiled-dir", str(other)], monkeypatch)
+    assert rc == 2 and "two different artifacts" in capsys.readouterr().err

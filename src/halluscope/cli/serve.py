@@ -3,7 +3,13 @@
     halluscope serve --program spans --lang de                       # http://127.0.0.1:8000/ and /docs
     halluscope serve --program spans --lang de --lang en --port 9000  # several languages at once
     halluscope serve --program halluclean --task qa --version 1
+    halluscope serve --model models:/halluscope-spans-de@champion    # a registered MLflow model (see register)
     HALLUSCOPE_SERVE_KEY=... halluscope serve --lang de --host 0.0.0.0   # a key is required off loopback
+
+``--model URI`` (repeatable) loads a model registered with ``halluscope register`` from the MLflow registry
+(``--tracking-uri``, default ``$MLFLOW_TRACKING_URI`` or the project's store), verified like a local artifact
+(content hash, signature) and served under its program and language like one named by ``--lang``;
+``--program``/``--metric``/``--version`` apply to ``--lang``/``--task`` only.
 
 The artifacts are loaded (and verified) once at start-up; the LM is configured only when a loaded program
 uses one. Clients send ``X-API-Key`` when a key is set.
@@ -17,7 +23,7 @@ import os
 import sys
 import time
 
-from halluscope.artifacts import ArtifactError, load_compiled
+from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
 from halluscope.cli.common import add_lm_args, setup_lm
 from halluscope.detector import CompiledDetector
 from halluscope.metrics.adapters import METRICS
@@ -39,6 +45,12 @@ def add_parser(subparsers) -> None:
                    help="metric the artifacts were optimised for (default: the program's)")
     g.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best of each")
     g.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
+    g.add_argument("--model", action="append", default=[], metavar="URI",
+                   help="an MLflow registered model to serve, models:/NAME@ALIAS or models:/NAME/VERSION "
+                        "(repeat for several; --lang/--task are then optional)")
+    g.add_argument("--tracking-uri", default=None,
+                   help="MLflow store holding the --model registry (default $MLFLOW_TRACKING_URI, else the "
+                        "project's sqlite store)")
     n = s.add_argument_group("server")
     n.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     n.add_argument("--port", type=int, default=8000)
@@ -66,15 +78,33 @@ def is_loopback(host: str) -> bool:
 def resolve_detectors(args) -> list[CompiledDetector]:
     """The compiled detectors the arguments name, loaded and verified (raises ArtifactError/ValueError).
 
-    This is the one place that knows where artifacts come from: another source (a model registry URI) plugs in
-    here and hands :func:`halluscope.serve.create_app` more ``CompiledDetector`` objects."""
-    spec = get(args.program)
-    metric = args.metric or spec.default_metric
+    This is the one place that knows where artifacts come from: local version folders (``--lang``/``--task``)
+    and MLflow registered models (``--model``), each verified by :func:`load_compiled`; all are handed to
+    :func:`halluscope.serve.create_app` as ``CompiledDetector`` objects and addressed by program/language/version.
+    The same artifact named twice is served once; two different ones under the same address are refused."""
     keys = [*args.lang, *args.task]
-    if not keys:
-        raise ValueError("name at least one --lang or --task to serve")
-    return [load_compiled(args.program, lang=key, metric=metric, version=args.version, root=args.compiled_dir)
-            for key in dict.fromkeys(keys)]
+    models = list(dict.fromkeys(getattr(args, "model", None) or []))
+    if not keys and not models:
+        raise ValueError("name at least one --lang or --task (or --model models:/NAME@ALIAS) to serve")
+    for uri in models:
+        if not uri.startswith(MODEL_URI_PREFIX):
+            raise ValueError(f"--model {uri!r}: expected an MLflow registered-model URI, models:/NAME@ALIAS or "
+                             f"models:/NAME/VERSION")
+    detectors = []
+    if keys:
+        metric = args.metric or get(args.program).default_metric
+        detectors += [load_compiled(args.program, lang=key, metric=metric, version=args.version,
+                                    root=args.compiled_dir) for key in dict.fromkeys(keys)]
+    for uri in models:
+        detectors.append(load_compiled(uri, tracking_uri=getattr(args, "tracking_uri", None)))
+    seen: dict[tuple[str, str, int], CompiledDetector] = {}
+    for d in detectors:
+        other = seen.setdefault((d.name, d.lang, d.version), d)
+        if other is not d and other.content_hash != d.content_hash:
+            raise ValueError(f"two different artifacts are both {d.name}/{d.lang} v{d.version:04d} ({other.path} "
+                             f"and {d.path}); the server addresses them by program, language and version: serve "
+                             f"one of them")
+    return list(seen.values())
 
 
 def cmd_serve(args) -> int:
