@@ -166,6 +166,15 @@ class ProgramSpec:
     # them to anything but the default or an embedded/configured LM ("self", "local") is refused on load
     # unless the loading user opts in (halluscope.artifacts.load_compiled(trust_endpoints=True)).
     endpoint_options: tuple[str, ...] = ()
+    # Optional: lm_when(options) -> bool, for a program that uses an LM only with some options (``grounded``
+    # with ``lm_detectors``); :meth:`needs_lm` reads it, ``uses_lm`` stays the default-options answer.
+    lm_when: Callable[[dict], bool] | None = None
+
+    def needs_lm(self, options: dict | None = None) -> bool:
+        """Whether a module built with ``options`` calls the configured DSPy LM."""
+        if self.lm_when is None:
+            return self.uses_lm
+        return bool(self.lm_when({**self.options, **(options or {})}))
 
     def __post_init__(self):
         _build_parameters(self.build, self.name)  # refuses catch-alls and options without defaults

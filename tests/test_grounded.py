@@ -652,3 +652,63 @@ def test_detect_default_without_grounded_artifacts_stays_spans(tmp_path):
     assert (program, key) == ("spans", "de") and "no grounded artifact" in why
     args = detect_cmd_args(["--task", "qa", "--compiled-dir", str(tmp_path)])
     assert detect_cmd.default_program(args, "qa", lang=None, task="qa") == ("spans", "qa", "")
+
+
+# ---------------------------------------------------------------------------------------------------
+# signal 4: other detectors as features (system combination)
+# ---------------------------------------------------------------------------------------------------
+
+def _oracle_spans_lm(fail_on: str = ""):
+    """A scripted LM for the ``spans`` program that quotes the wrong entity of the fixture answers (the name
+    that differs from the question's fact) — a strong detector — and fails for answers containing ``fail_on``."""
+    from halluscope.testing import scripted_lm
+
+    wrong = {w for _, _, w in FACTS}
+
+    def responder(call):
+        answer = call.inputs.get("answer", "")
+        if fail_on and fail_on in answer:
+            raise RuntimeError("the LM is unreachable")
+        hits = [w for w in wrong if w in answer]
+        return {"spans": [{"text": w, "probability": 0.9} for w in hits]}
+    return scripted_lm(responder)
+
+
+def test_detectors_option_validated_and_needs_an_lm_only_when_set():
+    spec = get("grounded")
+    assert spec.needs_lm({}) is False and spec.needs_lm({"detectors": "spans"}) is True
+    with pytest.raises(ValueError, match="not a span detector to combine; choose from"):
+        spec.make(detectors="grounded")
+    with pytest.raises(ValueError, match="halluclean"):  # response-level programs are not span detectors
+        spec.make(detectors="halluclean")
+    with pytest.raises(ValueError, match="twice"):
+        spec.make(detectors="spans,spans")
+    m = spec.make(detectors="spans")
+    assert m.features[-3:] == ["det_spans", "win_det_spans", "det_spans_missing"]
+    assert [n for n, _ in m.named_predictors()] == ["detectors[0].extract"]  # what an optimiser sees
+
+
+def test_another_detector_as_a_feature_is_fitted_saved_and_imputed_when_it_fails():
+    exs = fixture_examples(16)
+    with dspy.context(lm=_oracle_spans_lm(fail_on="Turku"), adapter=dspy.JSONAdapter()):
+        alone = get("grounded").make(support=False, idf=False, genlogits=False)
+        fit_grounded(alone, exs[:12], "iou")
+        m = get("grounded").make(support=False, idf=False, genlogits=False, detectors="spans")
+        info = fit_grounded(m, exs[:12], "iou")
+        assert info["weights"]["det_spans"] > 1.0  # the combiner learnt to trust the oracle detector
+        bad = exs[12]  # "Brocken" instead of "Zugspitze": the detector quotes it
+        p = m(**inputs(bad))
+        start = bad.answer.index("Brocken")
+        assert p.hard_labels == [[start, start + len("Brocken")]]
+        assert alone(**inputs(bad)).hard_labels != p.hard_labels  # without the detector: only position/shape
+        # the detector fails on one item: counted, its columns imputed, the item still gets a prediction
+        turku = next(ex for ex in exs if "Turku" in ex.answer)
+        q = m(**inputs(turku))
+        assert q.failures.get("detector_failed:spans") == 1 and q.soft_labels is not None
+        # the sub-detector's state travels with the combiner (JSON), and a program without it refuses it
+        state = json.loads(json.dumps(m.dump_state()))
+        assert state["grounded"]["detectors"]["spans"]["extract"]["signature"]["instructions"]
+        again = get("grounded").make(support=False, idf=False, genlogits=False, detectors="spans").load_state(state)
+        assert again(**inputs(bad)).hard_labels == p.hard_labels
+        with pytest.raises(ValueError, match="features"):
+            get("grounded").make(support=False, idf=False, genlogits=False).load_state(state)

@@ -25,4 +25,5 @@ register(ProgramSpec(
     uses_lm=False,
     extra_inputs=("model_output_tokens", "model_output_logits"),
     fit=fit_grounded,
+    lm_when=lambda options: bool(str(options.get("detectors") or "").strip()),
 ))

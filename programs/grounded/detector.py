@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import time
 
@@ -13,12 +14,29 @@ import numpy as np
 
 from halluscope.contract import Detection, Span, Unit, to_prediction
 from halluscope.programs.grounded.combiner import Combiner, char_probs, choose_threshold, rescale
-from halluscope.programs.grounded.features import GEN, LM, feature_names, item_features
+from halluscope.programs.grounded.features import GEN, LM, detector_features, feature_names, item_features
 from halluscope.programs.grounded.lmscore import LMScorer
 from halluscope.programs.grounded.support import IdfTable
 from halluscope.programs.grounded.units import units_of
+from halluscope.programs.registry import get
+from halluscope.programs.registry import names as registry_names
 
-__all__ = ["GroundedDetector", "DEFAULT_WEIGHTS", "fit_grounded", "unit_targets", "STATE_KEY"]
+__all__ = ["GroundedDetector", "DEFAULT_WEIGHTS", "fit_grounded", "unit_targets", "STATE_KEY", "parse_detectors"]
+
+logger = logging.getLogger(__name__)
+
+
+def parse_detectors(spec: str) -> list[str]:
+    """``"spans, finch"`` -> ``["spans", "finch"]``, each a registered span-level program other than grounded
+    (ValueError naming the choices otherwise)."""
+    names = [n.strip() for n in str(spec or "").split(",") if n.strip()]
+    ok = sorted(n for n in registry_names() if n != "grounded" and get(n).level == "span")
+    for n in names:
+        if n not in ok:
+            raise ValueError(f"detectors: {n!r} is not a span detector to combine; choose from {', '.join(ok)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"detectors: {spec!r} names a detector twice")
+    return names
 
 STATE_KEY = "grounded"
 #: failures of gen_features that leave the whole item without generator logits
@@ -61,18 +79,26 @@ class GroundedDetector(dspy.Module):
         fuzzy: rapidfuzz partial-ratio support (near matches, transliterations).
         l2: L2 penalty of the logistic regression (1/C).
         aggregate: response-level score from the unit probabilities: "max" or "top3" (mean of the 3 highest).
+        detectors: signal 4 — other registered span programs run on each item, comma-separated (e.g. "spans"
+            or "spans,finch"); their span probabilities become features (UCSC-style system combination).
+            They call the configured DSPy LM; as submodules their prompts are what MIPROv2 optimises, and the
+            combiner is fitted on their outputs.
     """
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, window: int = 2,
-                 fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max"):
+                 fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = ""):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
+        self.detector_names = parse_detectors(detectors)
+        # submodules in a list: DSPy's named_predictors() finds their predictors (optimisers see them)
+        self.detectors = [get(name).make() for name in self.detector_names]
         self.use_support, self.use_idf, self.use_gen, self.use_lm = bool(support), bool(idf), bool(genlogits), bool(lm)
         self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
         self.window, self.fuzzy, self.l2, self.aggregate = int(window), bool(fuzzy), float(l2), aggregate
-        self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm)
+        self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
+                                      tuple(self.detector_names))
         self.combiner = Combiner(self.features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)]
                                  + [DEFAULT_WEIGHTS.get(f, 0.0) for f in self.features])
         self.threshold, self.floor = 0.5, 0.0
@@ -98,14 +124,38 @@ class GroundedDetector(dspy.Module):
                                                       lang=lang or "en")
             except Exception as e:  # noqa: BLE001 — the LM signal falls back, the item goes on
                 lm_rows, lm_fail = None, f"lm_error:{type(e).__name__}"
+        det_spans, det_fail = self.detector_spans(question=question or "", answer=answer or "",
+                                                  context=context or "", lang=lang or "en")
         feats = item_features(answer or "", question or "", context or "", names=self.features,
                               idf_table=self.idf_table, tokens=model_output_tokens, logits=model_output_logits,
-                              lm_rows=lm_rows, window=self.window, fuzzy=self.fuzzy)
+                              lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy)
+        for k, v in det_fail.items():
+            feats.failures[k] = feats.failures.get(k, 0) + v
         if self.use_lm and lm_rows is None and (answer or "").strip():
             feats.failures["lm_missing"] = feats.failures.get("lm_missing", 0) + 1
         if lm_fail:
             feats.failures["lm_error"] = feats.failures.get("lm_error", 0) + 1
         return feats
+
+    def detector_spans(self, question: str, answer: str, context: str, lang: str) -> tuple[dict, dict]:
+        """``({name: spans or None}, failures)``: each other detector's spans on the item; None (and a counted
+        ``detector_failed:<name>``) when it raised or could not parse its LM output, so its columns are imputed."""
+        out, failures = {}, {}
+        if not answer.strip():
+            return {name: [] for name in self.detector_names}, failures
+        for name, module in zip(self.detector_names, self.detectors):
+            try:
+                pred = module(question=question, answer=answer, context=context, lang=lang)
+                fails = dict(getattr(pred, "failures", None) or {})
+                if fails.get("parse") or fails.get("error"):
+                    raise ValueError(f"{name} could not parse its LM output")
+                out[name] = list(getattr(pred, "spans", None) or [])
+            except Exception as e:  # noqa: BLE001 — one detector failing is a missing signal, not a failed item
+                logger.debug("grounded: detector %s failed: %s", name, e)
+                out[name] = None
+                key = f"detector_failed:{name}"
+                failures[key] = failures.get(key, 0) + 1
+        return out, failures
 
     def unit_probs(self, **inputs):
         """``(ItemFeatures, unit probabilities)`` before rescaling (what fit and the benchmarks use).
@@ -126,6 +176,9 @@ class GroundedDetector(dspy.Module):
             groups.append(GEN)
         if feats.failures.keys() & {"lm_missing", "lm_error"}:
             groups.append(LM)
+        for name in self.detector_names:
+            if f"detector_failed:{name}" in feats.failures:
+                groups.append(detector_features(name))
         if not groups:
             return X
         X = X.copy()
@@ -185,6 +238,7 @@ class GroundedDetector(dspy.Module):
             "floor": float(self.floor),
             "idf": self.idf_table.to_dict(),
             "fitted": json.loads(json.dumps(self.fitted, default=float)),
+            "detectors": {name: m.dump_state() for name, m in zip(self.detector_names, self.detectors)},
         }}
 
     def load_state(self, state, **_):
@@ -205,6 +259,12 @@ class GroundedDetector(dspy.Module):
         self.combiner, self.threshold, self.floor = comb, threshold, floor
         self.idf_table = IdfTable.from_dict(st.get("idf") or {})
         self.fitted = dict(st.get("fitted") or {})
+        saved = st.get("detectors") or {}
+        if sorted(saved) != sorted(self.detector_names):
+            raise ValueError(f"grounded: the state's detectors {sorted(saved)} differ from this program's "
+                             f"{self.detector_names} (build it with the same options)")
+        for name, module in zip(self.detector_names, self.detectors):
+            module.load_state(saved[name])
         return self
 
 

@@ -11,7 +11,9 @@ Groups (each switched by a build option of the program):
 * ``idf``: the unit's IDF over the split's evidence (:class:`.support.IdfTable`) and ``idf_unsup``;
 * ``genlogits`` (:mod:`.genlogits`): the generating model's token logits, and their window mean;
 * ``lm`` (:mod:`.lmscore`): the embedded LM's log-probability of the unit's tokens with vs. without the
-  evidence (``lm_delta``, its window mean) and without it (``lm_lp``), ``lm_missing``.
+  evidence (``lm_delta``, its window mean) and without it (``lm_lp``), ``lm_missing``;
+* ``lm_detectors``: other registered span detectors run on the item (``det_<name>``: their span probability
+  over the unit, its window mean, ``det_<name>_missing``) — the UCSC system combination.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from halluscope.programs.grounded.genlogits import gen_features
 from halluscope.programs.grounded.support import IdfTable, TextIndex, support_features
 from halluscope.programs.grounded.units import AnswerUnit, units_of
 
-__all__ = ["feature_names", "ItemFeatures", "item_features"]
+__all__ = ["feature_names", "detector_features", "ItemFeatures", "item_features", "unit_span_probs"]
 
 BASE = ("is_num", "is_cjk", "is_cap", "log_len", "rel_pos")
 SUPPORT = ("ctx_exact", "ctx_prefix", "ctx_fuzzy", "ctx_phrase", "q_exact", "q_prefix", "q_fuzzy",
@@ -35,7 +37,14 @@ GEN = ("gen_low", "gen_first", "gen_missing", "win_gen")
 LM = ("lm_delta", "lm_lp", "win_lm_delta", "lm_missing")
 
 
-def feature_names(support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False) -> list[str]:
+def detector_features(name: str) -> tuple[str, str, str]:
+    """The columns of another span detector used as a signal (UCSC-style system combination): its character
+    probability over the unit (max), the mean of that over the window, and whether it failed on the item."""
+    return (f"det_{name}", f"win_det_{name}", f"det_{name}_missing")
+
+
+def feature_names(support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
+                  detectors: tuple[str, ...] = ()) -> list[str]:
     names = list(BASE)
     if support:
         names += SUPPORT
@@ -45,7 +54,25 @@ def feature_names(support: bool = True, idf: bool = True, genlogits: bool = True
         names += GEN
     if lm:
         names += LM
+    for d in detectors:
+        names += detector_features(d)
     return names
+
+
+def unit_span_probs(units: list[AnswerUnit], spans) -> list[float]:
+    """For each unit, the highest probability of a span (``{"start", "end", "prob"}``) overlapping it."""
+    out = []
+    for u in units:
+        best = 0.0
+        for s in spans or []:
+            try:
+                a, b, p = int(s["start"]), int(s["end"]), float(s.get("prob", 1.0))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if a < u.end and b > u.start and math.isfinite(p):
+                best = max(best, min(1.0, max(0.0, p)))
+        out.append(best)
+    return out
 
 
 @dataclass
@@ -79,9 +106,10 @@ def _is_cap(answer: str, u: AnswerUnit) -> float:
 
 def item_features(answer: str, question: str = "", context: str = "", *, names: list[str],
                   idf_table: IdfTable | None = None, tokens=None, logits=None, lm_rows=None,
-                  window: int = 2, fuzzy: bool = True) -> ItemFeatures:
+                  detector_spans: dict | None = None, window: int = 2, fuzzy: bool = True) -> ItemFeatures:
     """Features of every unit of ``answer`` in the order ``names``; ``lm_rows`` are the per-unit features of
-    :func:`.lmscore.lm_unit_features` (or None when the LM signal is off or failed)."""
+    :func:`.lmscore.lm_unit_features` (or None when the LM signal is off or failed); ``detector_spans`` maps
+    each other detector's name to its spans on this answer (None when it failed)."""
     units = units_of(answer or "")
     failures: dict[str, int] = {}
     n = len(units)
@@ -127,6 +155,13 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
         for k in ("lm_delta", "lm_lp", "lm_missing"):
             cols[k] = [float(r[k]) for r in lm_rows]
         cols["win_lm_delta"] = _window_mean(cols["lm_delta"], window)
+    detectors = [k[len("det_"):-len("_missing")] for k in names if k.startswith("det_") and k.endswith("_missing")]
+    for name in detectors:
+        det, win, missing = detector_features(name)
+        spans = (detector_spans or {}).get(name)
+        probs = unit_span_probs(units, spans) if spans is not None else [0.0] * n
+        cols[det], cols[win] = probs, _window_mean(probs, window)
+        cols[missing] = [0.0 if spans is not None else 1.0] * n
     X = np.array([cols[k] for k in names], dtype=float).T
     bad = ~np.isfinite(X)
     if bad.any():

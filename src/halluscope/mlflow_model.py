@@ -56,7 +56,7 @@ class CompiledArtifactModel(PythonModel):
         self.detector = load_artifact_dir(context.artifacts[ARTIFACT_KEY])
         spec = get(self.detector.name)
         self.extra_inputs = tuple(spec.extra_inputs)
-        if spec.uses_lm and dspy.settings.lm is None:
+        if spec.needs_lm(self.detector.manifest.get("program_options")) and dspy.settings.lm is None:
             from halluscope.lm import configure  # loads llama.cpp for the embedded model: only when needed
 
             configure(os.environ.get("HALLUSCOPE_LM", "local"), api_base=os.environ.get("HALLUSCOPE_API_BASE"))

@@ -50,11 +50,12 @@ def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> in
 
     print(f"loaded {detector.path} (v{detector.version:04d}, hash {detector.content_hash[:12]})", file=sys.stderr)
     spec = get(args.program)
+    needs_lm = spec.needs_lm(detector.manifest.get("program_options"))
     out = Path(args.output) if args.output else paths.outputs_dir() / "detect" / time.strftime(
         "%Y%m%d-%H%M%S") / "detections.parquet"
     try:
         stats = detect_ray(detector, args.input, out, opts=ray_options(args), lang=lang, task=task,
-                           lm=LMConfig.from_args(args) if spec.uses_lm else None, extra_inputs=spec.extra_inputs,
+                           lm=LMConfig.from_args(args) if needs_lm else None, extra_inputs=spec.extra_inputs,
                            retry_failed=args.retry_failed)
     except (OSError, ValueError, ImportError, ArtifactError) as e:  # scale.ResumeError is a ValueError
         print(f"halluscope detect: {e}", file=sys.stderr)
@@ -77,7 +78,7 @@ def evaluate_with_ray(args, spec, options: dict, examples):
     """``halluscope evaluate --engine ray``: the :class:`EvalResult`, or None after printing a bad-input error."""
     try:
         return evaluate_ray(spec.name, options, examples, opts=ray_options(args),
-                            lm=LMConfig.from_args(args) if spec.uses_lm else None)
+                            lm=LMConfig.from_args(args) if spec.needs_lm(options) else None)
     except (ValueError, ImportError) as e:
         print(f"halluscope evaluate: {e}", file=sys.stderr)
         return None

@@ -70,7 +70,7 @@ def cmd_evaluate(args) -> int:
         if result is None:
             return 2
     else:
-        lm = setup_lm(args, needed=spec.uses_lm)
+        lm = setup_lm(args, needed=spec.needs_lm(options))
         print(f"evaluating {spec.name} on {len(examples)} items of {source}"
               f"{' with ' + lm.model if lm is not None else ''}", file=sys.stderr)
         with lm_tracing(args.trace, experiment=experiment_name(spec.name, args.lang or args.task),
