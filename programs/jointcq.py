@@ -24,8 +24,10 @@ Pipeline for a question q and an answer a (one :class:`JointCQ` call):
    sentence is (or, with ``unaligned_counts``, any unaligned claim); unverifiable and failed claims count as
    not hallucinated.
 
-Alignment similarity: rapidfuzz ``token_set_ratio`` over word tokens, threshold ``align_threshold`` (0.5, the
-paper's); why that one is in :mod:`halluscope.programs.jointcq_align`, with the other deterministic parts.
+Alignment similarity: content-word containment — the share of the claim's content words (function words and
+the question's words dropped) that the sentence contains, exactly or, for words of 4+ letters without digits,
+with rapidfuzz ``ratio`` >= 85 — threshold ``align_threshold`` (0.5, the paper's); why that one (and not
+rapidfuzz ``token_set_ratio``) is in :mod:`halluscope.programs.jointcq_align`, with the other deterministic parts.
 
 Contract mapping
 ----------------
@@ -128,7 +130,8 @@ class JointCQ(dspy.Module):
     """JointCQ (see the module docstring).
 
     Args:
-        retriever: evidence spec for make_retriever: "context" (the item's own context), "kb:INDEX_DIR", ...
+        retriever: evidence spec for make_retriever: "context" (the item's own context), "kb:INDEX_DIR", ...;
+            an artifact may not set "search:URL" (refused on load without --trust-artifact-endpoints).
         top_k: snippets fetched per claim (one search call per claim).
         use_queries: search with the generated queries; false = the "w/o queries" ablation (claims as queries).
         batch_verify: verify all claims in one call (VerifyClaims) instead of one call per claim.
@@ -389,4 +392,6 @@ register(ProgramSpec(
     default_metric="iou",
     report=jointcq_report,
     fit=fit_claim_queries,
+    # "search:URL" sends $HALLUSCOPE_SEARCH_KEY to URL: an artifact may not choose it (halluscope.artifacts)
+    endpoint_options=("retriever",),
 ))

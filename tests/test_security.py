@@ -163,6 +163,7 @@ def _reseal(version_dir: Path, **options) -> None:
     ("finch", "samplers", [{"lm": "self", "api_base": "http://evil.example/v1"}]),
     ("finch", "improver", "openai/gpt-4o"),
     ("medico", "search", "http://evil.example/search"),
+    ("jointcq", "retriever", "search:http://evil.example/collect?q=1"),
 ])
 def test_artifact_options_choosing_an_endpoint_or_model_are_refused_without_opt_in(tmp_path, program, option,
                                                                                    value):
@@ -190,6 +191,54 @@ def test_artifact_with_harmless_lm_choices_loads(tmp_path):
                      root=tmp_path)
     det = A.load_compiled("finch", lang="de", metric="iou", root=tmp_path)
     assert det.manifest["program_options"]["samplers"][0].startswith("self")
+
+
+@pytest.mark.parametrize("value, refused", [
+    ("search:http://evil.example/api", True),
+    ("search:https://evil.example/api", True),
+    ("SEARCH:http://evil.example/api", True),
+    ("kb:http://evil.example/index", True),        # a URL anywhere
+    ("nosuch:x", True),                            # not a local retriever
+    (["search:http://evil.example/api"], True),    # not a spec string
+    ("search", False),                             # the loading user's own $HALLUSCOPE_SEARCH_URL
+    ("context", False),
+    ("context:800", False),
+    ("kb:/data/index", False),
+    ("files:/data/a.txt,/data/b.md", False),
+    ("kg:/data/triples.tsv", False),
+])
+def test_jointcq_retriever_judged_as_an_endpoint_only_when_it_sends_requests(value, refused):
+    from halluscope.programs.registry import get
+
+    spec = get("jointcq")
+    assert "retriever" in spec.endpoint_options
+    if refused:
+        with pytest.raises(A.ArtifactEndpointError) as e:
+            A.check_endpoint_options(spec, {"retriever": value}, "x")
+        assert "retriever=" in str(e.value) and "--trust-artifact-endpoints" in str(e.value)
+    else:
+        A.check_endpoint_options(spec, {"retriever": value}, "x")
+
+
+def test_jointcq_search_artifact_never_contacts_the_host_nor_sends_the_key(tmp_path, monkeypatch, capsys):
+    """Without the opt-in, nothing is built from the options: no search request leaves with the key."""
+    import urllib.request
+
+    from halluscope.cli import main as cli_main
+    from halluscope.programs.registry import get
+
+    sent = []
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: sent.append(a) or (_ for _ in ()).throw(OSError))
+    monkeypatch.setenv("HALLUSCOPE_SEARCH_KEY", "sk-search-secret-123456")
+    spec = get("jointcq")
+    art = A.write_artifact(spec.make(), {"program_options": spec.options}, program_name="jointcq", lang="de",
+                           metric="iou", root=tmp_path)
+    _reseal(art.path, retriever="search:http://evil.example/collect")
+    rc = cli_main(["detect", "--program", "jointcq", "--lang", "de", "--compiled-dir", str(tmp_path),
+                   "--question", "q?", "--answer", "Berlin is in France."])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--trust-artifact-endpoints" in err and "retriever" in err
+    assert sent == [] and "sk-search-secret" not in err
 
 
 def test_detect_cli_refuses_an_endpoint_choosing_artifact(tmp_path, capsys):

@@ -121,13 +121,37 @@ def _chooses_endpoint(value: Any) -> bool:
     return True
 
 
+# Retrievers that read only local data (the item's context, a knowledge-base index, files, a triples file).
+_LOCAL_RETRIEVERS = {"context", "kb", "files", "kg"}
+
+
+def _retriever_chooses_endpoint(value: Any) -> bool:
+    """Whether a retriever spec (JointCQ's ``retriever``) sends requests somewhere the artifact chose: a search
+    spec with a URL (``search:URL``: the search retriever sends ``$HALLUSCOPE_SEARCH_KEY`` there), any URL, or
+    a retriever other than the local ones (:data:`_LOCAL_RETRIEVERS`). A bare ``search`` uses the loading
+    user's own ``$HALLUSCOPE_SEARCH_URL`` (as MEDICO's ``sources=...,search`` does) and is not refused."""
+    if not isinstance(value, str):
+        return True
+    prefix, _, arg = value.partition(":")
+    prefix = prefix.strip().lower()
+    if prefix == "search":
+        return bool(arg.strip())
+    return prefix not in _LOCAL_RETRIEVERS or "://" in value
+
+
+# How an endpoint option's value is judged, by option name; any other name is an LM/server/URL option.
+_ENDPOINT_JUDGES = {"retriever": _retriever_chooses_endpoint}
+
+
 def check_endpoint_options(spec, options: dict, where: str | os.PathLike = "artifact") -> None:
     """Refuse (:class:`ArtifactEndpointError`) options of ``spec.endpoint_options`` that an artifact set to an
-    LM, server or URL other than the program's default or ``self``/``local``: the manifest's content hash is
-    unkeyed, so anyone who can edit an artifact could otherwise send the loading user's API keys anywhere."""
+    LM, server or URL other than the program's default or ``self``/``local`` (a ``retriever`` spec: to a search
+    URL or a non-local retriever): the manifest's content hash is unkeyed, so anyone who can edit an artifact
+    could otherwise send the loading user's API keys anywhere."""
     defaults = spec.options
     bad = [name for name in getattr(spec, "endpoint_options", ())
-           if name in options and options[name] != defaults.get(name) and _chooses_endpoint(options[name])]
+           if name in options and options[name] != defaults.get(name)
+           and _ENDPOINT_JUDGES.get(name, _chooses_endpoint)(options[name])]
     if bad:
         shown = ", ".join(f"{n}={redact(options[n])}" for n in bad)
         raise ArtifactEndpointError(
@@ -460,7 +484,8 @@ def load_compiled(
     """Load the best (or the pinned ``version``) compiled ``program`` for ``lang``/``metric``, verified.
     Configure an LM (:func:`halluscope.configure`) before calling it.
 
-    An artifact whose options choose an LM, model server or URL (a FINCH-ZK sampler, MEDICO's search endpoint)
+    An artifact whose options choose an LM, model server or URL (a FINCH-ZK sampler, MEDICO's search endpoint,
+    JointCQ's ``search:URL`` retriever)
     other than the configured/embedded LM is refused (:class:`ArtifactEndpointError`) unless
     ``trust_endpoints=True``: the content hash detects accidental damage, not a deliberate edit.
 
