@@ -5,15 +5,19 @@ Rows come from :func:`halluscope.optimize.tracking.runs_table` (newest first; th
 series and language counts). A *series* is a program and how it was made: ``spans evaluate (LM)``,
 ``spans MIPROv2 [iou] (LM)`` (the cross-validated compiled mean), ``spans zero-shot, CV (LM)``.
 
-The frontier plots, per language, each evaluate run's metric against its cost per item — LM calls
-(``lm_calls / n``) or tokens (``(input + output tokens) / n``) — and marks the Pareto front: the runs no
-other run beats on both (higher score at no higher cost). Optimize runs are left out of the frontier: their
+The frontier plots, per language, the metric of the latest evaluate run of each program, setting and LM
+against its cost per item — LM calls (``lm_calls / n``) or tokens (``(input + output tokens) / n``). The
+setting (:func:`run_setting`) is how the program was made, whichever the run carries: the program options that
+differ from its defaults, the optimizer setting, the artifact version and hash (:func:`add_run_settings`
+reads them from the runs' parameters), so runs that differ there are separate points. The Pareto front is
+marked: the runs no other run beats on both (higher score at no higher cost). Optimize runs are left out of the frontier: their
 logged LM usage is the cost of compiling, not of running the program. Both views are PNGs; :func:`log_views`
 records them (and the rows) as an MLflow run of the experiment ``halluscope-compare``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -23,10 +27,74 @@ from typing import Sequence
 
 from halluscope.optimize.tracking import _client, _experiment_id
 
-__all__ = ["COMPARE_EXPERIMENT", "grid_cells", "frontier_points", "pareto_front", "plot_grid", "plot_frontier",
-           "log_views"]
+__all__ = ["COMPARE_EXPERIMENT", "SETTING_PARAMS", "add_run_settings", "run_setting", "grid_cells",
+           "frontier_points", "pareto_front", "plot_grid", "plot_frontier", "log_views"]
 
 COMPARE_EXPERIMENT = "halluscope-compare"  # not halluscope/...: compare's own runs are not compared
+
+
+# run parameters that say how an evaluated program was made, copied into its row by add_run_settings
+SETTING_PARAMS = ("options", "optimizer", "optimizer_desc", "artifact_version", "content_hash")
+_MAX_SETTING_CHARS = 48
+
+
+def add_run_settings(rows: Sequence[dict], tracking_uri: str | None = None) -> list[dict]:
+    """``rows`` with the :data:`SETTING_PARAMS` each finished evaluate run logged (program options, optimizer
+    setting, artifact version/hash) added, read from MLflow: :func:`run_setting` uses them to keep runs of
+    one program and LM with different settings apart. A run that cannot be read keeps its row as is."""
+    client, _ = _client(tracking_uri)
+    out = []
+    for r in rows:
+        r = dict(r)
+        if r.get("kind") == "evaluate" and r.get("status") == "FINISHED" and r.get("run_id"):
+            try:
+                params = client.get_run(r["run_id"]).data.params
+            except Exception:  # noqa: BLE001 - a vanished run: compared without its setting
+                params = {}
+            for key in SETTING_PARAMS:
+                if key in params and r.get(key) in (None, "-", "?", ""):
+                    r[key] = params[key]
+        out.append(r)
+    return out
+
+
+def _changed_options(program: str, options) -> dict:
+    """The options of a run that differ from the program's defaults (all of them for an unknown program)."""
+    if isinstance(options, str):
+        try:
+            options = json.loads(options)
+        except json.JSONDecodeError:
+            return {"options": options}
+    if not isinstance(options, dict):
+        return {}
+    try:
+        from halluscope.programs.registry import get
+
+        defaults = get(program).options
+    except Exception:  # noqa: BLE001 - a program this installation does not have
+        defaults = {}
+    return {k: v for k, v in sorted(options.items()) if k not in defaults or defaults[k] != v}
+
+
+def run_setting(r: dict) -> str:
+    """How the run's program was made, short (``""`` when it carries nothing beyond the defaults):
+    ``reasoning=true``, ``MIPROv2(auto=light)``, ``v0003 #1a2b3c4d``, joined by ``; ``."""
+    parts = []
+    changed = _changed_options(str(r.get("program", "")), r.get("options"))
+    if changed:
+        parts.append(",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in changed.items()))
+    opt = r.get("optimizer_desc") or r.get("optimizer")
+    if opt not in (None, "", "-", "?"):
+        parts.append(str(opt))
+    version = r.get("artifact_version")
+    if version not in (None, "", "-"):
+        parts.append(f"v{int(version):04d}" if str(version).isdigit() else str(version))
+    if r.get("content_hash"):
+        parts.append(f"#{str(r['content_hash'])[:8]}")
+    text = "; ".join(parts)
+    if len(text) > _MAX_SETTING_CHARS:  # long option lists: cut, with a hash of the whole to keep them apart
+        text = text[: _MAX_SETTING_CHARS - 9] + "…" + hashlib.sha1(text.encode()).hexdigest()[:8]
+    return text
 
 
 def _series(r: dict) -> list[tuple[str, float | None, float | None]]:
@@ -52,8 +120,10 @@ def grid_cells(rows: Sequence[dict]) -> dict[tuple[str, str], tuple[float, float
 
 
 def frontier_points(rows: Sequence[dict], cost: str = "calls") -> dict[str, list[dict]]:
-    """``{lang: [{"label", "cost", "score", "run_id"}]}``: the latest finished evaluate run of each program
-    per language, with its cost per item (``cost`` "calls" or "tokens")."""
+    """``{lang: [{"label", "setting", "cost", "score", "run_id"}]}``: the latest finished evaluate run of each
+    program, setting (:func:`run_setting`: options, optimizer setting, artifact version) and LM per language,
+    with its cost per item (``cost`` "calls" or "tokens"). Runs that differ in their setting are separate
+    points, labelled ``program [setting] (LM)``."""
     if cost not in ("calls", "tokens"):
         raise ValueError(f"cost must be 'calls' or 'tokens', not {cost!r}")
     out: dict[str, list[dict]] = {}
@@ -61,14 +131,17 @@ def frontier_points(rows: Sequence[dict], cost: str = "calls") -> dict[str, list
     for r in rows:
         if r["status"] != "FINISHED" or r["kind"] != "evaluate" or r["score"] is None or not r.get("n"):
             continue
-        label = _series(r)[0][0]
+        setting = run_setting(r)
+        demo = " DEMO" if str(r.get("source", "")).startswith("demo") else ""
+        label = f"{r['program']}{f' [{setting}]' if setting else ''} ({r['lm']}){demo}"
         if (label, r["lang"]) in seen:
             continue
         used = r.get("lm_calls") if cost == "calls" else r.get("lm_tokens")
         if used is None:
             continue
         seen.add((label, r["lang"]))
-        out.setdefault(r["lang"], []).append({"label": label, "cost": float(used) / float(r["n"]),
+        out.setdefault(r["lang"], []).append({"label": label, "setting": setting,
+                                              "cost": float(used) / float(r["n"]),
                                               "score": float(r["score"]), "run_id": r["run_id"]})
     return out
 
@@ -152,7 +225,7 @@ def plot_frontier(rows: Sequence[dict], metric: str, path: str | os.PathLike, co
     fig.legend(handles=handles, loc="lower center", ncol=min(3, len(handles)), fontsize=7, frameon=False,
                bbox_to_anchor=(0.5, -0.02 - 0.04 * (len(handles) // 3)))
     fig.suptitle(f"cost–quality frontier: {metric} vs {'LM calls' if cost == 'calls' else 'tokens'} per item "
-                 f"(latest evaluate run per program)", fontsize=9)
+                 f"(latest evaluate run per program and setting)", fontsize=9)
     fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(handles) // 3), 1, 1))
     return _save(fig, path)
 

@@ -69,3 +69,50 @@ def test_compare_writes_grid_and_frontier_and_logs_them(tmp_path, monkeypatch, c
     rc = main(["compare", "--tracking-uri", uri, "--no-plot", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(rows) == 5 and {r["kind"] for r in rows} == {"evaluate"}
+
+
+def test_frontier_keeps_settings_apart():
+    """Runs of one program and LM that differ in options, optimizer setting or artifact version are separate
+    frontier points, labelled with the difference; the same setting twice is still the latest run only."""
+    from halluscope.optimize.compare import run_setting
+
+    defaults = json.dumps({"reasoning": False, "use_context": True, "fuzzy_threshold": 0.85})
+    reasoning = json.dumps({"reasoning": True, "use_context": True, "fuzzy_threshold": 0.85})
+    rows = [{**_row("spans", "de", 0.30, 40), "run_id": "r1", "options": reasoning},
+            {**_row("spans", "de", 0.20, 20), "run_id": "r2", "options": defaults},
+            {**_row("spans", "de", 0.10, 20), "run_id": "r3", "options": defaults},  # older, same setting
+            {**_row("spans", "de", 0.25, 20), "run_id": "r4", "artifact_version": "3", "content_hash": "ab" * 32},
+            {**_row("spans", "de", 0.22, 20), "run_id": "r5", "artifact_version": "4", "content_hash": "cd" * 32},
+            {**_row("spans", "de", 0.21, 20), "run_id": "r6", "optimizer": "MIPROv2(auto=light)"},
+            {**_row("spans", "de", 0.27, 20), "run_id": "r7", "optimizer": "BootstrapFewShot(max_labeled_demos=4)"}]
+    pts = {p["label"]: p for p in frontier_points(rows)["de"]}
+    assert sorted(pts) == ["spans (m)", "spans [BootstrapFewShot(max_labeled_demos=4)] (m)",
+                           "spans [MIPROv2(auto=light)] (m)", "spans [reasoning=true] (m)",
+                           "spans [v0003; #abababab] (m)", "spans [v0004; #cdcdcdcd] (m)"]
+    assert pts["spans (m)"]["run_id"] == "r2" and pts["spans [reasoning=true] (m)"]["cost"] == 4.0
+    assert pts["spans [v0003; #abababab] (m)"]["setting"] == "v0003; #abababab"
+    # an unknown program shows all its options; a long setting is cut but stays distinct
+    assert run_setting({"program": "gone", "options": '{"k": 1}'}) == "k=1"
+    long_a = run_setting({"program": "gone", "options": json.dumps({f"opt{i}": "x" * 10 for i in range(6)})})
+    long_b = run_setting({"program": "gone", "options": json.dumps({f"opt{i}": "y" * 10 for i in range(6)})})
+    assert len(long_a) <= 48 and long_a != long_b
+
+
+def test_compare_reads_each_runs_setting_from_mlflow(tmp_path, monkeypatch):
+    """``add_run_settings`` reads the options the evaluate command logs: two runs of spans with different
+    options are two points of the frontier that ``halluscope compare`` draws."""
+    from halluscope.optimize.compare import add_run_settings
+    from halluscope.optimize.tracking import runs_table
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for reasoning, iou, calls in [(False, 0.2, 20), (True, 0.3, 40), (False, 0.25, 20)]:
+        options = json.dumps({"fuzzy_threshold": 0.85, "reasoning": reasoning, "use_context": True}, sort_keys=True)
+        track_run("evaluate", "spans", "de", {"program": "spans", "lm": "m", "options": options,
+                                              "source": "mushroom/de/val"},
+                  {"iou": iou, "n": 20, "lm_calls": calls}, tracking_uri=uri, strict=True)
+    rows = runs_table(uri, metric="iou")
+    assert len(frontier_points(rows)["de"]) == 1  # without the settings the runs collapse into one point
+    pts = frontier_points(add_run_settings(rows, uri))["de"]
+    assert sorted((p["setting"], p["score"], p["cost"]) for p in pts) == [("", 0.25, 1.0),
+                                                                          ("reasoning=true", 0.3, 2.0)]

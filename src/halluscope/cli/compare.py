@@ -4,7 +4,8 @@
 
 ``<metric>-by-language.png``: grouped bars; ``<metric>-grid.png``: programs × languages (or tasks) with the sd
 over CV folds; ``<metric>-frontier.png``: the metric against LM calls (``--cost tokens``: tokens) per item,
-Pareto front marked (see :mod:`halluscope.optimize.compare`). The PNGs and the rows are also logged as an
+one point per program, setting (options that differ from the defaults, optimizer setting, artifact version) and
+LM, Pareto front marked (see :mod:`halluscope.optimize.compare`). The PNGs and the rows are also logged as an
 MLflow run of the experiment ``halluscope-compare`` (``--no-mlflow`` to skip).
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from halluscope import paths
 from halluscope.metrics.adapters import METRICS
-from halluscope.optimize.compare import log_views, plot_frontier, plot_grid
+from halluscope.optimize.compare import add_run_settings, log_views, plot_frontier, plot_grid
 from halluscope.optimize.tracking import format_table, plot_scores, resolve_tracking_uri, runs_table
 
 
@@ -65,7 +66,9 @@ def cmd_compare(args) -> int:
         out_dir = Path(args.out_dir) if args.out_dir else paths.outputs_dir() / "compare"
         stem = args.metric.replace("+", "_")
         grid = plot_grid(rows, args.metric, out_dir / f"{stem}-grid.png")
-        frontier = plot_frontier(rows, args.metric, out_dir / f"{stem}-frontier.png", cost=args.cost)
+        # one frontier point per program *setting* (options, optimizer, artifact version): read from each run
+        frontier = plot_frontier(add_run_settings(rows, args.tracking_uri), args.metric,
+                                 out_dir / f"{stem}-frontier.png", cost=args.cost)
         print(f"grid: {grid}" if grid else "grid: nothing to show", file=sys.stderr)
         print(f"frontier: {frontier}" if frontier else
               f"frontier: no finished evaluate run with LM {args.cost} and a {args.metric} score", file=sys.stderr)
