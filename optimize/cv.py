@@ -54,6 +54,8 @@ __all__ = [
     "evaluate_program",
     "slim_examples",
     "FailureCounter",
+    "failed_items",
+    "failed_share_problem",
 ]
 
 OPTIMIZERS = ("mipro", "bootstrap", "fit")  # fit = the program's own ProgramSpec.fit hook
@@ -73,9 +75,16 @@ class CompileError(RuntimeError):
 
 @dataclass
 class OptimizerConfig:
-    """What the optimizer is asked to do. ``auto`` and ``candidates``/``trials`` are mutually exclusive."""
+    """What the optimizer is asked to do. ``auto`` and ``candidates``/``trials`` are mutually exclusive.
 
-    name: str = "mipro"
+    ``name=None`` means "the program's default" (MIPROv2 for a prompt program, the fit hook for a program with
+    one); ``chosen`` records whether a name was given, which is what lets ``--optimizer bootstrap`` reach a
+    program with a fit hook (see :func:`halluscope.optimize.run.optimizer_for`). ``then_fit`` (with
+    ``mipro``/``bootstrap``): after the prompts are compiled, the program's fit hook fits its other parameters
+    on the compiled module (MEDICO's ensemble). ``fit_with`` (with ``fit``): the optimizer handed to a fit hook
+    that compiles prompts itself (JointCQ's criteria-filtered claim-query stage)."""
+
+    name: str | None = None
     auto: str | None = "light"
     candidates: int | None = None
     trials: int | None = None
@@ -86,8 +95,14 @@ class OptimizerConfig:
     threads: int = 1
     max_errors: int | None = None
     init_temperature: float = 1.0
+    then_fit: bool = False
+    fit_with: str | None = None
+    chosen: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
+        self.chosen = self.name is not None
+        if self.name is None:
+            self.name = "mipro"
         if self.name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.name!r}; choose one of: {', '.join(OPTIMIZERS)}")
         if self.candidates is not None or self.trials is not None:
@@ -98,9 +113,19 @@ class OptimizerConfig:
             raise ValueError(f"auto must be light, medium or heavy, not {self.auto!r}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be between 0 and 1, not {self.val_fraction}")
+        if self.then_fit and self.name == "fit":
+            raise ValueError("then_fit goes with a prompt optimizer (mipro or bootstrap), not with 'fit'")
+        if self.fit_with is not None and (self.name != "fit" or self.fit_with not in ("mipro", "bootstrap")):
+            raise ValueError(f"fit_with must be 'mipro' or 'bootstrap' and goes with 'fit', not {self.fit_with!r} "
+                             f"with {self.name!r}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("chosen")
+        if not self.then_fit:
+            d.pop("then_fit")
+        if self.fit_with is None:
+            d.pop("fit_with")
         if self.name in ("bootstrap", "fit"):  # settings MIPROv2 alone uses would only confuse the record
             for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature"):
                 d.pop(k)
@@ -109,15 +134,25 @@ class OptimizerConfig:
                 d.pop(k)
         return d
 
+    @property
+    def label(self) -> str:
+        """Short name of what runs: ``mipro``, ``bootstrap``, ``fit``, ``bootstrap+fit``, ``fit(mipro)``."""
+        if self.name == "fit":
+            return f"fit({self.fit_with})" if self.fit_with else "fit"
+        return f"{self.name}+fit" if self.then_fit else self.name
+
     def describe(self) -> str:
         if self.name == "fit":
-            return "fit (the program's own fit hook)"
+            with_ = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot"}.get(self.fit_with or "")
+            return "fit (the program's own fit hook" + (f", compiling with {with_})" if with_ else ")")
         if self.name == "bootstrap":
-            return (f"BootstrapFewShot(max_bootstrapped_demos={self.max_bootstrapped_demos}, "
+            desc = (f"BootstrapFewShot(max_bootstrapped_demos={self.max_bootstrapped_demos}, "
                     f"max_labeled_demos={self.max_labeled_demos})")
-        budget = f"auto={self.auto}" if self.auto else f"candidates={self.candidates}, trials={self.trials}"
-        return (f"MIPROv2({budget}, max_bootstrapped_demos={self.max_bootstrapped_demos}, "
-                f"max_labeled_demos={self.max_labeled_demos}, seed={self.seed})")
+        else:
+            budget = f"auto={self.auto}" if self.auto else f"candidates={self.candidates}, trials={self.trials}"
+            desc = (f"MIPROv2({budget}, max_bootstrapped_demos={self.max_bootstrapped_demos}, "
+                    f"max_labeled_demos={self.max_labeled_demos}, seed={self.seed})")
+        return desc + (", then fit (the program's own fit hook, on the compiled program)" if self.then_fit else "")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -198,15 +233,17 @@ def train_val_split(examples: Sequence[Any], val_fraction: float = 0.5, seed: in
 def min_compile_items(cfg: OptimizerConfig) -> int:
     """The fewest examples one compile can work with: MIPROv2 needs one to bootstrap demos from and one to
     validate on; BootstrapFewShot and a fit hook need one."""
-    return 2 if cfg.name == "mipro" else 1
+    return 2 if "mipro" in (cfg.name, cfg.fit_with) else 1
 
 
 def check_fold_sizes(n: int, folds: int, cfg: OptimizerConfig) -> None:
     """Raise :class:`FoldSizeError` with the smallest workable setting when ``n`` items are too few."""
     need = min_compile_items(cfg)
     opt = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot"}.get(cfg.name, "the fit hook")
+    if cfg.fit_with == "mipro":
+        opt = "the fit hook with MIPROv2"
     why = ("one training item to bootstrap demos from and one validation item to score candidates on"
-           if cfg.name == "mipro" else "one training item")
+           if need == 2 else "one training item")
     if n < need:
         raise FoldSizeError(
             f"{n} item(s) are too few for {opt}, which needs at least {need} ({why}). "
@@ -246,11 +283,14 @@ class FailureCounter(BaseCallback):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.lm_calls = 0
         self.lm_errors = 0
         self.module_errors = 0
         self.last_error = ""
 
     def on_lm_end(self, call_id, outputs, exception=None):
+        with self._lock:
+            self.lm_calls += 1
         if exception is not None:
             with self._lock:
                 self.lm_errors += 1
@@ -277,29 +317,35 @@ def compile_program(
     failures: FailureCounter | None = None,
     fit: Callable[[dspy.Module, list, str], dict] | None = None,
     metric_name: str | None = None,
+    max_failed_share: float | None = None,
 ) -> tuple[dspy.Module, dict]:
     """Compile ``student`` on ``trainset`` and return ``(program, info)``.
 
     ``info`` holds the train/val sizes and, for MIPROv2, the best validation score. With ``cfg.name == "fit"``
     the program's ``fit(student, trainset, metric_name) -> dict`` hook fits ``student`` in place instead of a
-    prompt optimizer; its dict is added to ``info``. Any exception inside the optimizer (or the hook) becomes a
-    :class:`CompileError` (the caller then writes no artifact).
+    prompt optimizer; its dict is added to ``info``. With ``cfg.then_fit`` the hook runs after the prompt optimizer,
+    on the compiled program. Any exception inside the optimizer (or the hook) becomes a :class:`CompileError` (the
+    caller then writes no artifact), and so does a compile in which more than ``max_failed_share`` of the LM calls
+    failed (counted by ``failures``; the optimizer scores a failed call 0 and goes on, which would otherwise make
+    an artifact of a run whose LM never answered). ``info`` then holds ``lm_calls`` and ``lm_errors``.
     """
     trainset = list(trainset)
     need = min_compile_items(cfg)
     if len(trainset) < need:
         raise FoldSizeError(f"{len(trainset)} training item(s); {cfg.name} needs at least {need}")
-    if cfg.name == "fit" and fit is None:
-        raise ValueError("optimizer 'fit' needs the program's fit hook (ProgramSpec.fit)")
+    if (cfg.name == "fit" or cfg.then_fit) and fit is None:
+        raise ValueError(f"optimizer {cfg.label!r} needs the program's fit hook (ProgramSpec.fit)")
     task_lm = task_lm or dspy.settings.lm
     info: dict[str, Any] = {}
     callbacks = list(dspy.settings.get("callbacks") or []) + ([failures] if failures is not None else [])
+    calls_before, errors_before = (failures.lm_calls, failures.lm_errors) if failures is not None else (0, 0)
     try:
         # DSPy's optimizers print progress (and signature source) to stdout: keep stdout for results.
         with contextlib.redirect_stdout(sys.stderr), dspy.context(lm=task_lm, callbacks=callbacks):
             if cfg.name == "fit":
                 info.update(n_train=len(trainset), n_val=0)
-                info.update(fit(student, trainset, metric_name) or {})
+                kwargs = {"optimizer": cfg.fit_with} if cfg.fit_with else {}
+                info.update(fit(student, trainset, metric_name, **kwargs) or {})
                 program = student
             elif cfg.name == "bootstrap":
                 opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
@@ -323,13 +369,38 @@ def compile_program(
                 score = getattr(program, "score", None)
                 if isinstance(score, (int, float)):
                     info["val_score"] = float(score) / 100.0  # DSPy reports percent
+            if cfg.then_fit and program is not None:  # the fit hook on the compiled program (its demos in use)
+                program = _strip_run_state(program)
+                info.update(fit(program, trainset, metric_name) or {})
     except (FoldSizeError, KeyboardInterrupt):
         raise
     except Exception as e:
-        raise CompileError(f"{cfg.name} failed: {type(e).__name__}: {str(e)[:500]}") from e
+        raise CompileError(f"{cfg.label} failed: {type(e).__name__}: {str(e)[:500]}") from e
     if program is None:
-        raise CompileError(f"{cfg.name} returned no program")
+        raise CompileError(f"{cfg.label} returned no program")
+    if failures is not None:
+        info["lm_calls"] = failures.lm_calls - calls_before
+        info["lm_errors"] = failures.lm_errors - errors_before
+        problem = failed_share_problem(info["lm_errors"], info["lm_calls"], max_failed_share, "LM calls of the compile",
+                                       f"last error: {failures.last_error}" if failures.last_error else "")
+        if problem:
+            raise CompileError(problem)
     return _strip_run_state(program), info
+
+
+def failed_items(failures: dict) -> int:
+    """Items whose program call raised, from an evaluation's ``failures`` (its ``error:<Type>`` counts; the
+    failures a program records itself, such as an unparsed output or a failed evidence source, are not items
+    that failed)."""
+    return sum(int(v) for k, v in (failures or {}).items() if str(k).startswith("error:"))
+
+
+def failed_share_problem(failed: int, total: int, max_share: float | None, what: str, detail: str = "") -> str | None:
+    """One line saying why a run fails when more than ``max_share`` of ``total`` ``what`` failed, else ``None``."""
+    if max_share is None or not total or failed / total <= max_share:
+        return None
+    return (f"{failed} of {total} {what} failed (more than --max-failed-share {max_share:g})"
+            + (f"; {detail}" if detail else ""))
 
 
 def _strip_run_state(program: dspy.Module) -> dspy.Module:
@@ -420,13 +491,16 @@ def cross_validate(
     log: Callable[[str], None] | None = None,
     on_fold: Callable[[FoldResult], None] | None = None,
     fit: Callable[[dspy.Module, list, str], dict] | None = None,
+    max_failed_share: float | None = None,
 ) -> CVResult:
     """Compile on ``k-1`` folds, score zero-shot and compiled on the held-out fold, for every fold.
 
     Each held-out fold is evaluated exactly twice — the zero-shot program and the compiled one, each run once
     per item and scored once. ``fit`` is the program's fit hook (used when ``cfg.name == "fit"``). ``log``
     receives progress lines (default: this module's logger). A fold whose compile fails stops the loop: the
-    result keeps the folds done and ``error`` says why.
+    result keeps the folds done and ``error`` says why. So does a fold after which more than ``max_failed_share``
+    of the held-out items scored so far (by the zero-shot or by the compiled program, counted over the folds
+    done) failed, or a compile in which more than that share of the LM calls failed.
     """
     log = log or logger.info
     examples = list(examples)
@@ -444,7 +518,8 @@ def cross_validate(
                                               extra_inputs=extra_inputs, lm=task_lm)
         try:
             compiled, info = compile_program(build(), train, metric, cfg, task_lm=task_lm, prompt_lm=prompt_lm,
-                                             failures=failures, fit=fit, metric_name=metric_name)
+                                             failures=failures, fit=fit, metric_name=metric_name,
+                                             max_failed_share=max_failed_share)
         except CompileError as e:
             result.error = f"fold {i}: {e}"
             log(f"!! {result.error} — stopping; the {len(result.folds)} fold(s) done are kept")
@@ -462,4 +537,19 @@ def cross_validate(
             f"compiled {metric_name}={c_scores.get(metric_name, float('nan')):.4f}  ({fr.seconds:.0f} s)")
         if on_fold is not None:
             on_fold(fr)
+        n_held = sum(f.n_heldout for f in result.folds)
+        for which in ("zero_shot", "compiled"):
+            n_failed = sum(failed_items(getattr(f, f"{which}_failures")) for f in result.folds)
+            kinds = {}
+            for f in result.folds:
+                for k, v in getattr(f, f"{which}_failures").items():
+                    if k.startswith("error:"):
+                        kinds[k[6:]] = kinds.get(k[6:], 0) + v
+            problem = failed_share_problem(n_failed, n_held, max_failed_share,
+                                           f"held-out items of the {which.replace('_', '-')} program",
+                                           "raised: " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())))
+            if problem:
+                result.error = f"after fold {i}: {problem}"
+                log(f"!! {result.error} — stopping")
+                return result
     return result

@@ -25,9 +25,14 @@
 
 A program whose :class:`~halluscope.programs.registry.ProgramSpec` has a ``fit`` hook is fitted by it
 (``fit(module, trainset, metric_name) -> info``) instead of MIPROv2/BootstrapFewShot; the optimizer recorded
-is ``"fit"``, and a program that uses no LM needs none.
+is ``"fit"``, and a program that uses no LM needs none. When the program uses an LM and an optimizer was chosen
+(``OptimizerConfig(name=...)``, ``--optimizer``), its prompts are compiled with it first and the hook then fits
+the compiled program ("BootstrapFewShot(...), then fit": MEDICO's Detect demos, then its ensemble), or, for a
+hook that takes ``optimizer=`` (JointCQ), the hook compiles with that optimizer (:func:`optimizer_for`).
 
-A failed compile (:class:`~halluscope.optimize.cv.CompileError`) ends the run FAILED and an interrupt
+A failed compile (:class:`~halluscope.optimize.cv.CompileError`) ends the run FAILED, and so does a run in which
+more than ``max_failed_share`` of the held-out items (zero-shot or compiled, over the folds done), of a
+compile's LM calls or of the test items failed; an interrupt
 (``KeyboardInterrupt``) KILLED; both still write the report (and track the run) with what was done, but no
 artifact. Progress goes to ``log`` (default: this module's logger); nothing here prints. The command line
 (argument parsing, LM setup, the printed tables and summary) is :mod:`halluscope.cli.optimize`.
@@ -35,8 +40,10 @@ artifact. Progress goes to ``log`` (default: this module's logger); nothing here
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -60,7 +67,8 @@ from halluscope.programs.registry import get
 from halluscope.files import create_unique_dir
 from halluscope.redact import redact_argv, redact_obj
 from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
-                                    compile_program, cross_validate, evaluate_program, slim_examples)
+                                    compile_program, cross_validate, evaluate_program, failed_items,
+                                    failed_share_problem, slim_examples)
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -97,6 +105,9 @@ class OptimizeConfig:
     source: str = "examples"  # where the examples came from, in words (recorded everywhere)
     folds: int = 2  # 1 = no cross-validation
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # its seed/threads are the run's
+    # The run FAILS (no artifact, MLflow status FAILED) when more than this share of the held-out (or test) items
+    # failed, or of a compile's LM calls; the same default as ``halluscope evaluate --max-failed-share``.
+    max_failed_share: float = 0.5
     compiled_dir: str | os.PathLike | None = None  # artifact root (default <project>/compiled)
     report_dir: str | os.PathLike | None = None  # the run's report folder goes here (default outputs/optimize)
     tracking_uri: str | None = None
@@ -259,13 +270,35 @@ class UsageMeter(BaseCallback):
 
 
 def optimizer_for(spec, cfg: OptimizerConfig) -> OptimizerConfig:
-    """The optimizer a run of ``spec`` uses: ``cfg``, or "fit" (with ``cfg``'s seed, threads and error budget)
-    when the program has a ``fit`` hook."""
-    if getattr(spec, "fit", None) is None:
+    """The optimizer a run of ``spec`` uses.
+
+    A program without a ``fit`` hook: ``cfg`` (MIPROv2 when no optimizer was chosen). A program with one is
+    fitted by it ("fit", with ``cfg``'s seed, threads and error budget) unless it uses an LM *and* an optimizer
+    was chosen (``cfg.chosen``, e.g. ``--optimizer bootstrap``): then a hook that takes an ``optimizer``
+    argument (it compiles prompts itself, as JointCQ's criteria-filtered claim-query stage does) gets that
+    optimizer (``fit_with``), and any other hook runs after the prompts are compiled, on the compiled program
+    (``then_fit``: MEDICO's Detect demos are bootstrapped, then its ensemble is fitted on their features). A
+    program that uses no LM is always fit-only."""
+    fit = getattr(spec, "fit", None)
+    if fit is None:
         return cfg
+    if cfg.chosen and cfg.name != "fit" and getattr(spec, "uses_lm", True):
+        if _takes_optimizer(fit):
+            return OptimizerConfig(name="fit", auto=None, max_bootstrapped_demos=0, max_labeled_demos=0,
+                                   val_fraction=cfg.val_fraction, seed=cfg.seed, threads=cfg.threads,
+                                   max_errors=cfg.max_errors, fit_with=cfg.name)
+        return dataclasses.replace(cfg, then_fit=True)
     return OptimizerConfig(name="fit", auto=None, max_bootstrapped_demos=0, max_labeled_demos=0,
                            val_fraction=cfg.val_fraction, seed=cfg.seed, threads=cfg.threads,
                            max_errors=cfg.max_errors)
+
+
+def _takes_optimizer(fit: Callable) -> bool:
+    """Whether a fit hook accepts ``optimizer=`` (it compiles prompts itself with the optimizer named)."""
+    try:
+        return "optimizer" in inspect.signature(fit).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _lm_record(lm, info: dict, **settings) -> dict:
@@ -279,8 +312,9 @@ def _lm_record(lm, info: dict, **settings) -> dict:
 def _compared(spec, cfg: OptimizerConfig, task_lm) -> str:
     with_lm = f" with the same task LM ({task_lm.model})" if task_lm is not None else ""
     if cfg.name == "fit":
+        how = f" (it compiles the prompts: {cfg.describe()})" if cfg.fit_with else ""
         return (f"zero-shot = the unfitted {spec.name!r} program (its default parameters); compiled = the "
-                f"program's fit hook fitted on the other folds; both scored on each held-out fold{with_lm}")
+                f"program's fit hook fitted on the other folds{how}; both scored on each held-out fold{with_lm}")
     if cfg.name == "mipro":
         return (f"zero-shot = the uncompiled {spec.name!r} program (its default instructions, no demos); "
                 f"compiled = {cfg.describe()} compiled on the other folds (MIPROv2 validates on "
@@ -314,6 +348,8 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
     cfg = optimizer_for(spec, config.optimizer)
     if config.folds < 1:
         raise ValueError(f"folds must be at least 1, not {config.folds}")
+    if not 0.0 <= config.max_failed_share <= 1.0:
+        raise ValueError(f"max_failed_share must be between 0 and 1, not {config.max_failed_share}")
     examples = slim_examples(examples, spec.extra_inputs)
     if not examples:
         raise ValueError(f"no examples in {config.source}")
@@ -344,8 +380,14 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
         f"{config.folds} fold(s), {cfg.describe()}")
     log(f"task LM {task_lm.model}; prompt LM {prompt_lm.model}" if task_lm is not None
         else "no LM: the program uses none")
-    if fit is not None and config.optimizer.name != "fit":
-        log(f"{spec.name} has a fit hook: it is fitted by it; the {config.optimizer.name} settings are not used")
+    if fit is not None and cfg.name == "fit" and not cfg.fit_with and config.optimizer.name != "fit":
+        why = ("it uses no LM" if not spec.uses_lm else
+               "no --optimizer was chosen; --optimizer bootstrap or mipro compiles its prompts first")
+        log(f"{spec.name} has a fit hook: it is fitted by it ({why}); the {config.optimizer.name} settings are "
+            f"not used")
+    elif cfg.then_fit:
+        log(f"{spec.name} has a fit hook: its prompts are compiled with {config.optimizer.name}, then the hook fits "
+            f"the compiled program")
 
     git = git_commit()  # the code this run starts with
     meter = UsageMeter(task_lm, prompt_lm, program_type=type(spec.build(**options)))
@@ -355,7 +397,7 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
         "status": "running", "program": spec.name, "program_options": options, "metric": metric, "lang": lang,
         "source": config.source, "n": len(examples), "folds": config.folds, "optimizer": cfg.to_dict(),
         "optimizer_desc": cfg.describe(), "task_lm": task_rec, "prompt_lm": prompt_rec, "compared": compared,
-        "argv": redact_argv(config.argv),
+        "max_failed_share": config.max_failed_share, "argv": redact_argv(config.argv),
     })
     return OptimizeRun(config=config, spec=spec, options=options, cfg=cfg, fit=fit, examples=examples,
                        test_examples=test_examples, task_lm=task_lm, prompt_lm=prompt_lm, task_rec=task_rec,
@@ -375,7 +417,8 @@ def stage_cross_validate(run: OptimizeRun) -> None:
 
     cv = cross_validate(run.build, run.examples, run.config.metric, run.cfg, k=run.config.folds,
                         task_lm=run.task_lm, prompt_lm=run.prompt_lm, extra_inputs=run.spec.extra_inputs,
-                        failures=run.failures, log=run.log, on_fold=on_fold, fit=run.fit)
+                        failures=run.failures, log=run.log, on_fold=on_fold, fit=run.fit,
+                        max_failed_share=run.config.max_failed_share)
     run.result.cv = cv
     run.report["cv"] = cv.to_dict()
 
@@ -386,7 +429,8 @@ def stage_final_compile(run: OptimizeRun) -> None:
     errors_before = run.failures.lm_errors
     final, info = compile_program(run.build(), run.examples, get_metric(run.config.metric), run.cfg,
                                   task_lm=run.task_lm, prompt_lm=run.prompt_lm, failures=run.failures,
-                                  fit=run.fit, metric_name=run.config.metric)
+                                  fit=run.fit, metric_name=run.config.metric,
+                                  max_failed_share=run.config.max_failed_share)
     info["lm_errors"] = run.failures.lm_errors - errors_before
     if info["lm_errors"]:
         run.log(f"warning: {info['lm_errors']} LM calls failed during the final compile (scored 0 by the "
@@ -405,6 +449,12 @@ def stage_score_test(run: OptimizeRun) -> None:
     run.result.test = {"path": str(c.test_path) if c.test_path is not None else None, "split": c.test_split,
                        "n": len(test), "data_hash": data_hash(test), "compiled": scores,
                        "compiled_failures": fails, "zero_shot": zs_scores, "zero_shot_failures": zs_fails}
+    for which, f in (("compiled", fails), ("zero-shot", zs_fails)):
+        problem = failed_share_problem(failed_items(f), len(test), c.max_failed_share,
+                                       f"test items of the {which} program")
+        if problem and run.result.status == FINISHED:
+            run.result.status, run.result.error = FAILED, f"test: {problem}"
+            run.log(f"!! {run.result.error}")
 
 
 def _collect_usage(run: OptimizeRun) -> None:
@@ -535,10 +585,11 @@ def stage_track(run: OptimizeRun) -> None:
     params = {
         "program": run.spec.name, "metric": c.metric, "lang": c.lang, "source": c.source, "dataset": c.dataset,
         "split": c.split, "context": c.context, "limit": c.limit, "folds": c.folds,
-        "seed": cfg.seed, "threads": cfg.threads, "optimizer": cfg.name,
+        "seed": cfg.seed, "threads": cfg.threads, "optimizer": cfg.label,
         "optimizer_desc": cfg.describe(), "auto": cfg.auto, "candidates": cfg.candidates, "trials": cfg.trials,
         "max_bootstrapped_demos": cfg.max_bootstrapped_demos, "max_labeled_demos": cfg.max_labeled_demos,
-        "val_fraction": cfg.val_fraction, "lm": run.task_lm.model if run.task_lm is not None else None,
+        "val_fraction": cfg.val_fraction, "max_failed_share": c.max_failed_share,
+        "lm": run.task_lm.model if run.task_lm is not None else None,
         "task_lm": json.dumps(run.task_rec), "prompt_lm": json.dumps(run.prompt_rec),
         "options": json.dumps(run.options, sort_keys=True),
         "test": str(c.test_path) if c.test_path is not None else None,

@@ -181,17 +181,19 @@ def compile_claim_queries(program: dspy.Module, trainset: Sequence, *, optimizer
     return program
 
 
-def fit_claim_queries(module: dspy.Module, trainset: list, metric_name: str = "") -> dict:
-    """JointCQ's ``ProgramSpec.fit`` hook: :func:`compile_claim_queries` with BootstrapFewShot and
-    :func:`criteria_metric` (at most ``module.filter_demos`` demonstrations, coverage ≥ ``module.filter_coverage``),
-    judged by the task LM. The gold labels and ``metric_name`` are not used here (the paper's filter needs no
-    labels); the optimize run scores each held-out fold with the task metric. Returns what was kept and why."""
+def fit_claim_queries(module: dspy.Module, trainset: list, metric_name: str = "", *,
+                      optimizer: str = "bootstrap") -> dict:
+    """JointCQ's ``ProgramSpec.fit`` hook: :func:`compile_claim_queries` with ``optimizer`` (BootstrapFewShot by
+    default; ``optimize.py --program jointcq --optimizer mipro`` passes ``"mipro"``) and :func:`criteria_metric`
+    (at most ``module.filter_demos`` demonstrations, coverage ≥ ``module.filter_coverage``), judged by the task LM.
+    The gold labels and ``metric_name`` are not used here (the paper's filter needs no labels); the optimize run
+    scores each held-out fold with the task metric. Returns what was kept and why."""
     judge = CriteriaJudge()
     metric = criteria_metric(judge=judge, min_coverage=float(getattr(module, "filter_coverage", 1.0)))
-    compile_claim_queries(module, trainset, metric=metric,
+    compile_claim_queries(module, trainset, optimizer=optimizer, metric=metric,
                           max_bootstrapped_demos=int(getattr(module, "filter_demos", 2)))
-    return {"criteria_demos_kept": len(module.generate.demos), "criteria_metric": metric.__name__,
-            **{f"criteria_{k}": v for k, v in sorted(judge.stats.items())}}
+    return {"criteria_optimizer": optimizer, "criteria_demos_kept": len(module.generate.demos),
+            "criteria_metric": metric.__name__, **{f"criteria_{k}": v for k, v in sorted(judge.stats.items())}}
 
 
 def chat_record(question: str, answer: str, pairs: Sequence[dict], system: str | None = None) -> dict:

@@ -187,3 +187,124 @@ def test_two_optimize_runs_in_the_same_second_get_their_own_report_folders(tmp_p
     a = stage_prepare(config, examples, task_lm=lm, log=lambda _: None)
     b = stage_prepare(config, examples, task_lm=lm, log=lambda _: None)
     assert a.report_dir != b.report_dir and a.report_dir.is_dir() and b.report_dir.is_dir()
+
+
+# -- optimize: a run whose items fail mid-run fails (#10) ---------------------------------------------
+
+
+def _failing_lm():
+    from halluscope.testing import scripted_lm
+
+    def respond(call):
+        raise RuntimeError("server went away")
+
+    return scripted_lm(respond)
+
+
+def _optimize(tmp_path, lm, *extra):
+    from halluscope.cli.optimize import build_parser, run
+
+    p = build_parser()
+    argv = ["--program", "spans", "--metric", "iou", "--lang", "de", "--adapter", "json", "--optimizer", "bootstrap",
+            "--compiled-dir", str(tmp_path / "compiled"), "--report-dir", str(tmp_path / "reports"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--quiet", *extra]
+    return run(p.parse_args(argv), p, task_lm=lm)
+
+
+def test_optimize_where_every_item_fails_exits_nonzero_writes_no_artifact_and_is_failed(tmp_path, demo_env,
+                                                                                         capsys):
+    """The LM fails on every call after the run started: BootstrapFewShot scores each failure 0 and stays under
+    its error budget, so before #10 the run FINISHED with an artifact of a program that never answered."""
+    from mlflow.tracking import MlflowClient
+
+    from halluscope.artifacts import list_versions
+    from halluscope.optimize.tracking import runs_table
+
+    rc = _optimize(tmp_path, _failing_lm())
+    out = capsys.readouterr().out
+    assert rc == 1
+    line = next(ln for ln in out.splitlines() if ln.startswith("NO ARTIFACT WRITTEN"))
+    assert "fold 1: 3 of 3 LM calls of the compile failed (more than --max-failed-share 0.5)" in line
+    assert "server went away" in line
+    assert not list_versions("spans", "de", "iou", root=tmp_path / "compiled", include_invalid=True)
+    report = json.loads(next((tmp_path / "reports").glob("*/report.json")).read_text())
+    assert report["status"] == "FAILED" and "max-failed-share" in report["error"]
+    assert report["max_failed_share"] == 0.5
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("halluscope/spans/de").experiment_id],
+                              filter_string="tags.`halluscope.kind` = 'optimize'")
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert all(r["score"] is None for r in runs_table(uri, metric="iou") if r["kind"] == "optimize")
+
+
+def test_optimize_failed_share_threshold_is_the_users(tmp_path, demo_env, capsys):
+    """--max-failed-share 1 tolerates every failure (the run finishes, the failures are in the report);
+    a share outside [0, 1] is a usage error."""
+    from halluscope.artifacts import list_versions
+
+    assert _optimize(tmp_path, _failing_lm(), "--max-failed-share", "1", "--no-mlflow") == 0
+    assert list_versions("spans", "de", "iou", root=tmp_path / "compiled")
+    report = json.loads(next((tmp_path / "reports").glob("*/report.json")).read_text())
+    assert report["status"] == "FINISHED" and report["usage"]["lm_errors"] > 0
+    with pytest.raises(SystemExit) as e:
+        _optimize(tmp_path, _failing_lm(), "--max-failed-share", "1.5")
+    assert e.value.code == 2 and "--max-failed-share: must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_a_compile_whose_lm_calls_fail_beyond_the_share_is_a_compile_error():
+    """compile_program counts the LM calls of the compile and the failed ones: above the share it raises
+    CompileError naming the last error; at share 1 it returns, with both counts in its info."""
+    from halluscope.optimize.cv import CompileError, FailureCounter, OptimizerConfig, compile_program
+    from halluscope.metrics.adapters import get_metric
+
+    trainset = [_ex(i, [[0, 5]]) for i in range(3)]
+    cfg = OptimizerConfig(name="bootstrap")
+    lm = _failing_lm()
+    with dspy.context(adapter=dspy.JSONAdapter()):
+        with pytest.raises(CompileError, match=r"3 of 3 LM calls of the compile failed .*server went away"):
+            compile_program(registry.get("spans").build(), trainset, get_metric("iou"), cfg, task_lm=lm,
+                            failures=FailureCounter(), max_failed_share=0.5)
+        _, info = compile_program(registry.get("spans").build(), trainset, get_metric("iou"), cfg, task_lm=lm,
+                                  failures=FailureCounter(), max_failed_share=1.0)
+    assert info["lm_calls"] == info["lm_errors"] == 3
+
+
+def test_optimize_where_held_out_items_fail_fails_after_the_fold(tmp_path, demo_env, monkeypatch, capsys):
+    """A program with a fit hook (no LM) that raises on every item: the fit works, every held-out item fails;
+    the run stops after the first fold, FAILED, with no artifact."""
+    from halluscope.artifacts import list_versions
+    from halluscope.cli.optimize import build_parser, run
+
+    spec = registry.ProgramSpec(name="boom-fit-test", build=build_boom, description="fails", uses_lm=False,
+                                fit=lambda module, trainset, metric_name: {"fitted": 1})
+    monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    p = build_parser()
+    args = p.parse_args(["--program", spec.name, "--metric", "iou", "--lang", "de", "--folds", "3",
+                         "--compiled-dir", str(tmp_path / "compiled"), "--report-dir", str(tmp_path / "reports"),
+                         "--no-mlflow"])
+    assert run(args, p) == 1
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("NO ARTIFACT WRITTEN"))
+    assert "after fold 1:" in line and "held-out items of the zero-shot program failed" in line
+    assert "raised: RuntimeError x" in line
+    assert not list_versions(spec.name, "de", "iou", root=tmp_path / "compiled", include_invalid=True)
+    report = json.loads(next((tmp_path / "reports").glob("*/report.json")).read_text())
+    assert report["status"] == "FAILED" and len(report["cv"]["folds"]) == 1
+
+
+def test_optimize_whose_test_items_fail_is_failed_with_no_artifact(tmp_path, monkeypatch):
+    """--folds 1 (no held-out folds) and a test set on which every item fails: FAILED after score_test."""
+    from halluscope.optimize.run import FAILED, OptimizeConfig, run_optimize
+
+    spec = registry.ProgramSpec(name="boom-fit-test", build=build_boom, description="fails", uses_lm=False,
+                                fit=lambda module, trainset, metric_name: {"fitted": 1})
+    monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    examples = [_ex(i, [[0, 5]]) for i in range(4)]
+    config = OptimizeConfig(program=spec.name, metric="iou", lang="en", folds=1, test_examples=examples,
+                            compiled_dir=tmp_path / "compiled", report_dir=tmp_path / "reports", mlflow=False)
+    res = run_optimize(config, examples)
+    assert res.status == FAILED and res.exit_code == 1 and res.artifact is None
+    assert res.error.startswith("test: 4 of 4 test items of the compiled program failed")
+    assert "score_test" in res.stages and "write_artifact" not in res.stages
+    assert json.loads(res.report_path.read_text())["status"] == "FAILED"

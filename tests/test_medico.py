@@ -475,3 +475,63 @@ def test_optimize_py_fits_the_ensemble_under_cv_and_halluscope_detect_serves_it(
     assert row["label"] is True and row["failures"] == {"source_kb": 1}
     assert {e["source"] for e in row["evidence"]} == {"context"}
     assert "evidence source 'kb' is off" in captured.err and "halluscope index build" in captured.err
+
+
+def _halluclean_qa(tmp_path):
+    data = tmp_path / "halluclean"
+    data.mkdir()
+    facts = [("France", "Paris", "Lyon"), ("Italy", "Rome", "Marseille"), ("Germany", "Berlin", "Lyon"),
+             ("Spain", "Madrid", "Marseille")]
+    (data / "QA.dev.json").write_text(json.dumps([
+        {"id": i, "knowledge": f"{right} is the capital of {country}.", "question": f"What is the capital of {country}?",
+         "right_answer": f"The capital is {right}.", "hallucinated_answer": f"The capital is {wrong}."}
+        for i, (country, right, wrong) in enumerate(facts)]))
+    return data
+
+
+@pytest.mark.parametrize("optimizer", [None, "bootstrap"])
+def test_optimize_py_with_an_optimizer_bootstraps_detect_demos_then_fits_the_ensemble(tmp_path, monkeypatch, capsys,
+                                                                                       optimizer):
+    """#11: ``--optimizer bootstrap`` compiles MEDICO's prompts (Detect demos) and then the fit hook fits the
+    ensemble on the compiled detector; without ``--optimizer`` the fit hook alone runs (no demos)."""
+    import dataclasses
+
+    from halluscope.artifacts import load_compiled
+    from halluscope.cli.optimize import build_parser
+    from halluscope.cli.optimize import run as optimize_run
+    from halluscope.programs import registry
+
+    seen_demos = []
+
+    def recording_fit(module, trainset, metric_name="f1"):
+        seen_demos.append(len(module.detect.demos))  # what the ensemble's features are computed with
+        return fit_combiner(module, trainset, metric_name)
+
+    monkeypatch.setitem(registry.REGISTRY, "medico", dataclasses.replace(get("medico"), fit=recording_fit))
+    lm = scripted_lm(responder())
+    p = build_parser()
+    args = p.parse_args(["--program", "medico", "--task", "qa", "--metric", "f1", "--data-dir",
+                         str(_halluclean_qa(tmp_path)), "--folds", "2", "-O", "correct=false",
+                         "--compiled-dir", str(tmp_path / "compiled"), "--report-dir", str(tmp_path / "reports"),
+                         "--no-mlflow", "--quiet", *(["--optimizer", optimizer] if optimizer else [])])
+    assert optimize_run(args, p, task_lm=lm) == 0
+    captured = capsys.readouterr()
+    art = load_compiled("medico", lang="qa", metric="f1", root=tmp_path / "compiled")
+    state = json.loads((art.path / "program.json").read_text())
+    assert state["combiner"]["fitted"] and len(state["combiner"]["weights"]) == 2 and state["combiner"]["n"] == 8
+    desc = art.manifest["optimizer"]["description"]
+    assert len(seen_demos) == 3  # two folds and the final compile
+    if optimizer is None:
+        assert art.manifest["optimizer"]["name"] == "fit" and desc == "fit (the program's own fit hook)"
+        assert state["detect"]["demos"] == [] and seen_demos == [0, 0, 0]
+        assert "no --optimizer was chosen" in captured.err
+    else:
+        assert desc.startswith("BootstrapFewShot(max_bootstrapped_demos=2") and desc.endswith(
+            "then fit (the program's own fit hook, on the compiled program)")
+        assert art.manifest["optimizer"]["name"] == "bootstrap" and art.manifest["optimizer"]["then_fit"] is True
+        demos = state["detect"]["demos"]
+        assert len(demos) == 2 and all("verdict" in d and "rationale" in d for d in demos)
+        assert seen_demos == [2, 2, 2]  # the ensemble was fitted on the compiled detector, in every compile
+        assert art.program.detect.demos and art.program.combiner == state["combiner"]
+        assert "compiled = BootstrapFewShot" in captured.out and "then fit" in captured.out
+        assert "weights" in art.manifest["final"]

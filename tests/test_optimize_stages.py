@@ -336,3 +336,104 @@ def test_committed_artifacts_still_load(program, lang, metric):
     art = A.load_compiled(program, lang=lang, metric=metric, version=1, root=compiled_dir())
     for key in ("cv", "final", "optimizer", "task_lm", "data", "usage", "compared", "program_options"):
         assert key in art.manifest
+
+
+# ------------------------------------------------------------------------------------------------------
+# which optimizer runs for a program with a fit hook (#11)
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_optimizer_for_a_program_with_a_fit_hook():
+    from halluscope.optimize.cv import min_compile_items
+    from halluscope.optimize.run import optimizer_for
+
+    def plain_fit(module, trainset, metric_name):
+        return {}
+
+    def compiling_fit(module, trainset, metric_name, *, optimizer="bootstrap"):
+        return {}
+
+    def spec(fit, uses_lm=True):
+        return registry.ProgramSpec(name="t", build=LengthThreshold, description="t", uses_lm=uses_lm, fit=fit)
+
+    default, chosen = OptimizerConfig(), OptimizerConfig(name="bootstrap", seed=3)
+    assert default.name == "mipro" and not default.chosen and chosen.chosen
+    assert "chosen" not in default.to_dict() and "then_fit" not in default.to_dict()
+    # no fit hook: the config as given (MIPROv2 by default)
+    assert optimizer_for(registry.get("spans"), default) is default
+    # a fit hook, no optimizer chosen, or no LM: the hook alone
+    for s, c in ((spec(plain_fit), default), (spec(plain_fit, uses_lm=False), chosen),
+                 (spec(compiling_fit, uses_lm=False), chosen)):
+        got = optimizer_for(s, c)
+        assert got.name == "fit" and not got.then_fit and got.fit_with is None and got.label == "fit"
+    # an LM program, an optimizer chosen: compile the prompts, then the hook fits the compiled program
+    got = optimizer_for(spec(plain_fit), chosen)
+    assert (got.name, got.then_fit, got.seed, got.label) == ("bootstrap", True, 3, "bootstrap+fit")
+    assert got.describe().endswith(", then fit (the program's own fit hook, on the compiled program)")
+    assert got.to_dict()["then_fit"] is True
+    # a hook that compiles prompts itself (takes optimizer=) gets the optimizer chosen
+    got = optimizer_for(spec(compiling_fit), OptimizerConfig(name="mipro"))
+    assert (got.name, got.fit_with, got.label) == ("fit", "mipro", "fit(mipro)")
+    assert got.describe() == "fit (the program's own fit hook, compiling with MIPROv2)"
+    assert min_compile_items(got) == 2 and got.to_dict()["fit_with"] == "mipro"
+    with pytest.raises(ValueError, match="then_fit"):
+        OptimizerConfig(name="fit", then_fit=True)
+
+
+def test_compile_program_runs_the_fit_hook_after_the_optimizer_or_hands_it_the_optimizer(monkeypatch):
+    """then_fit: the hook sees the compiled program (its demos) after BootstrapFewShot; fit_with: the hook gets
+    ``optimizer=``."""
+    from halluscope.metrics.adapters import get_metric
+    from halluscope.optimize.cv import FailureCounter, compile_program
+
+    def respond(call):
+        words = call.inputs.get("answer", "").split()
+        return {"spans": [{"text": words[-1], "probability": 0.9}] if words else []}
+
+    seen = {}
+
+    def fit_after(module, trainset, metric_name):
+        seen["demos"] = sum(len(p.demos) for p in module.predictors())
+        return {"fitted_after": 1}
+
+    def fit_with(module, trainset, metric_name, *, optimizer="bootstrap"):
+        seen["optimizer"] = optimizer
+        return {}
+
+    examples = [dspy.Example(id=f"x{i}", question="q", answer=f"it is wrong{i}", context="", lang="en",
+                             hard_labels=[[6, 12 + len(str(i))]], label=True).with_inputs("question", "answer",
+                                                                                         "context", "lang")
+                for i in range(3)]
+    lm = scripted_lm(respond)
+    with dspy.context(adapter=dspy.JSONAdapter()):
+        program, info = compile_program(registry.get("spans").build(), examples, get_metric("iou"),
+                                        OptimizerConfig(name="bootstrap", then_fit=True), task_lm=lm,
+                                        failures=FailureCounter(), fit=fit_after, metric_name="iou")
+    assert info["fitted_after"] == 1 and seen["demos"] == 2 == sum(len(p.demos) for p in program.predictors())
+    assert info["lm_errors"] == 0 and info["lm_calls"] >= 2
+    compile_program(registry.get("spans").build(), examples, get_metric("iou"),
+                    OptimizerConfig(name="fit", fit_with="mipro"), task_lm=lm, fit=fit_with, metric_name="iou")
+    assert seen["optimizer"] == "mipro"
+
+
+def test_jointcq_gets_the_chosen_optimizer(monkeypatch):
+    """JointCQ's fit hook compiles its claim-query stage itself: ``--optimizer mipro`` reaches
+    compile_claim_queries (BootstrapFewShot when none is chosen)."""
+    import halluscope.programs.jointcq_filter as jf
+    from halluscope.optimize.run import optimizer_for
+
+    spec = registry.get("jointcq")
+    assert optimizer_for(spec, OptimizerConfig()).fit_with is None
+    cfg = optimizer_for(spec, OptimizerConfig(name="mipro"))
+    assert cfg.name == "fit" and cfg.fit_with == "mipro"
+    used = []
+
+    def fake_compile(program, trainset, *, optimizer="bootstrap", **kw):
+        used.append(optimizer)
+        return program
+
+    monkeypatch.setattr(jf, "compile_claim_queries", fake_compile)
+    module = spec.build()
+    info = spec.fit(module, [], "f1", optimizer=cfg.fit_with)
+    spec.fit(module, [], "f1")
+    assert used == ["mipro", "bootstrap"] and info["criteria_optimizer"] == "mipro"

@@ -73,8 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="max tokens per proposal call (default: 256 for the embedded model, whose proposals "
                         "otherwise ramble to the limit at temperature 1; --max-tokens for other LMs)")
     o = p.add_argument_group("optimizer")
-    o.add_argument("--optimizer", choices=["mipro", "bootstrap"], default="mipro",
-                   help="mipro = dspy.MIPROv2, bootstrap = dspy.BootstrapFewShot")
+    o.add_argument("--optimizer", choices=["mipro", "bootstrap"], default=None,
+                   help="mipro = dspy.MIPROv2, bootstrap = dspy.BootstrapFewShot; default: the program's own "
+                        "(mipro, or the fit hook of a program with one). With a fit hook and an LM (medico, "
+                        "jointcq) a chosen optimizer compiles the prompts (then the hook fits the compiled "
+                        "program, or compiles with it); a program without an LM (grounded) ignores it")
     o.add_argument("--auto", choices=["light", "medium", "heavy"], default="light",
                    help="MIPROv2 budget preset (ignored when --candidates/--trials are given)")
     o.add_argument("--candidates", type=int, default=None,
@@ -102,6 +105,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--report-dir", default=None, help="run reports (JSON) go here (default outputs/optimize)")
     r.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlruns/mlflow.db)")
+    r.add_argument("--max-failed-share", type=float, default=0.5,
+                   help="the run FAILS (exit 1, no artifact, MLflow status FAILED) when more than this share of "
+                        "the held-out or test items failed, or of one compile's LM calls")
     r.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
     r.add_argument("--trace", action="store_true",
                    help="record every LM call of the program (compile included) as an MLflow trace (prompts "
@@ -155,6 +161,8 @@ def validate_args(p: argparse.ArgumentParser, args) -> None:
         p.error("--optimizer bootstrap with no demos would compile nothing; allow some demos")
     if not 0.0 < args.val_fraction < 1.0:
         p.error("argument --val-fraction: must be between 0 and 1")
+    if not 0.0 <= args.max_failed_share <= 1.0:
+        p.error("argument --max-failed-share: must be between 0 and 1")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -206,7 +214,8 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     config = OptimizeConfig(
         program=spec.name, metric=args.metric, program_options=options, lang=lang, source=source,
         folds=args.folds, optimizer=opt, compiled_dir=args.compiled_dir, report_dir=args.report_dir,
-        tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow, test_examples=test_examples,
+        tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow, max_failed_share=args.max_failed_share,
+        test_examples=test_examples,
         test_path=test_path, test_split=test_split, dataset=args.dataset, split=args.split, context=args.context,
         limit=args.limit, task_lm_info=task_info, prompt_lm_info=prompt_info,
         argv=sys.argv[1:] if parser.prog == "optimize.py" else None,
