@@ -20,7 +20,7 @@ import dspy
 from halluscope.contract import Detection, Span, to_prediction
 from halluscope.programs.registry import ProgramSpec, register
 
-__all__ = ["MarkAll", "LogitBaseline", "token_bytes", "token_offsets"]
+__all__ = ["MarkAll", "LogitBaseline", "token_bytes", "token_logit_lists", "token_offsets"]
 
 
 class MarkAll(dspy.Module):
@@ -144,19 +144,8 @@ class LogitBaseline(dspy.Module):
 
     def forward(self, answer: str = "", model_output_tokens=None, model_output_logits=None, **_):
         answer = answer or ""
-        tokens = [str(t) for t in _as_list(model_output_tokens)]
-        logits = [_as_float(x) for x in _as_list(model_output_logits)]
-        extra: dict[str, int] = {}
-        if tokens and logits and len(tokens) != len(logits):
-            # Aligned on the common prefix (an end-of-text logit, a dropped last token); counted. Lists that
-            # differ by more than a tenth of their length (at least 2) are not the same tokens: refused.
-            if abs(len(tokens) - len(logits)) > max(2, len(tokens) // 10):
-                tokens = []
-            else:
-                n = min(len(tokens), len(logits))
-                tokens, logits = tokens[:n], logits[:n]
-                extra["logit_length_mismatch"] = 1
-        if not answer.strip() or not tokens or len(tokens) != len(logits):
+        tokens, logits, extra = token_logit_lists(model_output_tokens, model_output_logits)
+        if not answer.strip() or not tokens:
             failures = {} if not answer.strip() else {"no_logits": 1}
             return to_prediction(Detection(answer=answer, failures=failures,
                                            rationale="no tokens/logits to score" if failures else "empty answer"))
@@ -181,15 +170,44 @@ class LogitBaseline(dspy.Module):
                                        failures={**({"unmapped_tokens": unmapped} if unmapped > 0 else {}), **extra}))
 
 
-def _as_list(value) -> list:
-    """A token or logit list given as a list, or as a string holding a JSON list (the official Catalan file);
-    anything else is no list."""
+def token_logit_lists(tokens, logits) -> tuple[list[str], list[float | None], dict[str, int]]:
+    """The generating model's tokens and logits as two lists of one length: ``(tokens, logits, failures)``.
+
+    Each may be a list or a string holding a JSON list (the official Catalan file). A logit that is not a finite
+    number is None (the caller leaves its token out). Lists of different lengths are aligned on their common
+    prefix (an end-of-text logit, a dropped last token), counted as ``{"logit_length_mismatch": 1}``; lists that
+    differ by more than a tenth of the tokens' length (at least 2) are not the same tokens: both come back empty,
+    counted as ``{"logits_length": 1}``. A value given that is neither (a number, a string that is no JSON list)
+    comes back empty, counted as ``{"malformed_logits": 1}``; a missing one just comes back empty.
+    """
+    tok_list, logit_list = _parse_list(tokens), _parse_list(logits)
+    if tok_list is None or logit_list is None:
+        return [], [], {"malformed_logits": 1}
+    toks = [str(t) for t in tok_list]
+    vals = [_as_float(x) for x in logit_list]
+    if toks and vals and len(toks) != len(vals):
+        if abs(len(toks) - len(vals)) > max(2, len(toks) // 10):
+            return [], [], {"logits_length": 1}
+        n = min(len(toks), len(vals))
+        return toks[:n], vals[:n], {"logit_length_mismatch": 1}
+    if len(toks) != len(vals):  # one of them is empty
+        return [], [], {}
+    return toks, vals, {}
+
+
+def _parse_list(value) -> list | None:
+    """A token or logit list given as a list, or as a string holding a JSON list; ``[]`` when missing (None,
+    blank); None when it is something else."""
+    if value is None:
+        return []
     if isinstance(value, str):
+        if not value.strip():
+            return []
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            return []
-    return list(value) if isinstance(value, (list, tuple)) else []
+            return None
+    return list(value) if isinstance(value, (list, tuple)) else None
 
 
 def _as_float(value) -> float | None:

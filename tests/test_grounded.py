@@ -151,23 +151,62 @@ def test_gen_features_reuse_the_logits_baseline_alignment():
     assert all(-4.0 <= f["gen_low"] <= 4.0 for f in feats)
 
 
-@pytest.mark.parametrize("tokens,logits,failure", [
-    (TOKENS, None, "no_logits"),
-    (None, LOGITS, "no_logits"),
-    ([], [], "no_logits"),
-    (TOKENS, LOGITS[:-1], "logits_length"),
-    (TOKENS, json.dumps(LOGITS), "malformed_logits"),
-    (json.dumps(TOKENS), LOGITS, "malformed_logits"),
-    (TOKENS, ["a", "b", "c", "d", "e"], "malformed_logits"),
-    (TOKENS, 3.0, "malformed_logits"),
-    (["xyz", "qqq"], [1.0, 2.0], "unaligned_tokens"),
-    (TOKENS, [float("nan")] * 5, "unaligned_tokens"),
+@pytest.mark.parametrize("tokens,logits,failures", [
+    (TOKENS, None, {"no_logits": 1}),
+    (None, LOGITS, {"no_logits": 1}),
+    ([], [], {"no_logits": 1}),
+    (TOKENS, "", {"no_logits": 1}),
+    (TOKENS, LOGITS * 3, {"logits_length": 1}),  # too different to be the same tokens
+    (TOKENS, "[1, ", {"malformed_logits": 1}),
+    ("not a list", LOGITS, {"malformed_logits": 1}),
+    (TOKENS, 3.0, {"malformed_logits": 1}),
+    (TOKENS, json.dumps({"a": 1}), {"malformed_logits": 1}),
+    (["xyz", "qqq"], [1.0, 2.0], {"unaligned_tokens": 1}),
+    (TOKENS, [float("nan")] * 5, {"nonfinite_logits": 5, "unaligned_tokens": 1}),
+    (TOKENS, ["a", "b", "c", "d", "e"], {"nonfinite_logits": 5, "unaligned_tokens": 1}),
 ])
-def test_gen_features_fallbacks_are_counted(tokens, logits, failure):
+def test_gen_features_fallbacks_are_counted(tokens, logits, failures):
     us = units_of(ANSWER)
     feats, fails = gen_features(ANSWER, us, tokens, logits)
-    assert fails == {failure: 1}
+    assert fails == failures
     assert feats == [{"gen_low": 0.0, "gen_first": 0.0, "gen_missing": 1.0}] * len(us)
+
+
+def test_gen_features_read_lists_as_the_logits_baseline_does():
+    """JSON-string lists (the official Catalan file) and lists of slightly different lengths (an end-of-text
+    logit, a dropped last token) are aligned as the logits baseline aligns them, and counted."""
+    assert genlogits.token_logit_lists is baselines.token_logit_lists
+    us = units_of(ANSWER)
+    full, _ = gen_features(ANSWER, us, TOKENS, LOGITS)
+    enc, fails = gen_features(ANSWER, us, json.dumps(TOKENS), json.dumps(LOGITS))
+    assert fails == {} and enc == full
+    longer, fails = gen_features(ANSWER, us, TOKENS, LOGITS + [-3.0])  # an end-of-text logit
+    assert fails == {"logit_length_mismatch": 1} and longer == full
+    shorter, fails = gen_features(ANSWER, us, TOKENS, LOGITS[:-1])  # the "." has no logit
+    assert fails == {"logit_length_mismatch": 1}
+    assert [f["gen_missing"] for f in shorter] == [0.0, 0.0, 0.0, 0.0]
+    assert max(range(len(us)), key=lambda i: shorter[i]["gen_low"]) == 3  # "Germany" still the least sure
+    np_feats, fails = gen_features(ANSWER, us, np.array(TOKENS), np.array(LOGITS))  # a columnar input
+    assert fails == {} and np_feats == full
+
+
+def test_gen_features_leave_out_and_count_nonfinite_logits():
+    us = units_of(ANSWER)
+    feats, fails = gen_features(ANSWER, us, TOKENS, [9.0, float("nan"), 8.5, 2.0, "x"])
+    assert fails == {"nonfinite_logits": 2, "unaligned_units": 1}  # "is" lost its only token
+    assert [f["gen_missing"] for f in feats] == [0.0, 1.0, 0.0, 0.0]
+    assert feats[3]["gen_low"] == max(f["gen_low"] for f in feats)
+
+
+def test_grounded_detector_uses_string_encoded_and_unequal_logits(tmp_path):
+    """The whole detector: string-encoded lists feed the generator-logit features instead of failing."""
+    prog = get("grounded").make(lm=False)
+    base = prog(answer=ANSWER, question="", context="", model_output_tokens=TOKENS, model_output_logits=LOGITS)
+    enc = prog(answer=ANSWER, question="", context="", model_output_tokens=json.dumps(TOKENS),
+               model_output_logits=json.dumps(LOGITS + [0.0]))
+    assert "malformed_logits" not in enc.failures and "logits_length" not in enc.failures
+    assert enc.failures.get("logit_length_mismatch") == 1
+    assert enc.soft_labels == base.soft_labels
 
 
 def test_gen_features_truncated_tokens_count_unaligned_units():

@@ -7,18 +7,22 @@ model's average token). A unit gets
 * ``gen_low``: the largest such score of the tokens overlapping it (its least confident piece),
 * ``gen_first``: the score of the token where the unit starts (where the model chose the word),
 
-both clipped to [-4, 4]. When the data carries no logits (``"no_logits"``), tokens or logits that are not lists
-(e.g. a JSON string; ``"malformed_logits"``), logits that are not numbers or whose count differs from the
-tokens' (``"logits_length"``), or no token can be aligned (``"unaligned_tokens"``), every unit gets 0 and
-``gen_missing`` = 1, and the caller counts the failure. Units that no aligned token covers (tokens past a
-truncated answer) get the same fallback and are counted as ``"unaligned_units"``.
+both clipped to [-4, 4]. The lists are read as the ``logits`` baseline reads them
+(:func:`halluscope.programs.baselines.token_logit_lists`): a list or a string holding a JSON list (the official
+Catalan file); lists of different lengths aligned on their common prefix (``"logit_length_mismatch"``);
+a logit that is not a finite number leaves its token out (``"nonfinite_logits"``, how many). When the data
+carries no logits (``"no_logits"``), tokens or logits that are neither lists nor JSON lists
+(``"malformed_logits"``), lists too different in length to be the same tokens (``"logits_length"``), or no
+token can be aligned (``"unaligned_tokens"``), every unit gets 0 and ``gen_missing`` = 1, and the caller counts
+the failure. Units that no aligned token covers (tokens past a truncated answer) get the same fallback and are
+counted as ``"unaligned_units"``.
 """
 
 from __future__ import annotations
 
 import math
 
-from halluscope.programs.baselines import token_offsets
+from halluscope.programs.baselines import token_logit_lists, token_offsets
 from halluscope.programs.grounded.units import AnswerUnit
 
 __all__ = ["GEN_FEATURES", "gen_features"]
@@ -30,29 +34,25 @@ def _clip(x: float, lo: float = -4.0, hi: float = 4.0) -> float:
     return lo if x < lo else hi if x > hi else x
 
 
+def _plain(value):
+    """An array (numpy, from a columnar input) as a list; anything else as it is."""
+    return value.tolist() if hasattr(value, "tolist") and not isinstance(value, (str, bytes)) else value
+
+
 def gen_features(answer: str, units: list[AnswerUnit], tokens, logits) -> tuple[list[dict[str, float]], dict[str, int]]:
     """``(features per unit, failures)``; failures is ``{}`` or counts such as ``{"no_logits": 1}`` (see the
     module docstring); on an item-level failure every unit has the fallback features."""
     fallback = [{"gen_low": 0.0, "gen_first": 0.0, "gen_missing": 1.0} for _ in units]
-    if isinstance(tokens, (str, bytes)) or isinstance(logits, (str, bytes)):
-        return fallback, {"malformed_logits": 1}
-    try:
-        tokens = list(tokens or [])
-        raw = None if logits is None else list(logits)
-    except TypeError:
-        return fallback, {"malformed_logits": 1}
-    if not tokens or not raw:
-        return fallback, {"no_logits": 1}
-    try:
-        vals = [float(x) for x in raw]
-    except (TypeError, ValueError):
-        return fallback, {"malformed_logits": 1}
-    if len(vals) != len(tokens):
-        return fallback, {"logits_length": 1}
-    offsets = token_offsets(answer, [str(t) for t in tokens])
-    pairs = [(o, v) for o, v in zip(offsets, vals) if o is not None and math.isfinite(v)]
+    toks, vals, failures = token_logit_lists(_plain(tokens), _plain(logits))
+    if not toks:
+        return fallback, failures or {"no_logits": 1}
+    nonfinite = sum(v is None for v in vals)
+    if nonfinite:
+        failures["nonfinite_logits"] = nonfinite
+    offsets = token_offsets(answer, toks)
+    pairs = [(o, v) for o, v in zip(offsets, vals) if o is not None and v is not None]
     if not pairs:
-        return fallback, {"unaligned_tokens": 1}
+        return fallback, {**failures, "unaligned_tokens": 1}
     xs = [v for _, v in pairs]
     mean = sum(xs) / len(xs)
     sd = math.sqrt(sum((v - mean) ** 2 for v in xs) / len(xs)) or 1.0
@@ -77,4 +77,6 @@ def gen_features(answer: str, units: list[AnswerUnit], tokens, logits) -> tuple[
             unaligned += 1
         else:
             out.append({"gen_low": _clip(low), "gen_first": _clip(first), "gen_missing": 0.0})
-    return out, ({"unaligned_units": unaligned} if unaligned else {})
+    if unaligned:
+        failures["unaligned_units"] = unaligned
+    return out, failures
