@@ -356,3 +356,100 @@ def test_real_server_survives_clients_that_disconnect(tmp_path):
     assert "Traceback" not in out, out
     assert list(work.iterdir()) == []
     assert sorted(str(p) for p in tmp_path.rglob("*") if p != work) == before  # artifacts untouched
+
+
+# -- evidence files read on the server (POST /v1/evidence) ---------------------------------------------------
+
+def _upload(c, name: str, data: bytes, **headers):
+    import base64
+
+    return c.post("/v1/evidence", json={"filename": name, "content_base64": base64.b64encode(data).decode()},
+                  headers=headers)
+
+
+def _docx_bytes(tmp_path, *paragraphs: str) -> bytes:
+    import docx
+
+    document = docx.Document()
+    for p in paragraphs:
+        document.add_paragraph(p)
+    document.save(str(tmp_path / "made.docx"))
+    return (tmp_path / "made.docx").read_bytes()
+
+
+def test_evidence_files_are_read_on_the_server(client, tmp_path):
+    from tests.test_retrievers import text_pdf
+
+    r = _upload(client, "moon.pdf", text_pdf("The Moon orbits the Earth every 27 days."))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["text"] == "The Moon orbits the Earth every 27 days." and body["type"] == "pdf"
+    assert body["filename"] == "moon.pdf" and body["chars"] == len(body["text"]) and body["bytes"] > 100
+
+    r = _upload(client, "C:\\Users\\me\\Everest.DOCX", _docx_bytes(tmp_path, "Mount Everest is 8849 m high.", "Nepal."))
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] == "Mount Everest is 8849 m high.\n\nNepal." and r.json()["filename"] == "Everest.DOCX"
+    for name, data in (("notes.txt", "Die Donau fließt durch Wien.\n".encode()), ("guide.md", b"# Rhine\n\nNorth Sea.")):
+        r = _upload(client, name, data)
+        assert r.status_code == 200 and r.json()["text"] == data.decode().strip()
+    # the text goes on as an evidence passage, as the page sends it
+    text = _upload(client, "moon.pdf", text_pdf("Canberra is the capital.")).json()["text"]
+    r = client.post("/v1/detect", json={"answer": ANSWER, "lang": "de", "evidence": [text]})
+    assert r.status_code == 200 and r.json()["artifact"]["key"] == "de"
+    assert "/v1/evidence" in client.get("/openapi.json").json()["paths"]
+
+
+def test_bad_evidence_files_are_4xx_naming_the_problem(client, tmp_path):
+    from pypdf import PdfWriter
+
+    writer = PdfWriter()
+    writer.add_blank_page(200, 200)
+    writer.encrypt("secret", algorithm="RC4-128")
+    writer.write(tmp_path / "locked.pdf")
+    cases = [
+        ("empty.txt", b"", 422, "empty.txt: empty file"),
+        ("blob.txt", b"\x00\x01\x02binary\x00" * 10, 422, "blob.txt: binary file"),
+        ("fake.pdf", b"%PDF-1.4 this is not really a pdf", 422, "fake.pdf: unreadable PDF"),
+        ("locked.pdf", (tmp_path / "locked.pdf").read_bytes(), 422, "locked.pdf: encrypted PDF"),
+        ("fake.docx", b"PK\x03\x04 not a zip", 422, "fake.docx: unreadable DOCX"),
+        ("blank.docx", _docx_bytes(tmp_path, "   "), 422, "blank.docx: no text in it"),
+        ("image.png", b"\x89PNG\r\n", 415, "unsupported file type .png"),
+        ("noext", b"text", 415, "unsupported file type (none)"),
+    ]
+    for name, data, status, words in cases:
+        r = _upload(client, name, data)
+        assert r.status_code == status, (name, r.text)
+        assert words in r.json()["error"], (name, r.json())
+    r = client.post("/v1/evidence", json={"filename": "a.txt", "content_base64": "not base64!"})
+    assert r.status_code == 422 and "not valid base64" in r.json()["error"]
+    r = client.post("/v1/evidence", json={"content_base64": ""})
+    assert r.status_code == 422 and "filename" in r.json()["error"]
+    assert _upload(client, "ok.txt", b"still serving").status_code == 200
+
+
+def test_evidence_file_size_limits(markall):
+    limits = Limits(max_upload_bytes=1_000, max_body_bytes=500, max_evidence_chars=600)
+    with TestClient(create_app(markall, limits=limits)) as c:
+        assert _upload(c, "fits.txt", b"a" * 580).status_code == 200  # a body over max_body_bytes is fine here
+        r = _upload(c, "big.txt", b"a" * 1_001)  # within the body allowance, over the file limit
+        assert r.status_code == 413 and "big.txt: too large: 1001 bytes, the limit is 1000" in r.json()["error"]
+        r = _upload(c, "huge.txt", b"a" * 20_000)  # refused by the body limit before it is read
+        assert r.status_code == 413 and "too large" in r.json()["error"]
+        r = _upload(c, "long.txt", b"a" * 700)
+        assert r.status_code == 422 and "700 characters, over the 600-character evidence limit" in r.json()["error"]
+        # the larger body is allowed on /v1/evidence only
+        assert c.post("/v1/detect", json={"answer": "x" * 600, "lang": "de"}).status_code == 413
+
+
+def test_evidence_needs_the_key_when_set(markall):
+    with TestClient(create_app(markall, api_key="k")) as c:
+        assert _upload(c, "a.txt", b"text").status_code == 401
+        assert _upload(c, "a.txt", b"text", **{"X-API-Key": "k"}).json()["text"] == "text"
+
+
+def test_page_uploads_pdf_and_docx_to_the_server(client):
+    page = client.get("/").text
+    accept = page.split('accept="', 1)[1].split('"', 1)[0].split(",")
+    assert {".pdf", ".docx", ".txt", ".md"} <= set(accept)
+    js = client.get("/static/app.js").text
+    assert '"/v1/evidence"' in js and "content_base64" in js

@@ -141,9 +141,19 @@ def test_page_highlights_spans_by_probability_at_375px(browser, server, tmp_path
     assert labels[0].startswith("page-fixture · lang en · v0001") and labels[1].startswith("spans · lang de")
     browser.find_element(By.ID, "example").click()
     assert browser.find_element(By.ID, "answer").get_property("value") == ANSWER
+    import docx
+
+    from tests.test_retrievers import text_pdf
+
     notes = tmp_path / "notes.txt"
     notes.write_text("Parliament House is in Canberra.\n", encoding="utf-8")
-    browser.find_element(By.ID, "evidence-files").send_keys(str(notes))  # an uploaded evidence file
+    (tmp_path / "moon.pdf").write_bytes(text_pdf("The Moon orbits the Earth every 27 days."))
+    document = docx.Document()
+    document.add_paragraph("Canberra was founded in 1913.")
+    document.save(str(tmp_path / "history.docx"))
+    # uploaded evidence files: text, PDF and DOCX, each read by the server (POST /v1/evidence)
+    browser.find_element(By.ID, "evidence-files").send_keys(
+        "\n".join(str(tmp_path / n) for n in ("notes.txt", "moon.pdf", "history.docx")))
     browser.find_element(By.ID, "submit").click()
     _wait_result(browser)
 
@@ -166,7 +176,8 @@ def test_page_highlights_spans_by_probability_at_375px(browser, server, tmp_path
     assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#revision ins")] == ["Canberra,", "1913."]
     evidence = browser.find_element(By.ID, "evidence-list").text
     assert EVIDENCE in evidence and "passage-1" in evidence
-    assert "Parliament House is in Canberra." in evidence  # the file's text reached the detector
+    assert "Parliament House is in Canberra." in evidence  # the files' text reached the detector
+    assert "The Moon orbits the Earth every 27 days." in evidence and "Canberra was founded in 1913." in evidence
     assert "page-fixture en iou v0001" in browser.find_element(By.ID, "provenance").text
 
     # fits 375 px: nothing scrolls sideways
@@ -177,6 +188,18 @@ def test_page_highlights_spans_by_probability_at_375px(browser, server, tmp_path
     assert (SHOTS / "page-375px.png").stat().st_size > 10_000
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors  # no script errors, no blocked (CSP) or failed fetches
+
+
+def test_page_names_an_unreadable_evidence_file(browser, server, tmp_path):
+    _open(browser, server)
+    browser.find_element(By.ID, "example").click()
+    (tmp_path / "scan.pdf").write_bytes(b"%PDF-1.4 not really a pdf")
+    browser.find_element(By.ID, "evidence-files").send_keys(str(tmp_path / "scan.pdf"))
+    browser.find_element(By.ID, "submit").click()
+    WebDriverWait(browser, 10).until(lambda d: d.find_element(By.ID, "status").text.startswith("Error:"))
+    status = browser.find_element(By.ID, "status").text
+    assert "scan.pdf: unreadable PDF" in status, status
+    assert browser.find_element(By.ID, "submit").is_enabled()  # the page stays usable
 
 
 def test_page_is_keyboard_usable_with_the_scripted_lm(browser, server):

@@ -59,6 +59,8 @@ def add_parser(subparsers) -> None:
     n.add_argument("--timeout", type=float, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
     n.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes)
     n.add_argument("--max-batch", type=int, default=Limits.max_batch)
+    n.add_argument("--max-upload-bytes", type=int, default=Limits.max_upload_bytes,
+                   help="largest evidence file the page may upload to /v1/evidence (default %(default)s)")
     n.add_argument("--lm-concurrency", type=int, default=1,
                    help="requests inside LM programs at once (1 for the embedded model)")
     n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -116,7 +118,8 @@ def cmd_serve(args) -> int:
               f"--require-key (clients then send X-API-Key)", file=sys.stderr)
         return 2
     try:
-        limits = Limits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, timeout_s=args.timeout)
+        limits = Limits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, timeout_s=args.timeout,
+                        max_upload_bytes=args.max_upload_bytes)
         detectors = resolve_detectors(args)
     except (ArtifactError, ValueError) as e:
         print(f"halluscope serve: {e}", file=sys.stderr)

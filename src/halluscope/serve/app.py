@@ -7,6 +7,8 @@ Endpoints (all JSON; the OpenAPI page is at ``/docs``, the schema at ``/openapi.
                                                        "seconds"}
     POST /v1/detect/batch    {"items": [<detect request>, ...]} (at most Limits.max_batch items)
                              -> {"results": [{"ok": true, ...} | {"ok": false, "status", "error"}], ...}
+    POST /v1/evidence        {filename, content_base64} (a TXT/Markdown/PDF/DOCX file, at most Limits.max_upload_bytes)
+                             -> {filename, type, bytes, chars, text}: the file's text, read on the server
     GET  /v1/artifacts       what is loaded: program, language/task, metric, version, hash, scores
     GET  /healthz            {"status": "ok", ...}
     GET  /                   the web page (plain HTML/CSS/JS shipped in the package; no network fetches)
@@ -15,7 +17,7 @@ Concurrency: programs that use no LM run in parallel on the thread pool; program
 slot of ``lm_concurrency`` (default 1) first, so no two requests are inside the embedded llama.cpp model at
 once (its engine also holds its own lock). A request waits for a slot at most ``Limits.timeout_s``.
 
-Limits (:class:`Limits`): request body bytes (413), field lengths and batch size (422 naming the field), a
+Limits (:class:`Limits`): request body bytes (413; for ``/v1/evidence`` the base64 of ``max_upload_bytes``), field lengths and batch size (422 naming the field), a
 per-request timeout (504; the work already started finishes in the background and its result is dropped, the
 LM slot stays taken until it does). Bad input never stops the server: every error is a JSON body
 ``{"error": "...", "detail": ...}`` with a 4xx status, an unexpected failure inside a program a logged 500.
@@ -46,6 +48,7 @@ from halluscope import __version__
 from halluscope.artifacts import selection_score
 from halluscope.detector import CompiledDetector, detect
 from halluscope.programs.registry import get as get_spec
+from halluscope.serve.evidence import EvidenceFileError, read_uploaded
 from halluscope.tasks import HALLUCLEAN_TASKS
 
 __all__ = ["Limits", "LoadedDetector", "create_app"]
@@ -69,6 +72,7 @@ class Limits:
     max_evidence_chars: int = 100_000  # context + all evidence passages together
     max_evidence_items: int = 50
     max_batch: int = 32
+    max_upload_bytes: int = 5_000_000  # one evidence file sent to /v1/evidence (413 beyond)
     timeout_s: float = 120.0  # per request (per item in a batch), waiting for the LM included
 
 
@@ -148,7 +152,20 @@ def _request_models(limits: Limits):
 
         items: list[DetectRequest] = Field(min_length=1, max_length=limits.max_batch)
 
-    return DetectRequest, BatchRequest
+    class EvidenceRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        filename: str = Field(min_length=1, max_length=255,
+                              description="the file's name; its suffix gives the type (.txt .md .pdf .docx ...)")
+        content_base64: str = Field(description=f"the file's bytes, base64 (at most {limits.max_upload_bytes} "
+                                                f"bytes before encoding)")
+
+    return DetectRequest, BatchRequest, EvidenceRequest
+
+
+def upload_body_bytes(limits: Limits) -> int:
+    """The body limit of ``/v1/evidence``: the base64 of the largest file, and room for the JSON around it."""
+    return (limits.max_upload_bytes + 2) // 3 * 4 + 4096
 
 
 class _BodyTooLarge(Exception):
@@ -159,12 +176,13 @@ class BodyLimitMiddleware:
     """Refuse request bodies over ``max_bytes`` with 413: by Content-Length before reading, and while reading
     a body sent without one (chunked)."""
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, path_limits: dict[str, int] | None = None):
+        self.app, self.default_max, self.path_limits = app, max_bytes, dict(path_limits or {})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        max_bytes = self.path_limits.get(scope.get("path", ""), self.default_max)
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None:
@@ -172,8 +190,8 @@ class BodyLimitMiddleware:
                 n = int(declared)
             except ValueError:
                 return await _send_json(send, 400, {"error": "invalid Content-Length header"})
-            if n > self.max_bytes:
-                return await _send_json(send, 413, self._message(n))
+            if n > max_bytes:
+                return await _send_json(send, 413, self._message(n, max_bytes))
         received = 0
         too_large = answered = False
 
@@ -182,7 +200,7 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > max_bytes:
                     too_large = True
                     raise _BodyTooLarge
             return message
@@ -194,17 +212,17 @@ class BodyLimitMiddleware:
                 await send(message)
             elif message["type"] == "http.response.start" and not answered:
                 answered = True
-                await _send_json(send, 413, self._message(received))
+                await _send_json(send, 413, self._message(received, max_bytes))
 
         try:
             await self.app(scope, limited_receive, guarded_send)
         except _BodyTooLarge:
             if not answered:
-                await _send_json(send, 413, self._message(received))
+                await _send_json(send, 413, self._message(received, max_bytes))
 
-    def _message(self, n: int) -> dict:
-        return {"error": f"request body too large: {n} bytes, the limit is {self.max_bytes}",
-                "detail": {"limit_bytes": self.max_bytes}}
+    @staticmethod
+    def _message(n: int, limit: int) -> dict:
+        return {"error": f"request body too large: {n} bytes, the limit is {limit}", "detail": {"limit_bytes": limit}}
 
 
 async def _send_json(send, status: int, body: dict) -> None:
@@ -253,7 +271,7 @@ def create_app(
     for d in detectors:
         ld = loaded(d)
         table[(ld.program, ld.key, ld.detector.version)] = ld
-    DetectRequest, BatchRequest = _request_models(limits)
+    DetectRequest, BatchRequest, EvidenceRequest = _request_models(limits)
     started_at = time.time()
     lm_slots = asyncio.Semaphore(lm_concurrency)
     stats = {"requests": 0, "errors": 0, "timeouts": 0}
@@ -389,6 +407,16 @@ def create_app(
         return {"results": results, "ok": sum(r["ok"] for r in results),
                 "failed": sum(not r["ok"] for r in results), "seconds": round(time.perf_counter() - t0, 4)}
 
+    @app.post("/v1/evidence", dependencies=[Depends(require_key)],
+              summary="The text of an evidence file (TXT, Markdown, PDF, DOCX), read on the server")
+    async def evidence_route(req: EvidenceRequest) -> dict:
+        stats["requests"] += 1
+        try:
+            return await run_in_threadpool(read_uploaded, req.filename, req.content_base64,
+                                           max_bytes=limits.max_upload_bytes, max_chars=limits.max_evidence_chars)
+        except EvidenceFileError as e:
+            raise ApiError(e.status, e.message) from None
+
     @app.get("/v1/artifacts", dependencies=[Depends(require_key)], summary="The compiled artifacts loaded")
     async def artifacts_route() -> dict:
         return {"artifacts": [table[k].describe() for k in sorted(table)],
@@ -409,7 +437,8 @@ def create_app(
             raise ApiError(404, f"no static file {name!r}")
         return _static(name)
 
-    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
+                       path_limits={"/v1/evidence": max(limits.max_body_bytes, upload_body_bytes(limits))})
     return app
 
 

@@ -37,6 +37,32 @@ async function api(path, body) {
   return data;
 }
 
+// Evidence files of these types are read on the server (POST /v1/evidence: PDF, DOCX, text); others
+// (.csv, .tsv, .json) are plain text read here, in the browser.
+const SERVER_READ = [".pdf", ".docx", ".txt", ".md", ".markdown", ".text", ".rst"];
+
+function suffix(name) {
+  const i = name.lastIndexOf(".");
+  return i < 0 ? "" : name.slice(i).toLowerCase();
+}
+
+function toBase64(buffer) {
+  const bytes = new Uint8Array(buffer);
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    binary += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(binary);
+}
+
+async function readEvidenceFile(file) {
+  if (SERVER_READ.includes(suffix(file.name))) {
+    const data = await api("/v1/evidence", { filename: file.name, content_base64: toBase64(await file.arrayBuffer()) });
+    return data.text;
+  }
+  return (await file.text()).trim();
+}
+
 function artifactLabel(a) {
   const where = a.task ? `task ${a.task}` : `lang ${a.lang}`;
   const score = a.selection_score == null ? "" : ` · cv ${a.metric} ${a.selection_score.toFixed(3)}`;
@@ -206,13 +232,20 @@ async function submit(ev) {
   if (a.task) body.task = a.task; else body.lang = a.lang;
   const evidence = $("evidence").value.trim();
   body.evidence = evidence ? [evidence] : [];
-  for (const file of $("evidence-files").files) {  // read here, in the browser; sent as passages
-    const text = (await file.text()).trim();
-    if (text) body.evidence.push(text);
-  }
   $("submit").disabled = true;
-  setStatus("Detecting…");
   try {
+    for (const file of $("evidence-files").files) {  // PDF/DOCX/text read by the server; sent as passages
+      setStatus(`Reading ${file.name}…`);
+      let text;
+      try {
+        text = await readEvidenceFile(file);
+      } catch (e) {
+        setStatus(`Error: evidence file ${e.message.startsWith(file.name) ? "" : file.name + ": "}${e.message}`, true);
+        return;
+      }
+      if (text) body.evidence.push(text);
+    }
+    setStatus("Detecting…");
     const det = await api("/v1/detect", body);
     setStatus("Done.");
     render(det);
