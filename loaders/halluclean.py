@@ -95,18 +95,33 @@ def _need(rec: dict, keys: tuple[str, ...], where: str) -> None:
         raise ValueError(f"{where}: missing field(s) {missing}; has {sorted(rec)}")
 
 
-def _text(v) -> str:
-    return "" if v is None else str(v)
+def _text(rec: dict, key: str, where: str) -> str:
+    """The text of field ``key`` ("" when missing or null); a number is its text; anything else (a list, an
+    object, a boolean) raises ``ValueError`` naming the item and the field."""
+    v = rec.get(key)
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return str(v)
+    raise ValueError(f"{where}: field {key!r}: expected text, got {type(v).__name__} {_short(v)}")
 
 
-def _pair_cases(task: str, rec: dict, where: str, q: str, ctx: str, right: str, hallu: str) -> list[dict]:
+def _short(v, n: int = 60) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + "..."
+
+
+def _pair_cases(task: str, rec: dict, where: str, q: str, ctx: str, right: str, hallu: str,
+                sid: str) -> list[dict]:
     _need(rec, (right, hallu), where)
-    sid = rec.get("id", where)
-    base = {"task": task, "lang": "en", "question": _text(rec.get(q)) if q else "",
-            "context": _text(rec.get(ctx)), "reference": _text(rec[right]), "source_id": sid}
+    base = {"task": task, "lang": "en", "question": _text(rec, q, where) if q else "",
+            "context": _text(rec, ctx, where), "reference": _text(rec, right, where), "source_id": sid}
     return [
-        {**base, "id": f"{task}-{sid}-right", "answer": _text(rec[right]), "label": False, "variant": "right"},
-        {**base, "id": f"{task}-{sid}-hallucinated", "answer": _text(rec[hallu]), "label": True,
+        {**base, "id": f"{task}-{sid}-right", "answer": _text(rec, right, where), "label": False,
+         "variant": "right"},
+        {**base, "id": f"{task}-{sid}-hallucinated", "answer": _text(rec, hallu, where), "label": True,
          "variant": "hallucinated"},
     ]
 
@@ -120,34 +135,36 @@ def _mwp_label(rec: dict, where: str) -> bool:
     raise ValueError(f"{where}: needs label 'yes'/'no' or a boolean 'answerable'")
 
 
-def _cases(task: str, rec: dict, where: str) -> list[dict]:
+def _cases(task: str, rec: dict, where: str, default_id: str | None = None) -> list[dict]:
+    """The cases of one record; ``where`` names it in errors, ``default_id`` (else ``where``) is its
+    ``source_id`` when it has no ``id``."""
     if not isinstance(rec, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    sid = rec.get("id", default_id or where)
     if task == "qa":
         _need(rec, ("question",), where)
-        return _pair_cases(task, rec, where, "question", "knowledge", "right_answer", "hallucinated_answer")
+        return _pair_cases(task, rec, where, "question", "knowledge", "right_answer", "hallucinated_answer",
+                           sid)
     if task == "dialogue":
         return _pair_cases(task, rec, where, "dialogue_history", "knowledge", "right_response",
-                           "hallucinated_response")
+                           "hallucinated_response", sid)
     if task == "summarization":
         _need(rec, ("document",), where)
-        return _pair_cases(task, rec, where, "", "document", "right_summary", "hallucinated_summary")
+        return _pair_cases(task, rec, where, "", "document", "right_summary", "hallucinated_summary", sid)
     if task == "mwp":
         _need(rec, ("question",), where)
-        sid = rec.get("id", where)
         label = _mwp_label(rec, where)
-        return [{"id": f"mwp-{sid}", "task": task, "lang": "en", "question": _text(rec["question"]),
+        return [{"id": f"mwp-{sid}", "task": task, "lang": "en", "question": _text(rec, "question", where),
                  "answer": "", "context": "", "label": label, "reference": None, "source_id": sid,
                  "variant": "unanswerable" if label else "answerable",
                  "source": rec.get("source"), "category": rec.get("category")}]
     if task == "self_contradiction":
         _need(rec, ("prefix", "orig", "alt", "tag"), where)
-        sid = rec.get("id", where)
         label = str(rec["tag"]).strip().lower() == "strong"
-        return [{"id": f"sc-{sid}", "task": task, "lang": "en", "question": _text(rec["prefix"]),
-                 "answer": _text(rec["orig"]), "context": _text(rec["alt"]), "label": label,
+        return [{"id": f"sc-{sid}", "task": task, "lang": "en", "question": _text(rec, "prefix", where),
+                 "answer": _text(rec, "orig", where), "context": _text(rec, "alt", where), "label": label,
                  "reference": None, "source_id": sid, "variant": "contradiction" if label else "consistent",
-                 "target": _text(rec.get("target")), "link": rec.get("link")}]
+                 "target": _text(rec, "target", where), "link": rec.get("link")}]
     raise AssertionError(task)
 
 
@@ -171,6 +188,24 @@ def _to_examples(cases: list[dict], limit: int | None) -> list[dspy.Example]:
     return [dspy.Example(**c).with_inputs(*INPUT_FIELDS) for c in cases]
 
 
+def _read_json(path: Path):
+    """The JSON document in ``path``: UTF-8, a leading byte-order mark accepted. Text that is not UTF-8 or not
+    JSON raises a one-line ``ValueError`` naming the file, the line and the column."""
+    raw = path.read_bytes()
+    body = raw[3:] if raw.startswith(b"\xef\xbb\xbf") else raw
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = body.count(b"\n", 0, e.start) + 1
+        col = e.start - (body.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(f"{path}: line {line}: not UTF-8 text (byte 0x{body[e.start]:02x} at column {col}); "
+                         f"save the file as UTF-8") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line {e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+
+
 def load_halluclean(
     data_dir: str | Path,
     task: str,
@@ -179,8 +214,10 @@ def load_halluclean(
 ) -> list[dspy.Example]:
     """The cases of one HalluClean task (see the module docstring), at most ``limit`` of them, balanced.
 
-    ``data_dir`` is the folder with the JSON files or its parent (``../shared/data``). A missing file
-    raises ``FileNotFoundError`` naming it; a malformed record raises ``ValueError`` naming file and item.
+    ``data_dir`` is the folder with the JSON files or its parent (``../shared/data``); files are UTF-8 (a
+    byte-order mark is accepted). A missing file raises ``FileNotFoundError`` naming it; text that is not UTF-8
+    or not JSON raises a one-line ``ValueError`` naming the file, line and column, and a malformed record one
+    naming the file, the item and the field.
     """
     task = canonical_task(task)
     root = Path(data_dir).expanduser()
@@ -192,10 +229,7 @@ def load_halluclean(
         raise FileNotFoundError(
             f"HalluClean {task!r} file not found: {path} (folder has: {', '.join(have) or 'nothing'})"
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    data = _read_json(path)
     if isinstance(data, dict):  # SC: id -> record
         records = [({"id": k, **v} if isinstance(v, dict) else v) for k, v in data.items()]
     elif isinstance(data, list):
@@ -204,7 +238,7 @@ def load_halluclean(
         raise ValueError(f"{path}: expected a JSON list or object, got {type(data).__name__}")
     cases: list[dict] = []
     for i, rec in enumerate(records):
-        cases.extend(_cases(task, rec, f"{path.name} item {i}"))
+        cases.extend(_cases(task, rec, f"{path}: item {i}", default_id=f"{path.name} item {i}"))
     if task in ("mwp", "self_contradiction"):
         cases = _interleave(cases)
     return _to_examples(cases, limit)

@@ -483,12 +483,66 @@ def test_loader_errors_name_the_missing_file_and_bad_item(tmp_path, data_dir):
     with pytest.raises(FileNotFoundError, match=r"QA\.dev\.json"):
         load_halluclean(empty, "qa")
     (data_dir / "DA.dev.json").write_text(json.dumps([{"knowledge": "K", "right_response": "R"}]))
-    with pytest.raises(ValueError, match=r"DA\.dev\.json item 0.*hallucinated_response"):
+    with pytest.raises(ValueError, match=r"DA\.dev\.json: item 0: .*hallucinated_response"):
         load_halluclean(data_dir, "dialogue")
     with pytest.raises(ValueError, match="unknown HalluClean task"):
         load_halluclean(data_dir, "poetry")
     assert canonical_task("SUM") == "summarization" and canonical_task("Self-Contradiction") == "self_contradiction"
     assert set(HALLUCLEAN_FILES) == set(HALLUCLEAN_TASKS)
+
+
+def _load_error(path, task) -> str:
+    with pytest.raises(ValueError) as e:
+        load_halluclean(path.parent, task)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg, msg
+    return msg
+
+
+def test_a_utf8_byte_order_mark_is_accepted(data_dir):
+    qa = data_dir / "QA.dev.json"
+    plain = [(e.id, e.question, e.answer) for e in load_halluclean(data_dir, "qa")]
+    qa.write_bytes(b"\xef\xbb\xbf" + qa.read_bytes())
+    assert [(e.id, e.question, e.answer) for e in load_halluclean(data_dir, "qa")] == plain
+
+
+def test_text_that_is_not_utf8_names_the_file_line_and_column(data_dir):
+    qa = data_dir / "QA.dev.json"
+    qa.write_bytes(b'[{"id": "1", "question": "Q",\n  "right_answer": "caf\xe9", "hallucinated_answer": "H"}]')
+    msg = _load_error(qa, "qa")
+    assert "line 2" in msg and "column 23" in msg and "0xe9" in msg and "UTF-8" in msg
+    qa.write_bytes(b"\xef\xbb\xbf[\xff]")  # after a byte-order mark: still line 1, column 2
+    msg = _load_error(qa, "qa")
+    assert "line 1" in msg and "column 2" in msg and "0xff" in msg
+
+
+def test_malformed_json_names_the_file_line_and_column(data_dir):
+    qa = data_dir / "QA.dev.json"
+    qa.write_text('[{"id": "1",\n  "question": "Q" "right_answer": "R"}]', encoding="utf-8")
+    msg = _load_error(qa, "qa")
+    assert "line 2" in msg and "column 19" in msg and "malformed JSON" in msg
+
+
+@pytest.mark.parametrize("task, file, rec, field", [
+    ("qa", "QA", {"id": "1", "question": ["Q"], "right_answer": "R", "hallucinated_answer": "H"}, "question"),
+    ("qa", "QA", {"id": "1", "question": "Q", "right_answer": {"t": "R"}, "hallucinated_answer": "H"},
+     "right_answer"),
+    ("summarization", "SUM", {"document": True, "right_summary": "R", "hallucinated_summary": "H"}, "document"),
+    ("self_contradiction", "SC", [{"prefix": "P", "orig": "O", "alt": ["A"], "tag": "ok"}], "alt"),
+])
+def test_a_field_that_is_not_text_names_the_file_item_and_field(data_dir, task, file, rec, field):
+    f = data_dir / f"{file}.dev.json"
+    f.write_text(json.dumps(rec if isinstance(rec, list) else [rec]), encoding="utf-8")
+    msg = _load_error(f, task)
+    assert "item 0" in msg and f"field {field!r}" in msg and "expected text" in msg
+
+
+def test_numbers_as_text_and_ids_of_items_without_one_are_kept(data_dir):
+    (data_dir / "QA.dev.json").write_text(json.dumps(
+        [{"question": "How many?", "right_answer": 8, "hallucinated_answer": 9.5, "knowledge": None}]))
+    qa = load_halluclean(data_dir, "qa")
+    assert [(e.id, e.answer, e.context) for e in qa] == [
+        ("qa-QA.dev.json item 0-right", "8", ""), ("qa-QA.dev.json item 0-hallucinated", "9.5", "")]
 
 
 def test_resolve_dir_and_demo_fallback(tmp_path, data_dir, monkeypatch, caplog):
