@@ -24,6 +24,7 @@ rerun the same command and the rows already in ``<output>.parts/`` are skipped.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -113,6 +114,7 @@ def cmd_detect(args) -> int:
         raise SystemExit("halluscope detect: give --answer TEXT or --input FILE.jsonl (or --list)")
     if args.engine == "ray" and args.input is None:
         raise SystemExit("halluscope detect: --engine ray needs --input FILE.{jsonl,parquet}")
+    check_output(args)  # before any work: an unusable --output fails now, not after every answer was detected
     try:
         detector = load_compiled(args.program, lang=key, metric=args.metric, version=args.version,
                                  root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)
@@ -156,6 +158,35 @@ def cmd_detect(args) -> int:
             print(f"warning: {truncated.truncated} prompts were longer than the model's context and were cut in the "
                   f"middle", file=sys.stderr)
         return 0 if stats["failed"] == 0 else 1
+
+
+def check_output(args) -> Path | None:
+    """``--output`` as a file that can be written, checked before any work as ``evaluate`` checks ``--out-dir``:
+    not a folder (nor a path ending in a separator, nor a device or other non-regular file), not the ``--input``
+    file, and in a folder that exists (created now) and is writable. A usage error (exit 2) naming the problem
+    otherwise. An existing file is replaced atomically when the run ends (the Ray engine resumes from it)."""
+    if not args.output:
+        return None
+    text = str(args.output)
+    out = Path(text)
+
+    def bad(why: str):
+        usage_error(args, f"argument --output: {why}")
+
+    if text.endswith(("/", os.sep)) or out.is_dir():
+        bad(f"{text} is a folder; give a file path such as {out / 'detections.jsonl'}")
+    if out.exists() and not out.is_file():
+        bad(f"{out} exists and is not a regular file")
+    if args.input and out.exists() and Path(args.input).exists() and out.resolve() == Path(args.input).resolve():
+        bad(f"{out} is the --input file; the detections would replace the answers")
+    folder = out.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        bad(f"cannot use {out}: cannot create the folder {folder}: {e.strerror or e}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        bad(f"cannot use {out}: the folder {folder} is not writable")
+    return out
 
 
 def default_program(args, key: str, *, lang: str | None, task: str | None) -> tuple[str, str, str]:
