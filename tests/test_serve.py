@@ -211,6 +211,21 @@ def test_resolve_detectors_loads_each_key_once(tmp_path):
     assert [d.version for d in resolve_detectors(args)] == [1]
 
 
+def test_serve_defaults_to_grounded_on_the_embedded_model_like_detect(tmp_path, capsys):
+    """Without --program, a --lang is served by grounded with the embedded LM (its own artifact, else the
+    cross-lingual one, said on stderr); another --lm or a --task keeps spans; no LM is needed for grounded."""
+    write(tmp_path, "grounded", "de")
+    write(tmp_path, "grounded", "all")
+    write(tmp_path, "spans", "de")
+    parse = lambda *a: build_parser().parse_args(["serve", *a, "--compiled-dir", str(tmp_path)])  # noqa: E731
+    dets = resolve_detectors(parse("--lang", "de", "--lang", "fi"))
+    assert [(d.name, d.lang) for d in dets] == [("grounded", "de"), ("grounded", "all")]
+    assert "no artifact for 'fi', using the cross-lingual one" in capsys.readouterr().err
+    assert not any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in dets)
+    assert [d.name for d in resolve_detectors(parse("--lang", "de", "--lm", "openai/gpt-4o-mini"))] == ["spans"]
+    assert [d.name for d in resolve_detectors(parse("--lang", "de", "--program", "spans"))] == ["spans"]
+
+
 # -- the LM lock and the timeout -------------------------------------------------------------------------
 
 class _Gate:

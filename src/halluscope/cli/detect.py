@@ -127,7 +127,7 @@ def cmd_detect(args) -> int:
     print(f"loaded {detector.path} (v{detector.version:04d}, {m.get('optimizer', {}).get('description', '?')}, "
           f"cv {args.metric}={_fmt((m.get('cv') or {}).get('mean', {}).get('compiled', {}).get(args.metric))})",
           file=sys.stderr)
-    lm = setup_lm(args, needed=get(args.program).uses_lm)  # grounded needs none
+    lm = setup_lm(args, needed=get(args.program).needs_lm(m.get("program_options")))  # grounded: none
     compiled_with = (m.get("task_lm") or {}).get("model")
     if lm is not None and compiled_with and compiled_with != lm.model:
         print(f"warning: the artifact was compiled with {compiled_with}; running it with {lm.model}", file=sys.stderr)

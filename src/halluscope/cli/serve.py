@@ -17,6 +17,7 @@ uses one. Clients send ``X-API-Key`` when a key is set.
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import logging
 import os
@@ -25,6 +26,7 @@ import time
 
 from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
 from halluscope.cli.common import add_lm_args, setup_lm
+from halluscope.cli.detect import default_program
 from halluscope.detector import CompiledDetector
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
@@ -36,7 +38,9 @@ KEY_ENV = "HALLUSCOPE_SERVE_KEY"
 def add_parser(subparsers) -> None:
     s = subparsers.add_parser("serve", help="serve compiled detectors over HTTP (JSON API + web page)")
     g = s.add_argument_group("what to serve")
-    g.add_argument("--program", choices=names(), default="spans")
+    g.add_argument("--program", choices=names(), default=None,
+                   help="default: grounded for a --lang with the embedded model (--lm local; the cross-lingual "
+                        "artifact for a language without its own), spans otherwise")
     g.add_argument("--lang", action="append", default=[], metavar="LANG",
                    help="language of an artifact to load (repeat for several)")
     g.add_argument("--task", action="append", default=[], metavar="TASK",
@@ -77,6 +81,11 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: assume it is reachable from elsewhere
 
 
+def _with_metric(args):
+    """``args`` with ``metric`` set (serve's default: the program's own, here iou for the span programs)."""
+    return argparse.Namespace(**{**vars(args), "metric": args.metric or "iou"})
+
+
 def resolve_detectors(args) -> list[CompiledDetector]:
     """The compiled detectors the arguments name, loaded and verified (raises ArtifactError/ValueError).
 
@@ -93,10 +102,16 @@ def resolve_detectors(args) -> list[CompiledDetector]:
             raise ValueError(f"--model {uri!r}: expected an MLflow registered-model URI, models:/NAME@ALIAS or "
                              f"models:/NAME/VERSION")
     detectors = []
-    if keys:
-        metric = args.metric or get(args.program).default_metric
-        detectors += [load_compiled(args.program, lang=key, metric=metric, version=args.version,
-                                    root=args.compiled_dir) for key in dict.fromkeys(keys)]
+    for key in dict.fromkeys(keys):
+        if key in args.lang:  # as halluscope detect: grounded by default on the embedded model, and says so
+            program, key, why = default_program(_with_metric(args), key, lang=key, task=None)
+            if why:
+                print(why, file=sys.stderr)
+        else:
+            program = args.program or "spans"
+        metric = args.metric or get(program).default_metric
+        detectors.append(load_compiled(program, lang=key, metric=metric, version=args.version,
+                                       root=args.compiled_dir))
     for uri in models:
         detectors.append(load_compiled(uri, tracking_uri=getattr(args, "tracking_uri", None)))
     seen: dict[tuple[str, str, int], CompiledDetector] = {}
@@ -127,7 +142,7 @@ def cmd_serve(args) -> int:
     for d in detectors:
         print(f"loaded {d.name}/{d.lang}/{d.metric} v{d.version:04d} ({d.content_hash[:12]}) from {d.path}",
               file=sys.stderr)
-    if any(get(d.name).uses_lm for d in detectors):  # else no LM is configured (nor its model loaded)
+    if any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):  # else no LM configured
         lm = setup_lm(args)
         compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
         if compiled_with:

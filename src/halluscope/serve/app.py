@@ -118,7 +118,8 @@ class LoadedDetector:
 
 def loaded(detector: CompiledDetector) -> LoadedDetector:
     spec = get_spec(detector.name)
-    return LoadedDetector(detector=detector, uses_lm=spec.uses_lm, extra_inputs=tuple(spec.extra_inputs))
+    return LoadedDetector(detector=detector, uses_lm=spec.needs_lm(detector.manifest.get("program_options")),
+                          extra_inputs=tuple(spec.extra_inputs))
 
 
 class ApiError(Exception):
