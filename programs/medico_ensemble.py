@@ -62,19 +62,23 @@ def _side(token: str) -> str | None:
 def logprob_probability(logprobs, tau: float = 1.0) -> float | None:
     """p(True) from the token log-probabilities of a Detect output, or ``None`` when they are missing.
 
-    The verdict token is the first true-like or false-like token after the text ``verdict`` (ChatAdapter's
-    ``[[ ## verdict ## ]]`` or JSON's ``"verdict":``). p_T and p_F are the summed probabilities of its
+    The verdict position is the first after the text ``verdict`` (ChatAdapter's ``[[ ## verdict ## ]]`` or
+    JSON's ``"verdict":``) whose chosen token or one of whose alternatives is true-like or false-like. p_T and p_F are the summed probabilities of its
     true-like and false-like alternatives (the chosen token included); a side without any alternative gets
     ``1 − `` the other. Returns σ((log p_T − log p_F)/τ)."""
     entries = _entries(logprobs)
     text = ""
     for e in entries:
         tok = str(e.get("token") or "")
-        if "verdict" in text.lower() and _side(tok) and e.get("logprob") is not None:
+        alts = [(tok, e.get("logprob"))] + [(a.get("token") if isinstance(a, dict) else getattr(a, "token", ""),
+                                              a.get("logprob") if isinstance(a, dict) else getattr(a, "logprob", None))
+                                             for a in (e.get("top_logprobs") or [])]
+        # The decision position: the first after "verdict" where the chosen token or an alternative is true- or
+        # false-like. Under a JSON grammar that can be the position *before* the verdict token (the model
+        # wanted "True" there, the grammar forced a space first, and at the token itself the model's own
+        # distribution no longer contains the words).
+        if "verdict" in text.lower() and any(_side(t) and lp is not None for t, lp in alts):
             mass = {"T": 0.0, "F": 0.0}
-            alts = [(tok, e["logprob"])] + [(a.get("token") if isinstance(a, dict) else getattr(a, "token", ""),
-                                             a.get("logprob") if isinstance(a, dict) else getattr(a, "logprob", None))
-                                            for a in (e.get("top_logprobs") or [])]
             seen = set()
             for t, lp in alts:
                 side = _side(t)

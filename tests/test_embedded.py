@@ -47,3 +47,19 @@ def test_span_detector_runs_on_the_embedded_model_end_to_end(tmp_path, capsys):
     again = json.loads(next(out2.rglob("spans.summary.json")).read_text())["summary"]
     assert again["lm_cache_hits"] == again["lm_calls"] == summary["lm_calls"]
     assert again["iou"] == summary["iou"]
+
+
+def test_medico_reads_p_true_from_the_embedded_models_token_logprobs():
+    """The embedded engine answers logprobs requests (a second llama.cpp instance keeps every position's logits):
+    MEDICO's likelihood comes from the verdict's token distribution, not the ±1/τ fallback."""
+    from halluscope.lm import configure
+    from halluscope.programs.medico_ensemble import verdict_probability
+    from halluscope.programs.registry import get
+
+    configure("local")
+    pred = get("medico").make(sources="context", correct=False)(
+        question="What is the capital of France?", answer="The capital of France is Berlin.",
+        context="Paris is the capital and largest city of France.", lang="en")
+    assert pred.likelihood == "logprobs", pred.failures
+    assert 0.0 < pred.score < 1.0
+    assert pred.score not in (pytest.approx(verdict_probability(True)), pytest.approx(verdict_probability(False)))

@@ -77,6 +77,37 @@ def test_engine_passes_sampling_params_and_reports_usage(gguf):
     assert lm.history[-1]["usage"]["completion_tokens"] == 3
 
 
+class FakeLogprobLlama(FakeLlama):
+    """Also answers ``logprobs=True`` requests, as llama-cpp-python's chat completion does (OpenAI shape)."""
+
+    def create_chat_completion(self, messages, **kwargs):
+        out = super().create_chat_completion(messages, **kwargs)
+        if kwargs.get("logprobs"):
+            out["choices"][0]["logprobs"] = {"content": [
+                {"token": '{"', "logprob": -0.1, "top_logprobs": []},
+                {"token": "true", "logprob": -0.4, "top_logprobs": [{"token": "true", "logprob": -0.4},
+                                                                    {"token": "false", "logprob": -1.2},
+                                                                    {"token": "bad", "logprob": float("nan")}]},
+                {"token": "x", "logprob": None}]}
+        return out
+
+
+def test_engine_returns_token_logprobs_from_a_second_instance_when_asked(gguf):
+    plain, with_lp = FakeLlama(), FakeLogprobLlama()
+    eng = engine_with(gguf, plain, n_ctx=8192)
+    eng._llm_logprobs = with_lp
+    lm = dspy.LM("llamacpp/test-logprobs", engine=eng, cache=False, max_tokens=4000)
+    out = lm("Is Paris in France?", logprobs=True, top_logprobs=5)
+    req = with_lp.requests[-1]
+    assert not plain.requests and req["logprobs"] is True and req["top_logprobs"] == 5
+    assert req["max_tokens"] == eng.logprobs_n_ctx // 2  # bounded by that instance's smaller context
+    content = out[0]["logprobs"]["content"]
+    assert [(c["token"], c["logprob"]) for c in content] == [('{"', -0.1), ("true", -0.4)]  # None skipped
+    assert [(t["token"], t["logprob"]) for t in content[1]["top_logprobs"]] == [("true", -0.4), ("false", -1.2)]
+    lm("Is Paris in France?")  # without logprobs: the ordinary instance, no logprobs asked
+    assert len(plain.requests) == 1 and "logprobs" not in plain.requests[-1]
+
+
 def test_engine_constrains_json_adapter_output_to_the_signature_schema(gguf):
     fake = FakeLlama(reply='{"answer": "4"}')
     eng = engine_with(gguf, fake)

@@ -282,6 +282,14 @@ def test_likelihood_from_token_logprobs_where_the_lm_gives_them():
                            {"token": "false", "logprob": math.log(0.8), "top_logprobs": []}]}
     assert logprob_probability(entries) == pytest.approx(0.2)
     assert logprob_probability({"content": []}) is None and logprob_probability(None) is None
+    # llama.cpp under a JSON grammar (seen on the embedded model): the grammar forces a space where the model
+    # wanted "True", and at the forced "true" its own distribution holds digits: the decision is the space's
+    forced = {"content": [{"token": '{"verdict":', "logprob": -0.1, "top_logprobs": []},
+                          {"token": " ", "logprob": -3.3, "top_logprobs": [{"token": ' "', "logprob": -1.3},
+                                                                          {"token": "True", "logprob": math.log(0.3)},
+                                                                          {"token": " False", "logprob": math.log(0.1)}]},
+                          {"token": "true", "logprob": -10.0, "top_logprobs": [{"token": "1", "logprob": -0.4}]}]}
+    assert logprob_probability(forced) == pytest.approx(0.75)  # 0.3 / (0.3 + 0.1), not e^-10
 
 
 def test_apply_ranking_keeps_valid_numbers_first_then_the_rest():

@@ -25,6 +25,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from typing import Any
 import dspy
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
-from dspy.lm15 import Message, Response, Usage, response_to_events
+from dspy.lm15 import Message, Response, TokenLogprob, TopLogprob, Usage, response_to_events
 
 from halluscope import paths
 from halluscope.redact import redact, redact_url, register_secret
@@ -111,6 +112,32 @@ def limit_schema(schema: Any, max_items: int, max_string: int, _nested: bool = F
     return out
 
 
+def token_logprobs(logprobs: Any) -> tuple[TokenLogprob, ...] | None:
+    """llama-cpp-python's OpenAI-style ``{"content": [{"token", "logprob", "top_logprobs": [...]}]}`` as DSPy's
+    :class:`TokenLogprob` tuple (None when absent; entries without a finite logprob are skipped)."""
+    content = (logprobs or {}).get("content") if isinstance(logprobs, dict) else None
+    if not content:
+        return None
+    out = []
+    for e in content:
+        try:
+            lp = float(e["logprob"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not math.isfinite(lp):
+            continue
+        alts = []
+        for a in e.get("top_logprobs") or []:
+            try:
+                alp = float(a["logprob"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if math.isfinite(alp):
+                alts.append(TopLogprob(str(a.get("token", "")), alp))
+        out.append(TokenLogprob(str(e.get("token", "")), lp, top=tuple(alts)))
+    return tuple(out)
+
+
 def schema_bounds(budget: int | None, max_items: int, max_string: int) -> tuple[int, int]:
     """``(items per list, characters per string in a list)`` so that a list at its bounds fits in ``budget``
     output tokens: at most one item per 64 tokens, and the strings' total within two characters per token
@@ -164,7 +191,11 @@ class LlamaCppEngine:
     """
 
     supports_response_schema = True
-    supported_params = frozenset({"response_format", "temperature", "top_p", "max_tokens", "stop", "seed"})
+    supported_params = frozenset({"response_format", "temperature", "top_p", "max_tokens", "stop", "seed",
+                                  "logprobs", "top_logprobs"})
+    #: context of the second model instance that answers requests asking for token log-probabilities
+    #: (llama.cpp keeps every position's logits then: n_ctx x vocabulary floats, ~0.8 GB at 4096)
+    logprobs_n_ctx = 4096
 
     def __init__(
         self,
@@ -186,6 +217,17 @@ class LlamaCppEngine:
         self.stats = EngineStats()
         self._lock = threading.Lock()
         self._llm = None
+        self._llm_logprobs = None
+
+    @property
+    def llm_logprobs(self):
+        """The model again with ``logits_all=True``, loaded on the first request that asks for logprobs."""
+        if self._llm_logprobs is None:
+            from llama_cpp import Llama  # see llm
+
+            self._llm_logprobs = Llama(model_path=str(self.model_path), n_ctx=min(self.n_ctx, self.logprobs_n_ctx),
+                                       n_threads=self.n_threads, seed=self.seed, logits_all=True, verbose=False)
+        return self._llm_logprobs
 
     @property
     def llm(self):
@@ -205,10 +247,11 @@ class LlamaCppEngine:
     def _n_tokens(self, text: str) -> int:
         return len(self.llm.tokenize(text.encode("utf-8", "ignore"), add_bos=False, special=False))
 
-    def _fit(self, messages: list[dict], max_tokens: int) -> tuple[list[dict], bool]:
+    def _fit(self, messages: list[dict], max_tokens: int, n_ctx: int | None = None) -> tuple[list[dict], bool]:
         """Cut the middle of the longest message until the prompt leaves room for ``max_tokens``."""
+        n_ctx = n_ctx or self.n_ctx
         overhead = 8 * len(messages) + 16  # chat-template tokens per message, generously
-        budget = self.n_ctx - max_tokens - overhead
+        budget = n_ctx - max_tokens - overhead
         sizes = [self._n_tokens(m["content"]) for m in messages]
         if sum(sizes) <= budget:
             return messages, False
@@ -222,7 +265,7 @@ class LlamaCppEngine:
         messages[i]["content"] = detok(head) + "\n[... truncated ...]\n" + detok(tail)
         logger.warning("prompt of %d tokens does not fit n_ctx=%d with %d output tokens: truncated, %d tokens cut "
                        "from the middle of the longest message (counted in the engine's stats.truncated)",
-                       sum(sizes) + overhead, self.n_ctx, max_tokens, len(toks) - keep)
+                       sum(sizes) + overhead, n_ctx, max_tokens, len(toks) - keep)
         return messages, True
 
     # -- the engine protocol ----------------------------------------------------------------------
@@ -250,10 +293,17 @@ class LlamaCppEngine:
             if "schema" in rf:
                 rf = {**rf, "schema": limit_schema(rf["schema"], self.max_items, self.max_string)}
             kwargs["response_format"] = rf
+        top = int(cfg.logprobs or 0)  # DSPy's logprobs=True, top_logprobs=k arrive as config.logprobs = k
         with self._lock:
-            messages, truncated = self._fit(messages, max_tokens)
+            if top:  # the unconstrained next-token distribution at each generated position (before the grammar)
+                kwargs.update(logprobs=True, top_logprobs=min(max(top, 1), 20))
+                llm, n_ctx = self.llm_logprobs, min(self.n_ctx, self.logprobs_n_ctx)
+                kwargs["max_tokens"] = min(max_tokens, n_ctx // 2)
+            else:
+                llm, n_ctx = self.llm, self.n_ctx
+            messages, truncated = self._fit(messages, kwargs["max_tokens"], n_ctx)
             try:
-                out = self.llm.create_chat_completion(messages=messages, **kwargs)
+                out = llm.create_chat_completion(messages=messages, **kwargs)
             except Exception:
                 self.stats.errors += 1
                 raise
@@ -270,6 +320,7 @@ class LlamaCppEngine:
             id=out.get("id"),
             model=self.model_path.name,
             message=Message.assistant(choice["message"].get("content") or ""),
+            logprobs=token_logprobs(choice.get("logprobs")) if top else None,
             finish_reason=finish,
             usage=Usage(
                 input_tokens=int(usage.get("prompt_tokens", 0)),
@@ -295,10 +346,11 @@ def _free_engines() -> None:
     module globals are gone and prints a TypeError traceback at every exit otherwise."""
     with _ENGINES_LOCK:
         for engine in _ENGINES.values():
-            llm = getattr(engine, "_llm", None)
-            if llm is not None:
-                llm.close()
-                engine._llm = None
+            for attr in ("_llm", "_llm_logprobs"):
+                llm = getattr(engine, attr, None)
+                if llm is not None:
+                    llm.close()
+                    setattr(engine, attr, None)
 
 
 def _local_engine(path: Path, n_ctx: int, n_threads: int | None) -> LlamaCppEngine:
