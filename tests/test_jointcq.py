@@ -463,3 +463,36 @@ def test_a_repeated_claim_is_checked_once_and_counted():
     assert pred.judgements == 1 and pred.search_calls == 1 and pred.calls == {"generate": 1, "verify": 1}
     assert pred.counts["repeated_claims_dropped"] == 2 and pred.detection.failures == {"empty_claim": 1}
     assert len(pred.detection.spans) == len(set(pred.detection.spans))
+
+
+def test_halluscope_evaluate_jointcq_prints_and_records_the_paper_efficiency_counts(tmp_path, no_data_env, capsys,
+                                                                                      monkeypatch):
+    """The CLI path the benchmark uses: evaluate on a HalluClean QA file with a scripted LM; the summary
+    carries inferences per sample and search calls per judgement (the paper's 4.93 / 1), counted exactly."""
+    import halluscope.cli.evaluate as ev
+    from halluscope.cli import main as cli_main
+
+    recs = [{"knowledge": f"{city} is the capital of {country}.", "question": f"What is the capital of {country}?",
+             "right_answer": f"The capital of {country} is {city}.",
+             "hallucinated_answer": f"The capital of {country} is {wrong}.", "id": i}
+            for i, (city, country, wrong) in enumerate([("Canberra", "Australia", "Sydney"),
+                                                        ("Paris", "France", "Lyon")])]
+    (tmp_path / "QA.dev.json").write_text(json.dumps(recs))
+    lm = scripted_lm(responder(pairs=_claims_of_answer, label=lambda c: _verify_by_context(type("C", (), {
+        "inputs": {"claim": c}})())))
+
+    def scripted_setup(args, needed=True):
+        dspy.configure(lm=lm, adapter=dspy.JSONAdapter())
+        return lm
+
+    monkeypatch.setattr(ev, "setup_lm", scripted_setup)
+    rc = cli_main(["evaluate", "--program", "jointcq", "--dataset", "halluclean", "--task", "qa", "--data-dir",
+                   str(tmp_path), "--out-dir", str(tmp_path / "out"), "--no-mlflow", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    summary = json.loads(next((tmp_path / "out").rglob("jointcq.summary.json")).read_text())["summary"]
+    assert summary["n"] == 4 and summary["f1"] == 1.0  # 2 right + 2 hallucinated answers, each one claim
+    # one claim-query call + one verification per claim (one sentence = one claim) = 2 inferences per sample
+    assert summary["jointcq_inferences_per_sample"] == 2.0
+    assert summary["jointcq_search_calls_per_judgement"] == 1.0 and summary["jointcq_claims_per_sample"] == 1.0
+    assert "jointcq_inferences_per_sample" in out and "jointcq_search_calls_per_judgement" in out
