@@ -269,7 +269,7 @@ class UsageMeter(BaseCallback):
         return out
 
 
-def optimizer_for(spec, cfg: OptimizerConfig) -> OptimizerConfig:
+def optimizer_for(spec, cfg: OptimizerConfig, options: dict | None = None) -> OptimizerConfig:
     """The optimizer a run of ``spec`` uses.
 
     A program without a ``fit`` hook: ``cfg`` (MIPROv2 when no optimizer was chosen). A program with one is
@@ -278,11 +278,13 @@ def optimizer_for(spec, cfg: OptimizerConfig) -> OptimizerConfig:
     argument (it compiles prompts itself, as JointCQ's criteria-filtered claim-query stage does) gets that
     optimizer (``fit_with``), and any other hook runs after the prompts are compiled, on the compiled program
     (``then_fit``: MEDICO's Detect demos are bootstrapped, then its ensemble is fitted on their features). A
-    program that uses no LM is always fit-only."""
+    program that uses no LM (with these build ``options``: grounded uses one only with ``detectors``) is always
+    fit-only."""
     fit = getattr(spec, "fit", None)
     if fit is None:
         return cfg
-    if cfg.chosen and cfg.name != "fit" and getattr(spec, "uses_lm", True):
+    needs_lm = spec.needs_lm(options) if hasattr(spec, "needs_lm") else getattr(spec, "uses_lm", True)
+    if cfg.chosen and cfg.name != "fit" and needs_lm:
         if _takes_optimizer(fit):
             return OptimizerConfig(name="fit", auto=None, max_bootstrapped_demos=0, max_labeled_demos=0,
                                    val_fraction=cfg.val_fraction, seed=cfg.seed, threads=cfg.threads,
@@ -341,11 +343,12 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
     log = log or logger.info
     spec = get(config.program)
     fit = getattr(spec, "fit", None)
-    if not spec.uses_lm and fit is None:
-        raise ValueError(f"program {spec.name!r} uses no LM and has no fit hook: there is nothing to optimise")
     check = getattr(spec, "check_options", None)
     options = check(dict(config.program_options)) if check else {**spec.options, **config.program_options}
-    cfg = optimizer_for(spec, config.optimizer)
+    uses_lm = spec.needs_lm(options) if hasattr(spec, "needs_lm") else spec.uses_lm
+    if not uses_lm and fit is None:
+        raise ValueError(f"program {spec.name!r} uses no LM and has no fit hook: there is nothing to optimise")
+    cfg = optimizer_for(spec, config.optimizer, options)
     if config.folds < 1:
         raise ValueError(f"folds must be at least 1, not {config.folds}")
     if not 0.0 <= config.max_failed_share <= 1.0:
@@ -359,7 +362,7 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
     test_examples = (slim_examples(config.test_examples, spec.extra_inputs)
                      if config.test_examples is not None else None)
 
-    if spec.uses_lm:
+    if uses_lm:
         task_lm = task_lm or dspy.settings.lm
         if task_lm is None:
             raise ValueError(f"program {spec.name!r} uses an LM: pass task_lm or configure one (halluscope.configure)")
@@ -381,7 +384,7 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
     log(f"task LM {task_lm.model}; prompt LM {prompt_lm.model}" if task_lm is not None
         else "no LM: the program uses none")
     if fit is not None and cfg.name == "fit" and not cfg.fit_with and config.optimizer.name != "fit":
-        why = ("it uses no LM" if not spec.uses_lm else
+        why = ("it uses no LM" if not uses_lm else
                "no --optimizer was chosen; --optimizer bootstrap or mipro compiles its prompts first")
         log(f"{spec.name} has a fit hook: it is fitted by it ({why}); the {config.optimizer.name} settings are "
             f"not used")

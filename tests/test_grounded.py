@@ -746,8 +746,36 @@ def test_another_detector_as_a_feature_is_fitted_saved_and_imputed_when_it_fails
         assert q.failures.get("detector_failed:spans") == 1 and q.soft_labels is not None
         # the sub-detector's state travels with the combiner (JSON), and a program without it refuses it
         state = json.loads(json.dumps(m.dump_state()))
-        assert state["grounded"]["detectors"]["spans"]["extract"]["signature"]["instructions"]
+        assert state["grounded"]["detectors"] == ["spans"] and state["detectors[0].extract"]["signature"]
         again = get("grounded").make(support=False, idf=False, genlogits=False, detectors="spans").load_state(state)
         assert again(**inputs(bad)).hard_labels == p.hard_labels
         with pytest.raises(ValueError, match="features"):
             get("grounded").make(support=False, idf=False, genlogits=False).load_state(state)
+
+
+def test_optimize_compiles_the_fused_detectors_prompts_then_fits_the_combiner(tmp_path, monkeypatch, capsys):
+    """With -O detectors=spans and a chosen optimizer, the spans stage inside grounded is compiled (its demos
+    bootstrapped) and the combiner is fitted after it, on the compiled detector's outputs (issue 9)."""
+    from halluscope.artifacts import load_compiled
+    from halluscope.cli.optimize import build_parser, run
+    from halluscope.testing import scripted_lm
+
+    for var in ("HALLUSCOPE_DATA_DIR", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(var, raising=False)
+
+    def quote_last_word(call):
+        words = call.inputs.get("answer", "").strip().rstrip(".").split()
+        return {"spans": [{"text": words[-1], "probability": 0.9}] if words else []}
+
+    lm = scripted_lm(quote_last_word)
+    p = build_parser()
+    args = p.parse_args(["--program", "grounded", "-O", "detectors=spans", "--optimizer", "bootstrap", "--lang", "de",
+                         "--metric", "iou", "--folds", "2", "--max-bootstrapped-demos", "1", "--max-labeled-demos",
+                         "0", "--compiled-dir", str(tmp_path / "compiled"), "--report-dir", str(tmp_path / "reports"),
+                         "--no-mlflow", "--quiet"])
+    assert run(args, p, task_lm=lm, prompt_lm=lm) == 0
+    art = load_compiled("grounded", lang="de", metric="iou", root=tmp_path / "compiled")
+    assert "then fit" in art.manifest["optimizer"]["description"]
+    assert len(art.program.detectors[0].extract.demos) == 1  # the spans stage was compiled
+    assert art.program.fitted and "det_spans" in art.program.features  # and the combiner fitted on its outputs
+    assert art.manifest["task_lm"]["model"] == "scripted/test"

@@ -230,7 +230,10 @@ class GroundedDetector(dspy.Module):
     # -- state: the fitted combiner IS the compiled artifact ---------------------------------------------
 
     def dump_state(self, json_mode=True):
-        return {STATE_KEY: {
+        # the other detectors' predictors as DSPy saves any program's ("detectors[0].extract": {...}), beside
+        # the combiner under STATE_KEY
+        state = super().dump_state(json_mode=json_mode) if self.detectors else {}
+        return {**state, STATE_KEY: {
             "version": STATE_VERSION,
             "features": list(self.features),
             "combiner": self.combiner.to_dict(),
@@ -238,7 +241,7 @@ class GroundedDetector(dspy.Module):
             "floor": float(self.floor),
             "idf": self.idf_table.to_dict(),
             "fitted": json.loads(json.dumps(self.fitted, default=float)),
-            "detectors": {name: m.dump_state() for name, m in zip(self.detector_names, self.detectors)},
+            "detectors": list(self.detector_names),
         }}
 
     def load_state(self, state, **_):
@@ -259,12 +262,15 @@ class GroundedDetector(dspy.Module):
         self.combiner, self.threshold, self.floor = comb, threshold, floor
         self.idf_table = IdfTable.from_dict(st.get("idf") or {})
         self.fitted = dict(st.get("fitted") or {})
-        saved = st.get("detectors") or {}
-        if sorted(saved) != sorted(self.detector_names):
-            raise ValueError(f"grounded: the state's detectors {sorted(saved)} differ from this program's "
+        saved = list(st.get("detectors") or [])
+        if saved != self.detector_names:
+            raise ValueError(f"grounded: the state's detectors {saved} differ from this program's "
                              f"{self.detector_names} (build it with the same options)")
-        for name, module in zip(self.detector_names, self.detectors):
-            module.load_state(saved[name])
+        missing = [name for name, _ in self.named_predictors() if name not in state]
+        if missing:
+            raise ValueError(f"grounded: the state has no entry for the predictors {missing}")
+        if self.detectors:
+            super().load_state({k: v for k, v in state.items() if k != STATE_KEY})
         return self
 
 

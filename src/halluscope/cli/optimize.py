@@ -200,7 +200,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
                           max_labeled_demos=args.max_labeled_demos, val_fraction=args.val_fraction,
                           seed=args.seed, threads=args.threads, max_errors=args.max_errors)
     try:
-        check_fold_sizes(len(examples), args.folds, optimizer_for(spec, opt))
+        check_fold_sizes(len(examples), args.folds, optimizer_for(spec, opt, options))
     except FoldSizeError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     test_examples = test_path = test_split = None
@@ -209,7 +209,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
 
     task_info: dict = {}
     prompt_info: dict = {}
-    if spec.uses_lm:  # a program without an LM (fitted by its fit hook) needs none configured
+    if spec.needs_lm(options):  # a program without an LM (fitted by its fit hook) needs none configured
         task_lm, prompt_lm, task_info, prompt_info = _setup_lms(args, task_lm, prompt_lm)
     config = OptimizeConfig(
         program=spec.name, metric=args.metric, program_options=options, lang=lang, source=source,
