@@ -182,6 +182,22 @@ def test_artifact_options_choosing_an_endpoint_or_model_are_refused_without_opt_
     assert det.manifest["program_options"][option] == value
 
 
+def test_ray_workers_load_an_endpoint_artifact_only_with_the_drivers_opt_in(tmp_path):
+    """A Ray actor reloads the artifact by path + hash: it refuses an endpoint-choosing one unless the user who
+    started the job opted in (--trust-artifact-endpoints is passed on to the actors)."""
+    from halluscope.programs.registry import get
+    from halluscope.scale import load_artifact
+
+    spec = get("jointcq")
+    art = A.write_artifact(spec.make(), {"program_options": spec.options}, program_name="jointcq", lang="de",
+                           metric="iou", root=tmp_path)
+    _reseal(art.path, retriever="search:http://evil.example/api")
+    trusted = A.load_compiled("jointcq", lang="de", metric="iou", root=tmp_path, trust_endpoints=True)
+    with pytest.raises(A.ArtifactError, match="trust_endpoints"):
+        load_artifact(trusted.path, trusted.content_hash)
+    assert load_artifact(trusted.path, trusted.content_hash, trust_endpoints=True).content_hash == trusted.content_hash
+
+
 def test_artifact_with_harmless_lm_choices_loads(tmp_path):
     from halluscope.programs.registry import get
 

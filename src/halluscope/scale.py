@@ -275,9 +275,10 @@ class DetectWorker:
 
     def __init__(self, artifact_path: str, content_hash: str, fmt: str, lang: str | None = None,
                  task: str | None = None, lm: LMConfig | None = None, imports: Sequence[str] = (), done: list | None = None,
-                 gate=None, n_threads: int | None = None, extra_inputs: Sequence[str] = ()):
+                 gate=None, n_threads: int | None = None, extra_inputs: Sequence[str] = (),
+                 trust_endpoints: bool = False):
         _import_plugins(imports)
-        self.detector = load_artifact(artifact_path, content_hash)
+        self.detector = load_artifact(artifact_path, content_hash, trust_endpoints=trust_endpoints)
         self.content_hash = content_hash
         self.fmt = fmt
         self.lang = lang or self.detector.lang
@@ -323,13 +324,15 @@ class DetectWorker:
         return out
 
 
-def load_artifact(artifact_path: str | os.PathLike, content_hash: str) -> CompiledDetector:
+def load_artifact(artifact_path: str | os.PathLike, content_hash: str, *,
+                  trust_endpoints: bool = False) -> CompiledDetector:
     """Load the artifact version folder ``.../<program>/<lang>/<metric>/vNNNN`` (verified by
-    :func:`load_compiled`) and refuse it unless its content hash is ``content_hash``."""
+    :func:`load_compiled`) and refuse it unless its content hash is ``content_hash``. ``trust_endpoints`` is the
+    driver's user's opt-in (``--trust-artifact-endpoints``) for an artifact whose options choose endpoints."""
     path = Path(artifact_path)
     manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
     detector = load_compiled(manifest["program"], lang=manifest["lang"], metric=manifest["metric"],
-                             version=path.name, root=path.parents[3])
+                             version=path.name, root=path.parents[3], trust_endpoints=trust_endpoints)
     if detector.content_hash != content_hash:
         raise ArtifactIntegrityError(
             f"{path} now hashes to {detector.content_hash[:16]}…, but the job was started with "
@@ -517,6 +520,7 @@ def detect_ray(
     extra_inputs: Sequence[str] = (),
     retry_failed: bool = False,
     on_batch: Callable[[int], None] | None = None,
+    trust_endpoints: bool = False,
 ) -> dict:
     """Detect on every row of ``in_path`` (JSONL or Parquet) with a pool of Ray actors; write ``out_path``
     (``.parquet`` or ``.jsonl``) in input order. Resumable (see the module docstring).
@@ -554,7 +558,8 @@ def detect_ray(
         fn_constructor_kwargs={
             "artifact_path": job["artifact"], "content_hash": detector.content_hash, "fmt": fmt, "lang": lang,
             "task": task, "lm": lm, "imports": opts.imports, "done": [ray.put(frozenset(done))] if done else None,
-            "gate": gate, "n_threads": max(1, int(opts.cpus_per_worker)), "extra_inputs": tuple(extra_inputs)})
+            "gate": gate, "n_threads": max(1, int(opts.cpus_per_worker)), "extra_inputs": tuple(extra_inputs),
+            "trust_endpoints": bool(trust_endpoints)})
 
     run = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     stats = {"rows": 0, "skipped": 0, "ok": 0, "failed": 0, "lm_calls": 0, "lm_input_tokens": 0,

@@ -56,7 +56,8 @@ def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> in
     try:
         stats = detect_ray(detector, args.input, out, opts=ray_options(args), lang=lang, task=task,
                            lm=LMConfig.from_args(args) if needs_lm else None, extra_inputs=spec.extra_inputs,
-                           retry_failed=args.retry_failed)
+                           retry_failed=args.retry_failed,
+                           trust_endpoints=getattr(args, "trust_artifact_endpoints", False))
     except (OSError, ValueError, ImportError, ArtifactError) as e:  # scale.ResumeError is a ValueError
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2
