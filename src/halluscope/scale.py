@@ -547,11 +547,13 @@ def detect_ray(
     ray = init_ray(opts)
     _set_context(opts)
     gate = _start_gate(ray, opts)
-    # Blocks of about one batch: an actor's task is then one batch, and the driver writes each as it arrives
-    # (larger blocks would reach the driver, and be lost on a kill, many batches at a time).
     blocks = {"override_num_blocks": max(1, -(-n_rows // opts.batch_size))}
     ds = (ray.data.read_text(str(in_path), **blocks) if fmt == "jsonl"
           else ray.data.read_parquet(str(in_path), **blocks))
+    # Blocks of one batch (streaming; a Parquet row group is otherwise one block, whatever override_num_blocks
+    # says): an actor's task is then one batch, the pool shares the work, and the driver writes each batch as it
+    # arrives (larger blocks would reach the driver, and be lost on a kill, many batches at a time).
+    ds = ds.repartition(target_num_rows_per_block=opts.batch_size)
     ds = ds.map_batches(
         DetectWorker, batch_size=opts.batch_size, batch_format="pyarrow", compute=_pool(ray, opts),
         num_cpus=actor_cpus(ray, opts),
