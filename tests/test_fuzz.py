@@ -188,6 +188,34 @@ def test_detect_input_reader_accepts_or_names_the_line(tmp_path_factory, rows):
     assert all(isinstance(r["answer"], str) and isinstance(r["question"], str) for r in out)
 
 
+@st.composite
+def halluclean_qa_file(draw):
+    def rec():
+        fields = ["knowledge", "question", "right_answer", "hallucinated_answer"]
+        return st.dictionaries(st.sampled_from(fields + ["id", "extra"]), st.one_of(texts, junk), max_size=6)
+    recs = draw(st.lists(st.one_of(rec(), junk), max_size=4))
+    body = json.dumps(recs, default=str, allow_nan=True).encode("utf-8")
+    return draw(st.sampled_from([body, body[: draw(st.integers(0, len(body)))], b"\xef\xbb\xbf" + body,
+                                 body.replace(b"e", b"\xff", 1), b"{}", b"", b"null"]))
+
+
+@settings(max_examples=600, **FUZZ)
+@given(halluclean_qa_file())
+def test_halluclean_loader_loads_valid_cases_or_names_the_file(tmp_path_factory, body):
+    from halluscope.loaders.halluclean import load_halluclean
+
+    folder = tmp_path_factory.mktemp("fuzz")
+    f = folder / "QA.dev.json"
+    f.write_bytes(body)
+    try:
+        examples = load_halluclean(folder, task="qa")
+    except ValueError as e:
+        assert str(f) in str(e) and "\n" not in str(e), str(e)
+        return
+    for ex in examples:
+        assert isinstance(ex.answer, str) and isinstance(ex.question, str) and isinstance(ex.label, bool)
+
+
 # -- the metrics on malformed predictions ---------------------------------------------------------
 
 
