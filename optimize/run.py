@@ -70,8 +70,7 @@ from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, Opti
                                     compile_program, cross_validate, evaluate_program, failed_items,
                                     failed_share_problem, slim_examples)
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+paths.set_offline_defaults()
 
 logger = logging.getLogger(__name__)
 

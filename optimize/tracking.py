@@ -39,7 +39,7 @@ from halluscope import paths
 from halluscope.artifacts import git_commit
 from halluscope.redact import REDACTED, known_secrets, redact  # the one redaction function (re-exported)
 
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+paths.set_offline_defaults()
 
 logger = logging.getLogger(__name__)
 

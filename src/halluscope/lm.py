@@ -384,7 +384,7 @@ def make_lm(
         engine = _local_engine(path, n_ctx, n_threads)
         model = f"llamacpp/{path.stem}@{file_sha256(path)[:12]}-ctx{n_ctx}"
         return dspy.LM(model, engine=engine, temperature=temperature, max_tokens=max_tokens, cache=cache, **kwargs)
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    paths.set_offline_defaults()
     extra: dict[str, Any] = {}
     if api_base:
         extra["api_base"] = api_base

@@ -25,6 +25,7 @@ from pathlib import Path
 __all__ = [
     "HOME_ENV", "COMPILED_ENV", "CACHE_ENV", "MUSHROOM_DATA_ENV", "HALLUCLEAN_DATA_ENV",
     "home", "compiled_dir", "outputs_dir", "cache_dir", "tracking_dir", "demo_data_dir", "env_path",
+    "OFFLINE_ENV", "set_offline_defaults",
 ]
 
 HOME_ENV = "HALLUSCOPE_HOME"
@@ -32,6 +33,20 @@ COMPILED_ENV = "HALLUSCOPE_COMPILED_DIR"
 CACHE_ENV = "HALLUSCOPE_CACHE_DIR"
 MUSHROOM_DATA_ENV = "HALLUSCOPE_DATA_DIR"
 HALLUCLEAN_DATA_ENV = "HALLUSCOPE_HALLUCLEAN_DIR"
+
+#: Work offline and send nothing anywhere: litellm reads the cost map it ships with (fetching it at import hangs
+#: offline), MLflow and other tools send no telemetry. The one place these settings are named.
+OFFLINE_ENV = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+}
+
+
+def set_offline_defaults() -> None:
+    """Set :data:`OFFLINE_ENV` in this process where the user has not set them (before litellm/MLflow load)."""
+    for name, value in OFFLINE_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 def env_path(name: str) -> Path | None:

@@ -10,9 +10,9 @@ import os
 import sys
 from typing import NoReturn
 
-# Before anything imports litellm (through dspy): read its bundled cost map, send no telemetry.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+from halluscope.paths import set_offline_defaults
+
+set_offline_defaults()  # before anything imports litellm (through dspy) or MLflow
 
 from halluscope.lm import LMCheckError, check_lm, configure  # noqa: E402
 from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_names, get_dataset

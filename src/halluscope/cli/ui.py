@@ -20,16 +20,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from halluscope import paths
 from halluscope.optimize.tracking import resolve_tracking_uri
 
 __all__ = ["OFFLINE_ENV", "add_parser", "cmd_ui", "free_port", "ui_command", "ui_env"]
 
 # What the server's environment gets (over the caller's): start offline, send nothing anywhere.
-OFFLINE_ENV = {
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "true",
-}
+OFFLINE_ENV = paths.OFFLINE_ENV
 
 
 def add_parser(subparsers) -> None:
