@@ -35,6 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from halluscope import paths
+from halluscope.lm import file_sha256, smollm2_path
 from halluscope.programs.grounded.units import AnswerUnit, tokens_of
 from halluscope.text import segment
 
@@ -66,8 +67,6 @@ class LlamaBackend:
     def __init__(self, model_path: str | os.PathLike | None = None, n_ctx: int = 2048, n_threads: int | None = None):
         # llama_cpp and the model file are heavy: loaded only when the LM signal is switched on.
         from llama_cpp import Llama
-
-        from halluscope.lm import file_sha256, smollm2_path
 
         path = Path(model_path) if model_path else smollm2_path()
         if not path.is_file():

@@ -28,6 +28,7 @@ import re
 import shutil
 import logging
 import subprocess
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -576,8 +577,6 @@ def load_model_uri(uri: str, *, tracking_uri: str | None = None, expect: dict | 
     model's Python code is not even imported here (only files are read). ``tracking_uri`` defaults as for
     tracking (``$MLFLOW_TRACKING_URI``, else the project's SQLite store) and is also the registry.
     """
-    import tempfile
-
     import mlflow  # heavy (about 2 s): only for models:/ URIs
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient

@@ -33,6 +33,7 @@ them and the merge keeps the newest result per position. Delete ``<output>.parts
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import logging
 import os
@@ -341,8 +342,6 @@ def load_artifact(artifact_path: str | os.PathLike, content_hash: str, *,
 
 
 def _import_plugins(imports: Sequence[str]) -> None:
-    import importlib
-
     for name in imports:
         importlib.import_module(name)
 

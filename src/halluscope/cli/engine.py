@@ -13,6 +13,7 @@ from pathlib import Path
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError
+from halluscope.programs.registry import get
 from halluscope.scale import LMConfig, RayOptions, detect_ray, evaluate_ray
 
 
@@ -46,8 +47,6 @@ def ray_options(args) -> RayOptions:
 
 def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> int:
     """``halluscope detect --engine ray``: exit 0 when every row is ok, 1 when some failed, 2 on bad input."""
-    from halluscope.programs.registry import get
-
     print(f"loaded {detector.path} (v{detector.version:04d}, hash {detector.content_hash[:12]})", file=sys.stderr)
     spec = get(args.program)
     needs_lm = spec.needs_lm(detector.manifest.get("program_options"))
