@@ -247,16 +247,28 @@ def cmd_halluclean(args):
 
 
 def cmd_speed(args):
-    """Per language: the time to fit on all items (the compiled artifact's fit) and to predict them all."""
+    """Per language: the time to fit on all items (the compiled artifact's fit) and to predict them all. With
+    ``-O lm=true`` also the LM scorer alone: model loading (once), then per item (cache misses only: pass
+    ``-O lm_cache_dir=`` an empty folder) the wall seconds and tokens of its two prompt evaluations."""
     opts = parse_opts(args.O)
+    lm_on = bool(opts.get("lm"))
     print(f"\nSpeed, options {opts or '{}'} (fit = fit_grounded on all items of the language; predict = one "
           f"forward per item with the fitted program, features included)\n")
-    print("| language | items | units/item | fit s (CPU) | fit s (wall) | predict items/s (CPU) | predict items/s (wall) |")
-    print("|---|---|---|---|---|---|---|")
+    head = "| language | items | units/item | fit s (CPU) | fit s (wall) | predict items/s (CPU) | predict items/s (wall) |"
+    if lm_on:
+        head += " LM evaluations | answers cut | LM s/item | LM tokens/item | LM tokens/s |"
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
     tot_items, tot_secs, tot_cpu = 0, 0.0, 0.0
+    lm_calls, lm_secs, lm_tokens, lm_cut = 0, 0.0, 0, 0
     for lang in args.langs:
         exs = load(args, lang)
         module = GroundedDetector(**opts)
+        extra = ""
+        if lm_on:
+            t = time.perf_counter()
+            module.scorer().backend  # load the model before the clock starts
+            print(f"(LM model loaded in {time.perf_counter() - t:.2f} s)", file=sys.stderr)
         t, c = time.perf_counter(), time.process_time()
         fit_grounded(module, exs, args.metric)
         fit_s, fit_c = time.perf_counter() - t, time.process_time() - c
@@ -265,9 +277,21 @@ def cmd_speed(args):
         pred_s, pred_c = time.perf_counter() - t, time.process_time() - c
         tot_items, tot_secs, tot_cpu = tot_items + len(exs), tot_secs + pred_s, tot_cpu + pred_c
         units = np.mean([len(p.units) for p in preds])
+        if lm_on:
+            sc = module.scorer()
+            lm_calls, lm_secs, lm_tokens = lm_calls + sc.calls, lm_secs + sc.seconds, lm_tokens + sc.tokens
+            lm_cut += sc.answers_cut
+            n = max(1, sc.calls)
+            extra = (f" {sc.calls} | {sc.answers_cut} | {sc.seconds / n:.2f} | {sc.tokens / n:.0f} | "
+                     f"{sc.tokens / max(sc.seconds, 1e-9):.0f} |")
         print(f"| {lang} | {len(exs)} | {units:.0f} | {fit_c:.2f} | {fit_s:.2f} | {len(exs) / pred_c:.0f} | "
-              f"{len(exs) / pred_s:.0f} |", flush=True)
-    print(f"| **all** | {tot_items} | | | | **{tot_items / tot_cpu:.0f}** | {tot_items / tot_secs:.0f} |")
+              f"{len(exs) / pred_s:.0f} |{extra}", flush=True)
+    extra = ""
+    if lm_on:
+        n = max(1, lm_calls)
+        extra = (f" {lm_calls} | {lm_cut} | **{lm_secs / n:.2f}** | {lm_tokens / n:.0f} | "
+                 f"{lm_tokens / max(lm_secs, 1e-9):.0f} |")
+    print(f"| **all** | {tot_items} | | | | **{tot_items / tot_cpu:.0f}** | {tot_items / tot_secs:.0f} |{extra}")
 
 
 def main(argv=None):

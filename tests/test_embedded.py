@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -10,6 +11,8 @@ from halluscope.cli import main
 from halluscope.lm import smollm2_path
 from halluscope.loaders.demo import write_demo_data
 from halluscope.loaders.mushroom import load_mushroom
+from halluscope.programs.grounded.lmscore import LMScorer
+from halluscope.programs.grounded.units import units_of
 
 pytestmark = pytest.mark.embedded
 
@@ -63,3 +66,26 @@ def test_medico_reads_p_true_from_the_embedded_models_token_logprobs():
     assert pred.likelihood == "logprobs", pred.failures
     assert 0.0 < pred.score < 1.0
     assert pred.score not in (pytest.approx(verdict_probability(True)), pytest.approx(verdict_probability(False)))
+
+
+def test_grounded_lm_scorer_on_the_embedded_model(tmp_path):
+    """The real SmolLM2 as a scorer: finite per-token log-probabilities from two prompt evaluations, an evidence
+    sentence that names the answer's city makes that city likelier, the item budget holds, and the disk cache
+    serves a repeat."""
+    cache = tmp_path / "cache"
+    sc = LMScorer(cache_dir=cache, max_item_tokens=200)
+    question = "What is the capital of France?"
+    answer = "The capital of France is Paris."
+    context = "Berlin is in Germany. Paris is the capital and largest city of France."
+    res = sc.token_logprobs(question, answer, context)
+    assert res["tokens"] <= 200 and res["answer_tokens_cut"] == 0 and sc.calls == 1
+    assert len(res["with"]) == len(res["without"]) == len(res["pieces"]) > 0
+    assert all(math.isfinite(x) and x <= 0.0 for x in res["with"] + res["without"])
+    rows = sc.unit_features(question, answer, context, units_of(answer))
+    assert sc.cache_hits == 1 and sc.calls == 1
+    paris = [u.text for u in units_of(answer)].index("Paris")
+    assert rows[paris]["lm_missing"] == 0.0 and rows[paris]["lm_delta"] > 0.0
+    # a long answer under a small budget: both passes stay within it and the tail is cut
+    long = " ".join(["Paris is the capital of France and it has many museums."] * 12)
+    cut = LMScorer(cache_dir=cache, max_item_tokens=160).token_logprobs(question, long, context)
+    assert cut["tokens"] <= 160 and cut["answer_tokens_cut"] > 0

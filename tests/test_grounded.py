@@ -570,8 +570,11 @@ def test_lm_scorer_rows_cache_and_evidence_selection(tmp_path):
     assert rows[0]["lm_delta"] == pytest.approx(2.9) and rows[0]["lm_lp"] == pytest.approx(-3.0)
     assert rows[2]["lm_delta"] < rows[0]["lm_delta"]
     assert sc.calls == 1 and be.evaluated == 2 and sc.tokens > 0
+    spent = sc.seconds
+    assert spent > 0
     again = sc.unit_features("Where?", answer, "The city of Paris. Unrelated words here.", units_of(answer))
     assert again == rows and sc.cache_hits == 1 and be.evaluated == 2  # served from the disk cache
+    assert sc.seconds == spent  # a cache hit is not counted as evaluation time
     # the most relevant sentences, in order, within the budget
     ctx = "Berlin is in Germany. Paris is the capital of France. The Seine flows through Paris."
     assert select_evidence("Paris, France", ctx, 60) == "Paris is the capital of France."
@@ -607,7 +610,67 @@ def test_token_logprobs_from_rows_is_the_log_softmax_of_the_target():
     assert out[0] == pytest.approx(np.log(0.5))
     assert out[1] == pytest.approx(2.0 - np.log(np.exp(2.0) + 1.0))
     assert out[2] == pytest.approx(-1000.0) and all(np.isfinite(out))
+    assert rows[2, 0] == 1000.0 and rows[1, 0] == 2.0  # the caller's logits are not overwritten
     assert token_logprobs_from_rows(np.zeros((0, 2)), []) == []
+    # float32 arithmetic agrees with a float64 log-softmax on logits of a real vocabulary's size
+    big = np.random.default_rng(0).normal(0, 4, (5, 49152)).astype(np.float32)
+    ref = big.astype(np.float64)
+    ref = ref[np.arange(5), [0, 7, 9, 11, 49151]] - np.log(np.exp(ref).sum(axis=1))
+    assert token_logprobs_from_rows(big, [0, 7, 9, 11, 49151]) == pytest.approx(list(ref), abs=1e-5)
+
+
+def test_plan_budget_shrinks_the_evidence_first_then_cuts_the_answer():
+    from halluscope.programs.grounded.lmscore import plan_budget
+
+    assert plan_budget(0, 300, 50, 5, 5000) == (300, 5000)  # no bound
+    assert plan_budget(640, 300, 10, 5, 100) == (300, 100)  # fits: 5 + 300 + 2 * (10 + 100) = 525
+    # room = 640 - 20 - 5 = 615; two passes over 200 answer tokens leave 215 for the evidence
+    assert plan_budget(640, 300, 10, 5, 200) == (215, 200)
+    # a long answer: the evidence keeps a quarter of the room (153), the answer gets the rest of it halved
+    ev, n = plan_budget(640, 300, 10, 5, 650)
+    assert (ev, n) == (153, 231) and 5 + ev + 2 * (10 + n) <= 640
+    assert plan_budget(640, 100, 10, 5, 650) == (100, 257)  # a smaller evidence cap leaves more to the answer
+    assert plan_budget(640, 300, 400, 5, 50) == (0, 0)  # the question alone is over the budget: nothing scored
+    for q, a in [(0, 0), (3, 1), (37, 999), (200, 120)]:
+        ev, n = plan_budget(500, 300, q, 4, a)
+        assert ev >= 0 and 0 <= n <= a and (n == 0 or 4 + ev + 2 * (q + n) <= 500)
+
+
+def test_lm_scorer_item_budget_cuts_a_long_answer_and_counts_it(tmp_path):
+    """Both passes stay within ``max_item_tokens``; units past the scored tokens get the fallback; the detector
+    counts ``lm_answer_cut``; the budget is part of the cache key."""
+    from halluscope.programs.grounded.lmscore import LMScorer
+
+    class Counting(StubBackend):
+        def __init__(self):
+            super().__init__()
+            self.lengths = []
+
+        def logprobs(self, tokens, start):
+            self.lengths.append(len(tokens))
+            return super().logprobs(tokens, start)
+
+    answer = "Paris is big. " + "and more words follow here " * 10  # 284 byte-tokens
+    context = "Paris is the capital of France. " * 30
+    be = Counting()
+    sc = LMScorer(cache_dir=tmp_path, backend=be, max_evidence_tokens=300, max_item_tokens=400)
+    info = {}
+    rows = sc.unit_features("Where?", answer, context, units_of(answer), info=info)
+    assert sum(be.lengths) <= 400 and len(be.lengths) == 2
+    assert info["answer_tokens_cut"] > 0 and sc.answers_cut == 1
+    assert rows[0]["lm_missing"] == 0.0 and rows[-1]["lm_missing"] == 1.0  # the tail is not scored
+    unbounded = LMScorer(cache_dir=tmp_path, backend=be, max_evidence_tokens=300, max_item_tokens=0)
+    info = {}
+    rows = unbounded.unit_features("Where?", answer, context, units_of(answer), info=info)
+    assert unbounded.calls == 1 and info["answer_tokens_cut"] == 0  # another key: evaluated, not a cache hit
+    assert all(r["lm_missing"] == 0.0 for r in rows)
+
+    prog = get("grounded").make(lm=True, lm_item_tokens=400)
+    prog._scorer = LMScorer(cache_dir=tmp_path / "p", backend=StubBackend(), max_item_tokens=400)
+    feats = prog.item_features(question="Where?", answer=answer, context=context)
+    assert feats.failures.get("lm_answer_cut") == 1 and "lm_missing" not in feats.failures
+    short = prog.item_features(question="Where?", answer="Paris is big.", context=context)
+    assert "lm_answer_cut" not in short.failures
 
 
 def test_lm_signal_through_the_program_with_a_stub(tmp_path):

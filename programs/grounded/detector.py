@@ -71,10 +71,12 @@ class GroundedDetector(dspy.Module):
         idf: signal 1 — the unit's IDF over the evidence of the training split.
         genlogits: signal 3 — the generating model's token logits, when the data carries them.
         lm: signal 2 — the embedded LM's log-probability of the answer's tokens with vs. without the evidence
-            (about 1-3 s per item on 2 cores; cached on disk).
+            (about 1-3 s per item on 2 cores, bounded by ``lm_item_tokens``; cached on disk).
         lm_model: a GGUF file for the LM signal ("" = the embedded SmolLM2-135M-Instruct).
         lm_cache_dir: where LM features are cached ("" = <project cache>/grounded-lm).
         lm_evidence_tokens: the most evidence tokens given to the LM (the sentences most relevant to the answer).
+        lm_item_tokens: the most tokens the LM evaluates per item, both passes together (0 = no bound); past it
+            the evidence shrinks, then only the answer's first tokens are scored (counted as ``lm_answer_cut``).
         window: neighbours on each side for the window features.
         fuzzy: rapidfuzz partial-ratio support (near matches, transliterations).
         l2: L2 penalty of the logistic regression (1/C).
@@ -86,7 +88,8 @@ class GroundedDetector(dspy.Module):
     """
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
-                 lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, window: int = 2,
+                 lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
+                 window: int = 2,
                  fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = ""):
         super().__init__()
         if aggregate not in ("max", "top3"):
@@ -96,6 +99,7 @@ class GroundedDetector(dspy.Module):
         self.detectors = [get(name).make() for name in self.detector_names]
         self.use_support, self.use_idf, self.use_gen, self.use_lm = bool(support), bool(idf), bool(genlogits), bool(lm)
         self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
+        self.lm_item_tokens = int(lm_item_tokens)
         self.window, self.fuzzy, self.l2, self.aggregate = int(window), bool(fuzzy), float(l2), aggregate
         self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
                                       tuple(self.detector_names))
@@ -112,16 +116,16 @@ class GroundedDetector(dspy.Module):
         """The LM scorer (the model file is loaded on its first item, only when ``lm`` is on)."""
         if self._scorer is None:
             self._scorer = LMScorer(model_path=self.lm_model or None, cache_dir=self.lm_cache_dir or None,
-                                    max_evidence_tokens=self.lm_evidence_tokens)
+                                    max_evidence_tokens=self.lm_evidence_tokens, max_item_tokens=self.lm_item_tokens)
         return self._scorer
 
     def item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
                       lang="en"):
-        lm_rows, lm_fail = None, None
+        lm_rows, lm_fail, lm_info = None, None, {}
         if self.use_lm and (answer or "").strip():
             try:
                 lm_rows = self.scorer().unit_features(question or "", answer or "", context or "", units_of(answer),
-                                                      lang=lang or "en")
+                                                      lang=lang or "en", info=lm_info)
             except Exception as e:  # noqa: BLE001 — the LM signal falls back, the item goes on
                 lm_rows, lm_fail = None, f"lm_error:{type(e).__name__}"
         det_spans, det_fail = self.detector_spans(question=question or "", answer=answer or "",
@@ -135,6 +139,8 @@ class GroundedDetector(dspy.Module):
             feats.failures["lm_missing"] = feats.failures.get("lm_missing", 0) + 1
         if lm_fail:
             feats.failures["lm_error"] = feats.failures.get("lm_error", 0) + 1
+        if lm_info.get("answer_tokens_cut"):  # a counted warning: the tail's units have the LM fallback
+            feats.failures["lm_answer_cut"] = feats.failures.get("lm_answer_cut", 0) + 1
         return feats
 
     def detector_spans(self, question: str, answer: str, context: str, lang: str) -> tuple[dict, dict]:
