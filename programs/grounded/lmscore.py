@@ -219,7 +219,10 @@ class LMScorer:
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            self._backend = LlamaBackend(self._model_path)
+            # a pass never exceeds the item budget: a context that size keeps llama.cpp's per-position logits
+            # (n_ctx x 49,152 floats, twice) small
+            n_ctx = 2048 if self.max_item_tokens <= 0 else min(2048, max(256, self.max_item_tokens))
+            self._backend = LlamaBackend(self._model_path, n_ctx=n_ctx)
         return self._backend
 
     def _key(self, name: str, *parts: str) -> str:
