@@ -94,6 +94,9 @@ class GroundedDetector(dspy.Module):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
+        for name, value in (("lm_evidence_tokens", lm_evidence_tokens), ("lm_item_tokens", lm_item_tokens)):
+            if int(value) < 0:
+                raise ValueError(f"{name} must be >= 0 (lm_item_tokens=0: no bound), not {value!r}")
         self.detector_names = parse_detectors(detectors)
         # submodules in a list: DSPy's named_predictors() finds their predictors (optimisers see them)
         self.detectors = [get(name).make() for name in self.detector_names]
