@@ -91,7 +91,18 @@ def cv_predict(examples, opts: dict, k: int, metric: str, seed: int = 0, fit_log
 
 
 def load(args, lang):
-    return load_mushroom(args.data_dir, lang=lang, split="val", context=args.context, limit=args.limit)
+    """The language's validation items; ``--context native+translated-en`` gives each item both retrieved contexts
+    (native, then the English translation when it differs) as its evidence (an experiment: see BENCHMARKS.md)."""
+    if args.context != "native+translated-en":
+        return load_mushroom(args.data_dir, lang=lang, split="val", context=args.context, limit=args.limit)
+    exs = load_mushroom(args.data_dir, lang=lang, split="val", context="native", limit=args.limit)
+    english = {e.id: e.get("context", "") for e in
+               load_mushroom(args.data_dir, lang=lang, split="val", context="translated-en", limit=args.limit)}
+    for e in exs:
+        extra = english.get(e.id, "")
+        if extra and extra != e.get("context", ""):
+            e["context"] = (e.get("context", "") + "\n" + extra).strip()
+    return exs
 
 
 def cmd_cv(args):
@@ -299,7 +310,7 @@ def main(argv=None):
     ap.add_argument("command", choices=["cv", "ablation", "xling", "halluclean", "speed"])
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "mushroom"))
     ap.add_argument("--hc-dir", default=str(ROOT.parent / "shared" / "data" / "halluclean"))
-    ap.add_argument("--context", default="native")
+    ap.add_argument("--context", default="native", choices=["native", "translated-en", "none", "native+translated-en"])
     ap.add_argument("--langs", nargs="+", default=list(VAL_LANGS))
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fold-assignment seeds (cv)")
