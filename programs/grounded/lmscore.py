@@ -253,7 +253,8 @@ class LMScorer:
         be = self.backend  # loads the model on first use: not counted in ``seconds``
         t0 = time.perf_counter()
         ans = be.tokenize(" " + answer)  # the prompt ends with "Answer:"; the answer follows after a space
-        q_len = len(be.tokenize(self.PROMPT_WITHOUT.format(question=question)))
+        pre_without = be.tokenize(self.PROMPT_WITHOUT.format(question=question))
+        q_len = len(pre_without)
         overhead = len(be.tokenize(self.PROMPT_WITH.format(evidence="", question=question))) - q_len
         ev_budget, n_ans = plan_budget(self.max_item_tokens, self.max_evidence_tokens, q_len, overhead, len(ans))
         evidence = self.evidence_for(answer, context, lang, budget=ev_budget)
@@ -268,9 +269,8 @@ class LMScorer:
         cut, ans = len(ans) - n_ans, ans[:n_ans]
         out = {"pieces": [be.detokenize([t]).hex() for t in ans], "tokens": 0, "evidence_chars": len(evidence),
                "answer_tokens_cut": cut}
-        for name, prompt in (("with", self.PROMPT_WITH.format(evidence=evidence, question=question)),
-                             ("without", self.PROMPT_WITHOUT.format(question=question))):
-            pre = be.tokenize(prompt)
+        for name, pre in (("with", be.tokenize(self.PROMPT_WITH.format(evidence=evidence, question=question))),
+                          ("without", pre_without)):
             lps = be.logprobs(pre + ans, len(pre))
             out[name] = [float(x) for x in lps[-len(ans):]] if ans else []
             out["tokens"] += len(pre) + len(ans)
