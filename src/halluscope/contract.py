@@ -39,6 +39,8 @@ __all__ = [
     "soft_labels_from_spans",
     "hard_labels_from_soft",
     "to_prediction",
+    "OUTPUT_FAILURE_KEYS",
+    "item_failure",
 ]
 
 
@@ -251,3 +253,22 @@ def to_prediction(detection: Detection, **extra: Any) -> dspy.Prediction:
         failures=dict(detection.failures),
         **extra,
     )
+
+
+#: ``failures`` keys a program records when the LM's answer for the item could not be used: its output did not
+#: parse (``parse``; jointcq's claims: ``generate_parse``), was cut at ``max_tokens`` (``truncated``, added by
+#: :func:`halluscope.runner.run_eval` from the LM layer), or gave no usable verdict (``verdict``). Such an item
+#: returned a prediction, but it is garbage, never success: it counts as a failed item (``--max-failed-share``).
+OUTPUT_FAILURE_KEYS = ("parse", "truncated", "generate_parse", "verdict")
+
+
+def item_failure(prediction: Any) -> str | None:
+    """Why an item failed, or None when it did not: ``"error"`` for no prediction (the program raised), else the
+    first :data:`OUTPUT_FAILURE_KEYS` key its ``failures`` count (``"parse"``, ``"truncated"``, ...)."""
+    if prediction is None:
+        return "error"
+    failures = prediction.get("failures") if hasattr(prediction, "get") else getattr(prediction, "failures", None)
+    for key in OUTPUT_FAILURE_KEYS:
+        if (failures or {}).get(key):
+            return key
+    return None

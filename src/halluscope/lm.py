@@ -453,7 +453,7 @@ def json_truncated(text: str) -> bool:
 
     >>> json_truncated('{"spans": [')
     True
-    >>> json_truncated('```json\n{"spans": [{"text": "Paris"}]}\n```')
+    >>> json_truncated('Here it is: {"spans": [{"text": "Paris"}]} done')
     False
     """
     start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
