@@ -14,7 +14,7 @@ like the embedded :class:`halluscope.lm.LlamaCppEngine`) that speaks to any of t
   sends through LiteLLM, is ignored by llama.cpp's servers), and ``stop`` when the request has one. A server that
   generates more than it was asked is remembered and gets ``max_completion_tokens`` as well from then on, and is
   counted (``stats.over_budget``); a generation cut at the budget (``finish_reason=length``) is counted
-  (``stats.truncated``) and reported to the adapter, which makes it a parse failure of that call
+  (``stats.cut_generations``) and reported to the adapter, which makes it a parse failure of that call
   (:class:`halluscope.lm.TruncatedOutputError`);
 * **retries**: connection errors, timeouts, HTTP 429 (its ``Retry-After`` honoured, capped) and 5xx are retried
   ``retries`` times with exponential backoff, then raised as DSPy's LM errors with one clean line (server text
@@ -174,7 +174,8 @@ class ServerStats:
     retries: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    truncated: int = 0  # generations cut at max_tokens (finish_reason=length)
+    cut_generations: int = 0  # generations cut at max_tokens (finish_reason=length)
+    truncated: int = 0  # prompts cut to fit the context (as LlamaCppEngine counts them): never, by a client
     over_budget: int = 0  # generations longer than the max_tokens sent (the server ignored it)
     downgrades: int = 0  # structured-output forms given up after the server refused them
     errors: int = 0  # requests that failed after the retries
@@ -411,7 +412,7 @@ class OpenAICompatEngine:
             self.stats.input_tokens += _int(usage.get("prompt_tokens"))
             self.stats.output_tokens += n_out
             if finish == "length":
-                self.stats.truncated += 1
+                self.stats.cut_generations += 1
             if n_out > max_tokens:
                 self.stats.over_budget += 1
         if n_out > max_tokens:
