@@ -129,7 +129,7 @@ class OptimizerConfig:
         if self.fit_with is None:
             d.pop("fit_with")
         if self.name in ("bootstrap", "fit"):  # settings MIPROv2 alone uses would only confuse the record
-            for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature"):
+            for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature", "proposal_attempts"):
                 d.pop(k)
         if self.name == "fit":  # no demos either
             for k in ("max_bootstrapped_demos", "max_labeled_demos"):

@@ -222,6 +222,12 @@ class OpenAICompatEngine:
     def __repr__(self) -> str:  # never the headers
         return f"OpenAICompatEngine({self.base_url!r}, model={self.model!r})"
 
+    def __deepcopy__(self, memo):  # one connection pool and one set of stats, shared like the embedded engine
+        return self
+
+    def __reduce__(self):  # a pickle would carry the credentials
+        raise TypeError("OpenAICompatEngine is not picklable (it holds the server's credentials)")
+
     # -- capabilities ------------------------------------------------------------------------------
     @property
     def _key(self) -> tuple[str, str]:
