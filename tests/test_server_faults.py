@@ -386,3 +386,19 @@ def test_clean_error_text_is_one_line_without_traceback_or_secret():
     assert clean_error_text(json.dumps({"detail": [{"loc": ["body", "response_format", "type"],
                                                     "msg": "unexpected value"}]})) == \
         "body.response_format.type: unexpected value"
+
+
+def test_a_cut_chat_answer_recovered_by_the_json_fallback_is_not_a_failure():
+    from halluscope.lm import GuardedChatAdapter
+
+    def reply(body, n):
+        if "response_format" not in body:  # the chat adapter's call: cut at the budget
+            return httpx.Response(200, json=completion("[[ ## spans ## ]]\n[{\"text\": \"Par", "length"))
+        return ok(body, n)  # DSPy's JSON fallback
+
+    server = Server(reply)
+    res = spans_run(server.lm(), ITEMS[:1], adapter=GuardedChatAdapter())
+    assert len(server.bodies) == 2 and res.failures == {} and res.failed_items == 0
+    both_cut = Server(lambda b, n: httpx.Response(200, json=completion('{"spans": [{"text": "Pa', "length")))
+    res = spans_run(both_cut.lm(), ITEMS[:1], adapter=GuardedChatAdapter())
+    assert len(both_cut.bodies) == 2 and res.failures == {"parse": 1, "truncated": 1}  # counted once

@@ -555,13 +555,21 @@ class _Guarded:
 
     def __call__(self, lm, lm_kwargs, signature, demos, inputs):
         note_finish(None)  # a cache hit does not reach the engine: no stale finish reason from an earlier call
-        return super().__call__(lm, lm_kwargs, signature, demos, inputs)
+        depth = getattr(_ITEM, "adapter_depth", 0)  # the chat adapter's JSON fallback runs inside its call
+        _ITEM.adapter_depth = depth + 1
+        try:
+            return super().__call__(lm, lm_kwargs, signature, demos, inputs)
+        except TruncatedOutputError:
+            if depth == 0:  # counted once, and only when no fallback recovered the call
+                _note_item("truncated")
+            raise
+        finally:
+            _ITEM.adapter_depth = depth
 
     def _call_postprocess(self, processed_signature, original_signature, outputs, lm, lm_kwargs):
         try:
             if last_finish() == "length":
                 note_finish(None)
-                _note_item("truncated")
                 text = outputs[0].get("text") if outputs and isinstance(outputs[0], dict) else (outputs or [""])[0]
                 raise TruncatedOutputError(adapter_name=type(self).__name__, signature=original_signature,
                                            lm_response=str(text or ""),
@@ -578,7 +586,6 @@ class _Guarded:
 class _GuardedJSON(_Guarded):
     def parse(self, signature, completion: str):
         if json_truncated(completion or ""):
-            _note_item("truncated")
             raise TruncatedOutputError(adapter_name=type(self).__name__, signature=signature,
                                        lm_response=completion, message="the JSON output stops mid-value (truncated)")
         return super().parse(signature, completion)
