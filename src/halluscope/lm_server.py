@@ -209,9 +209,9 @@ class OpenAICompatEngine:
         self.max_backoff = float(max_backoff)
         self.stats = ServerStats()
         self._headers = dict(url.headers)
+        register_secret(api_key)  # hidden everywhere even when the URL's own credentials are the ones sent
         if api_key and api_key != "not-needed" and "Authorization" not in self._headers:
             self._headers["Authorization"] = f"Bearer {api_key}"
-            register_secret(api_key)
         elif "Authorization" not in self._headers:
             self._headers["Authorization"] = "Bearer not-needed"  # some servers insist on a header
         self._client = httpx.Client(timeout=httpx.Timeout(self.timeout), headers=self._headers,
