@@ -83,7 +83,7 @@ def main() -> int:
             for prog in args.programs.split(","):
                 out = work / f"{path}-{prog}"
                 cmd = [*exe, "--program", prog, *PROGRAMS[prog], "--limit", str(args.limit), *lm,
-                       "--max-tokens", str(args.max_tokens), "--cache-dir", str(out / "cache"), "--out-dir", str(out),
+                       "--max-tokens", str(args.max_tokens), "--lm-timeout", "900", "--cache-dir", str(out / "cache"), "--out-dir", str(out),
                        "--no-progress", "--no-mlflow"]
                 t0 = time.perf_counter()
                 proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HALLUSCOPE_HOME": str(out)})

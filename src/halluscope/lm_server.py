@@ -439,10 +439,11 @@ class OpenAICompatEngine:
 
     def check(self, timeout: float | None = None) -> None:
         """One tiny request without retries (``halluscope.lm.check_lm``); raises an LM error when it fails."""
-        saved, self.retries = self.retries, 0
+        saved, self.retries = (self.retries, self.timeout), 0
         client = self._client
         try:
             if timeout:
+                self.timeout = float(timeout)
                 self._client = httpx.Client(timeout=httpx.Timeout(float(timeout)), headers=self._headers,
                                             transport=getattr(client, "_transport", None))
             req = lm15.Request(model=self.model, messages=(Message.user("Reply with OK."),),
@@ -451,7 +452,7 @@ class OpenAICompatEngine:
         finally:
             if self._client is not client:
                 self._client.close()
-            self._client, self.retries = client, saved
+            self._client, (self.retries, self.timeout) = client, saved
 
     def stream(self, request):  # DSPy streams only when asked; halluscope never does
         return response_to_events(self.complete(request))
