@@ -236,6 +236,7 @@ def test_make_lm_local_path_errors_and_model_identity(gguf, tmp_path):
     assert make_lm(f"local:{other}", n_ctx=1024).model.split("@")[1] != lm.model.split("@")[1]
     with pytest.raises(ValueError):
         make_lm("")
+    assert make_lm(f"local:{gguf}", n_ctx=1024, timeout=30).engine is lm.engine  # --lm-timeout: for servers only
 
 
 def test_make_lm_remote_spec_and_api_base():

@@ -401,6 +401,7 @@ def make_lm(
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         engine = _local_engine(path, n_ctx, n_threads)
+        kwargs.pop("timeout", None)  # --lm-timeout bounds requests to a server; the in-process model has none
         model = f"llamacpp/{path.stem}@{file_sha256(path)[:12]}-ctx{n_ctx}"
         return dspy.LM(model, engine=engine, temperature=temperature, max_tokens=max_tokens, cache=cache, **kwargs)
     paths.set_offline_defaults()
