@@ -34,6 +34,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from halluscope import runner
+from halluscope.contract import describe_failed
 from halluscope.metrics.adapters import aggregate, get_metric
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,6 @@ __all__ = [
     "evaluate_program",
     "slim_examples",
     "FailureCounter",
-    "failed_items",
     "failed_share_problem",
 ]
 
@@ -388,13 +388,6 @@ def compile_program(
     return _strip_run_state(program), info
 
 
-def failed_items(failures: dict) -> int:
-    """Items whose program call raised, from an evaluation's ``failures`` (its ``error:<Type>`` counts; the
-    failures a program records itself, such as an unparsed output or a failed evidence source, are not items
-    that failed)."""
-    return sum(int(v) for k, v in (failures or {}).items() if str(k).startswith("error:"))
-
-
 def failed_share_problem(failed: int, total: int, max_share: float | None, what: str, detail: str = "") -> str | None:
     """One line saying why a run fails when more than ``max_share`` of ``total`` ``what`` failed, else ``None``."""
     if max_share is None or not total or failed / total <= max_share:
@@ -427,6 +420,9 @@ class FoldResult:
     compiled: dict[str, float]
     zero_shot_failures: dict[str, int] = field(default_factory=dict)
     compiled_failures: dict[str, int] = field(default_factory=dict)
+    # failed items by reason (halluscope.contract.item_failure): what --max-failed-share counts
+    zero_shot_failed: dict[str, int] = field(default_factory=dict)
+    compiled_failed: dict[str, int] = field(default_factory=dict)
     compile_info: dict = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -462,7 +458,9 @@ def mean_sd(values: Sequence[float]) -> dict[str, float]:
 
 def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, extra_inputs=(),
                      progress: bool = False, lm: dspy.LM | None = None):
-    """``(scores, failures)`` of ``program`` on ``examples`` (failed items score 0, never raise).
+    """``(scores, failures, failed)`` of ``program`` on ``examples`` (never raises): ``failures`` sums the
+    failures the items recorded, ``failed`` counts the failed items by reason (:attr:`EvalResult.failed
+    <halluscope.runner.EvalResult>`: raised, or no usable output), which is what ``max_failed_share`` counts.
 
     The program runs once per example and the predictions are scored once: every metric the gold data
     supports (:func:`halluscope.runner.run_eval` scores them), plus ``metric_name`` when it is not among them
@@ -474,7 +472,7 @@ def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, e
     scores = dict(res.scores)
     if metric_name not in scores and examples:
         scores[metric_name] = aggregate(metric_name, examples, list(res.predictions))
-    return scores, res.failures
+    return scores, res.failures, res.failed_kinds()
 
 
 def cross_validate(
@@ -514,8 +512,8 @@ def cross_validate(
         train = [ex for j, ex in enumerate(examples) if j not in held_set]
         test = [examples[j] for j in held]
         log(f"-- fold {i}/{k}: compile on {len(train)} items, score on {len(test)} held-out items")
-        zs_scores, zs_fail = evaluate_program(build(), test, metric_name, threads=cfg.threads,
-                                              extra_inputs=extra_inputs, lm=task_lm)
+        zs_scores, zs_fail, zs_failed = evaluate_program(build(), test, metric_name, threads=cfg.threads,
+                                                         extra_inputs=extra_inputs, lm=task_lm)
         try:
             compiled, info = compile_program(build(), train, metric, cfg, task_lm=task_lm, prompt_lm=prompt_lm,
                                              failures=failures, fit=fit, metric_name=metric_name,
@@ -524,12 +522,13 @@ def cross_validate(
             result.error = f"fold {i}: {e}"
             log(f"!! {result.error} — stopping; the {len(result.folds)} fold(s) done are kept")
             break
-        c_scores, c_fail = evaluate_program(compiled, test, metric_name, threads=cfg.threads,
-                                            extra_inputs=extra_inputs, lm=task_lm)
+        c_scores, c_fail, c_failed = evaluate_program(compiled, test, metric_name, threads=cfg.threads,
+                                                      extra_inputs=extra_inputs, lm=task_lm)
         fr = FoldResult(fold=i, n_train=len(train), n_heldout=len(test),
                         heldout_ids=[str(ex.get("id", j)) for j, ex in zip(held, test)],
                         zero_shot=zs_scores, compiled=c_scores, zero_shot_failures=zs_fail,
-                        compiled_failures=c_fail, compile_info=info, seconds=round(time.perf_counter() - t0, 2))
+                        compiled_failures=c_fail, zero_shot_failed=zs_failed, compiled_failed=c_failed,
+                        compile_info=info, seconds=round(time.perf_counter() - t0, 2))
         result.folds.append(fr)
         if not result.metrics:
             result.metrics = list(zs_scores)
@@ -539,15 +538,13 @@ def cross_validate(
             on_fold(fr)
         n_held = sum(f.n_heldout for f in result.folds)
         for which in ("zero_shot", "compiled"):
-            n_failed = sum(failed_items(getattr(f, f"{which}_failures")) for f in result.folds)
-            kinds = {}
+            kinds: dict[str, int] = {}  # failed items by reason, over the folds done
             for f in result.folds:
-                for k, v in getattr(f, f"{which}_failures").items():
-                    if k.startswith("error:"):
-                        kinds[k[6:]] = kinds.get(k[6:], 0) + v
-            problem = failed_share_problem(n_failed, n_held, max_failed_share,
+                for reason, count in getattr(f, f"{which}_failed").items():
+                    kinds[reason] = kinds.get(reason, 0) + count
+            problem = failed_share_problem(sum(kinds.values()), n_held, max_failed_share,
                                            f"held-out items of the {which.replace('_', '-')} program",
-                                           "raised: " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())))
+                                           describe_failed(kinds))
             if problem:
                 result.error = f"after fold {i}: {problem}"
                 log(f"!! {result.error} — stopping")

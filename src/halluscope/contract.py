@@ -39,6 +39,10 @@ __all__ = [
     "soft_labels_from_spans",
     "hard_labels_from_soft",
     "to_prediction",
+    "ITEM_FAILURE_KINDS",
+    "item_failure",
+    "failed_kinds",
+    "describe_failed",
 ]
 
 
@@ -251,3 +255,57 @@ def to_prediction(detection: Detection, **extra: Any) -> dspy.Prediction:
         failures=dict(detection.failures),
         **extra,
     )
+
+
+# ------------------------------------------------------------------------------------------------------
+# Failed items: the one definition every command counts toward --max-failed-share
+# ------------------------------------------------------------------------------------------------------
+
+#: Failure kinds (a ``failures`` key, or its part before ``":"``) that make an item a *failed item*: it has no
+#: usable prediction. ``error`` is how the runners record a program that raised (``error:<ExceptionType>``);
+#: ``lm_error`` an LM call that failed (grounded's LM scorer; ``lm_error:<reason>``); ``truncated`` an LM output
+#: cut at the token limit; ``parse`` an LM output that could not be read (``generate_parse``: JointCQ got no
+#: claims at all); ``verdict`` a response-level verdict that was neither yes nor no. Every other kind (a quote
+#: not found in the answer, a failed evidence source, one claim's unreadable verification, a neutral fallback
+#: feature) is counted in ``failures`` but leaves a usable prediction.
+ITEM_FAILURE_KINDS = frozenset({"error", "lm_error", "truncated", "parse", "generate_parse", "verdict"})
+
+
+def item_failure(failures: Any) -> str | None:
+    """Why an item whose prediction records ``failures`` (a ``{kind: count}`` dict, e.g. ``Detection.failures``)
+    is a failed item: the first key (sorted) whose kind is in :data:`ITEM_FAILURE_KINDS` with a non-zero count;
+    ``None`` when the prediction is usable. ``item_failure({"parse": 1}) == "parse"``,
+    ``item_failure({"unmatched": 2}) is None``."""
+    if not isinstance(failures, dict):
+        return None
+    for key in sorted(failures, key=str):
+        kind = str(key).split(":", 1)[0]
+        try:
+            count = float(failures[key])
+        except (TypeError, ValueError):
+            count = 1.0
+        if kind in ITEM_FAILURE_KINDS and count:
+            return str(key)
+    return None
+
+
+def failed_kinds(reasons: Any) -> dict[str, int]:
+    """``{reason: items}`` over per-item reasons (``None`` = the item did not fail), as :func:`item_failure`
+    gives them."""
+    out: dict[str, int] = {}
+    for r in reasons:
+        if r is not None:
+            out[str(r)] = out.get(str(r), 0) + 1
+    return out
+
+
+def describe_failed(kinds: dict[str, int]) -> str:
+    """One phrase naming why items failed: ``raised: RuntimeError x3; unusable output: parse x2``."""
+    raised = {k.split(":", 1)[1] if ":" in k else k: v for k, v in kinds.items() if k.split(":", 1)[0] == "error"}
+    other = {k: v for k, v in kinds.items() if k.split(":", 1)[0] != "error"}
+    parts = []
+    if raised:
+        parts.append("raised: " + ", ".join(f"{k} x{v}" for k, v in sorted(raised.items())))
+    if other:
+        parts.append("unusable output: " + ", ".join(f"{k} x{v}" for k, v in sorted(other.items())))
+    return "; ".join(parts)

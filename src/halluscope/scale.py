@@ -19,7 +19,8 @@ How a detection job runs (:func:`detect_ray`)
 * Results come back to the driver in input order (``preserve_order``); each batch is written at once as an
   atomic Parquet part under ``<output>.parts/``, with the contract's fields flattened into columns
   (:data:`OUTPUT_COLUMNS`; spans, labels, units, evidence and failures as JSON strings). A row that fails
-  (missing answer, malformed line, program error) is written with ``ok=false`` and its ``error``.
+  (missing answer, malformed line, program error, or a detection without usable output:
+  :func:`halluscope.contract.item_failure`) is written with ``ok=false`` and its ``error``.
 * At the end the parts are merged, in input order, into ``--output`` (``.parquet``: the flat columns;
   ``.jsonl``: the in-process engine's nested rows plus the LM columns).
 
@@ -48,7 +49,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from halluscope.artifacts import ArtifactIntegrityError, load_compiled
-from halluscope.contract import Detection, to_prediction
+from halluscope.contract import Detection, item_failure, to_prediction
 from halluscope.detector import CompiledDetector, detect
 from halluscope.files import write_text_atomic
 from halluscope.lm import LMUsage, configure, history_since, usage_of
@@ -318,6 +319,9 @@ class DetectWorker:
                          context=rec.get("context") or "", lang=(rec.get("lang") or "").lower() or self.lang,
                          task=self.task, **extra)
             out = {**base, "ok": True, **flatten_detection(det.to_dict())}
+            reason = item_failure(det.failures)
+            if reason:  # a detection without usable output (unreadable, truncated, LM error) is a failed row
+                out.update(ok=False, error=f"unusable output: {reason}")
         except Exception as e:  # one bad row never stops the job: it is written with its error
             out = {**base, "ok": False, "error": error_text(e)}
         usage = usage_of(history_since(started))
@@ -730,6 +734,7 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
     failures: dict[str, int] = {}
     predictions: list[Any] = []
     errors: list[str] = []
+    failed: list[str | None] = []  # per item, as run_eval: why it is a failed item (item_failure)
     usage = LMUsage()
     for ex, r in zip(examples, out):
         usage.calls += r["lm_calls"]
@@ -741,6 +746,7 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
             failures[f"error:{kind}"] = failures.get(f"error:{kind}", 0) + 1
             errors.append(f"{ex.get('id', '?')}: {r['error']}")
             predictions.append(None)
+            failed.append(f"error:{kind}")
             continue
         p = json.loads(r["prediction"])
         pred = to_prediction(Detection.from_dict(p["detection"]), **{
@@ -749,8 +755,9 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
         for k, v in (pred.get("failures") or {}).items():
             failures[k] = failures.get(k, 0) + int(v)
         predictions.append(pred)
+        failed.append(item_failure(pred.get("failures")))
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
-                        usage=usage, seconds=seconds, predictions=predictions, errors=errors)
+                        usage=usage, seconds=seconds, predictions=predictions, errors=errors, failed=failed)
     if spec.report is not None:
         try:
             result.report = dict(spec.report(examples, predictions) or {})

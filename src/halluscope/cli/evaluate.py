@@ -83,7 +83,7 @@ def cmd_evaluate(args) -> int:
         if lm.engine.stats.truncated:
             print(f"warning: {lm.engine.stats.truncated} prompts were longer than the model's context and were cut "
                   f"in the middle (engine_truncated_prompts)", file=sys.stderr)
-    n_failed = sum(p is None for p in result.predictions)
+    n_failed = result.n_failed  # raised, or no usable output (halluscope.contract.item_failure)
     summary["failed_items"] = n_failed
     failed_run = bool(result.n) and n_failed / result.n > args.max_failed_share
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -94,12 +94,12 @@ def cmd_evaluate(args) -> int:
     if not result.scores:
         print("no gold labels on these items: wrote the submission and predictions only; nothing was scored")
     if failed_run:
-        print(f"RUN FAILED: {n_failed} of {result.n} items failed (more than --max-failed-share "
-              f"{args.max_failed_share:g}); the scores above are those of the file written, not of the program",
-              file=sys.stderr)
+        print(f"RUN FAILED: {n_failed} of {result.n} items failed ({result.describe_failed()}; more than "
+              f"--max-failed-share {args.max_failed_share:g}); the scores above are those of the file written, "
+              f"not of the program", file=sys.stderr)
     elif n_failed:
-        print(f"warning: {n_failed} of {result.n} items failed; they are written and scored as empty predictions",
-              file=sys.stderr)
+        print(f"warning: {n_failed} of {result.n} items failed ({result.describe_failed()}); they are written and "
+              f"scored as what they returned (an item that raised: an empty prediction)", file=sys.stderr)
     print(f"predictions: {', '.join(str(f) for f in files)}")
     if not args.no_mlflow:
         params = {"program": spec.name, "dataset": dataset.name, "source": source, "lm": lm.model if lm is not None else "none",
