@@ -5,6 +5,7 @@ run, with the reason in one line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import dspy
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from halluscope.cli import main as cli_main
 from halluscope.contract import ITEM_FAILURE_KINDS, describe_failed, failed_kinds, item_failure
 from halluscope.testing import scripted_lm
+
+COMPILED = Path(__file__).resolve().parent.parent / "compiled"  # the committed artifacts
 
 
 @pytest.fixture(autouse=True)
@@ -146,3 +149,91 @@ def test_optimize_with_an_lm_that_answers_only_garbage_fails_with_no_artifact(tm
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("NO ARTIFACT WRITTEN"))
     assert "held-out items of the zero-shot program failed" in line and "unusable output: parse x" in line
     assert not list_versions("spans", "de", "iou", root=tmp_path / "compiled", include_invalid=True)
+
+
+def _garbage_setup(args, *, needed=True):
+    lm = _garbage_lm()
+    dspy.configure(lm=lm, adapter=dspy.JSONAdapter())
+    return lm
+
+
+def test_detect_with_an_lm_that_answers_only_garbage_fails(tmp_path, demo_env, monkeypatch, capsys):
+    """The committed spans artifact run by an LM that answers garbage: every row is written (``"ok": false``,
+    its error and contract fields) and the command exits 1 with the reason in one line."""
+    import halluscope.cli.detect as dt
+
+    monkeypatch.setattr(dt, "setup_lm", _garbage_setup)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"a{i}", "answer": "Paris is in Spain.", "question": "Where?"}) + "\n"
+                           for i in range(3)))
+    out = tmp_path / "out.jsonl"
+    base = ["detect", "--program", "spans", "--lang", "de", "--lm", "openai/x", "--no-progress", "--compiled-dir",
+            str(COMPILED)]
+    assert cli_main([*base, "--input", str(src), "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "RUN FAILED: 3 of 3 answers failed (unusable output: parse x3; more than --max-failed-share 0)" in err
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [r["ok"] for r in rows] == [False] * 3 and rows[0]["error"] == "unusable output: parse"
+    assert rows[0]["failures"] == {"parse": 1}
+    # a share the user tolerates: a warning, exit 0
+    assert cli_main([*base, "--input", str(src), "--output", str(out), "--max-failed-share", "1"]) == 0
+    assert "warning: 3 of 3 answers failed (unusable output: parse x3)" in capsys.readouterr().err
+    # one answer
+    assert cli_main([*base, "--answer", "Paris is in Spain."]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["ok"] is False
+    assert "RUN FAILED: 1 of 1 answers failed (unusable output: parse" in captured.err
+    with pytest.raises(SystemExit) as e:
+        cli_main([*base, "--answer", "x", "--max-failed-share", "2"])
+    assert e.value.code == 2 and "--max-failed-share" in capsys.readouterr().err
+
+
+def test_detect_one_answer_whose_program_raises_is_one_line(tmp_path, demo_env, monkeypatch, capsys):
+    import halluscope.cli.detect as dt
+
+    def boom_setup(args, *, needed=True):
+        lm = scripted_lm(lambda call: (_ for _ in ()).throw(RuntimeError("the server went away\nFile x")))
+        dspy.configure(lm=lm, adapter=dspy.JSONAdapter())
+        return lm
+
+    monkeypatch.setattr(dt, "setup_lm", boom_setup)
+    rc = cli_main(["detect", "--program", "halluclean", "--task", "qa", "--metric", "f1", "--lm", "openai/x",
+                   "--answer", "Paris is in Spain.", "--compiled-dir", str(COMPILED)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err
+    assert [ln for ln in err.splitlines() if "FAILED" in ln][0].startswith("halluscope detect: FAILED: ")
+
+
+def _serve(argv, monkeypatch):
+    """``halluscope serve ARGV`` up to the point where uvicorn would start: (exit status, whether it started)."""
+    import uvicorn
+
+    from halluscope.cli import build_parser
+
+    started = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.update(app=app))
+    args = build_parser().parse_args(["serve", *argv])
+    return args.func(args), "app" in started
+
+
+def test_serve_does_not_start_when_its_detectors_give_no_usable_output(demo_env, monkeypatch, capsys):
+    import halluscope.cli.serve as sv
+
+    monkeypatch.setattr(sv, "setup_lm", _garbage_setup)
+    base = ["--program", "spans", "--lang", "de", "--lm", "openai/x", "--compiled-dir", str(COMPILED)]
+    rc, started = _serve(base, monkeypatch)
+    err = capsys.readouterr().err
+    assert rc == 1 and not started
+    line = next(ln for ln in err.splitlines() if "start-up check" in ln)
+    assert ("start-up check: FAILED: 1 of 1 detectors failed (spans/de v0001: unusable output: parse; more than "
+            "--max-failed-share 0.5)") in line and "--no-startup-check" in line
+    assert _serve([*base, "--no-startup-check"], monkeypatch) == (0, True)
+    assert _serve([*base, "--max-failed-share", "1"], monkeypatch) == (0, True)
+    assert "warning: start-up check: 1 of 1 detectors" in capsys.readouterr().err
+
+
+def test_serve_starts_when_the_probe_works(demo_env, monkeypatch, capsys):
+    """The committed grounded artifact (no LM) answers the probe: the server starts."""
+    rc, started = _serve(["--lang", "de", "--compiled-dir", str(COMPILED)], monkeypatch)
+    assert (rc, started) == (0, True)
+    assert "start-up check" not in capsys.readouterr().err

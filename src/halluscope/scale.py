@@ -568,7 +568,7 @@ def detect_ray(
 
     run = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     stats = {"rows": 0, "skipped": 0, "ok": 0, "failed": 0, "lm_calls": 0, "lm_input_tokens": 0,
-             "lm_output_tokens": 0}
+             "lm_output_tokens": 0, "failed_kinds": {}}
     t0 = time.perf_counter()
     pos = seq = 0
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
@@ -589,6 +589,10 @@ def detect_ray(
         ok = sum(bool(x) for x in table["ok"].to_pylist())
         stats["ok"] += ok
         stats["failed"] += table.num_rows - ok
+        for good, err in zip(table["ok"].to_pylist(), table["error"].to_pylist()):
+            if not good:
+                kind = error_kind(err)
+                stats["failed_kinds"][kind] = stats["failed_kinds"].get(kind, 0) + 1
         for k in ("lm_calls", "lm_input_tokens", "lm_output_tokens"):
             stats[k] += sum(table[k].to_pylist())
         if on_batch is not None:
@@ -603,6 +607,16 @@ def detect_ray(
                  output=str(out_path), parts=str(parts), output_rows=merged,
                  output_failed=merged - merged_ok)
     return stats
+
+
+def error_kind(error: str | None) -> str:
+    """The failure kind of a failed row's ``error``: ``parse`` for ``unusable output: parse``, ``error:ValueError``
+    for ``ValueError: ...`` (as :func:`halluscope.contract.describe_failed` names them)."""
+    text = str(error or "")
+    if text.startswith("unusable output: "):
+        return text[len("unusable output: "):]
+    head = text.split(":", 1)[0].strip()
+    return f"error:{head}" if head.isidentifier() else "error:unknown"
 
 
 def _merged_table(parts: Path):

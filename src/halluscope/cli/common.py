@@ -69,6 +69,33 @@ def _finite_nonnegative(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text!r}")
+    return value
+
+
+def add_max_failed_share(p, default: float, what: str) -> None:
+    """``--max-failed-share``: the command fails (exit 1, the reason in one line) when more than this share of
+    its items failed: raised, or returned no usable output (:func:`halluscope.contract.item_failure`)."""
+    p.add_argument("--max-failed-share", type=_share, default=default,
+                   help=f"{what} FAILS (exit 1, the reason in one line) when more than this share of the items failed "
+                        f"(raised, or an LM output that could not be read, was cut or failed) (default {default:g})")
+
+
+def failed_share_line(n_failed: int, total: int, max_share: float, why: str, what: str = "items") -> str | None:
+    """``RUN FAILED: 3 of 4 items failed (unusable output: parse x3; more than --max-failed-share 0.5)``, or None
+    when at most ``max_share`` of ``total`` failed."""
+    if not total or n_failed / total <= max_share:
+        return None
+    return (f"RUN FAILED: {n_failed} of {total} {what} failed ({why + '; ' if why else ''}more than "
+            f"--max-failed-share {max_share:g})")
+
+
 def add_lm_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("language model")
     g.add_argument("--lm", default=os.environ.get("HALLUSCOPE_LM", "local"),

@@ -32,7 +32,9 @@ from typing import Any
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
-from halluscope.cli.common import add_lm_args, resolve_dataset, setup_lm, usage_error
+from halluscope.cli.common import (add_lm_args, add_max_failed_share, failed_share_line, resolve_dataset, setup_lm,
+                                   usage_error)
+from halluscope.contract import item_failure
 from halluscope.cli.engine import add_engine_args, detect_with_ray
 from halluscope.optimize.tracing import lm_tracing
 from halluscope.optimize.tracking import experiment_name
@@ -41,6 +43,7 @@ from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
+from halluscope.redact import error_text, redact
 
 
 def add_parser(subparsers) -> None:
@@ -70,6 +73,7 @@ def add_parser(subparsers) -> None:
     d.add_argument("--output", default=None, help="output JSONL (default: stdout for --answer, "
                                                    "outputs/detect/<time>/detections.jsonl for --input)")
     d.add_argument("--threads", type=int, default=1)
+    add_max_failed_share(d, 0.0, "the run")
     d.add_argument("--no-progress", action="store_true")
     d.add_argument("--retry-failed", action="store_true",
                    help="--engine ray: a rerun also retries the rows an earlier run wrote as failed")
@@ -135,13 +139,26 @@ def cmd_detect(args) -> int:
     with lm_tracing(args.trace, experiment=experiment_name(detector.name, detector.lang or key),
                     tracking_uri=args.tracking_uri, kind="detect"):
         if args.answer is not None:
-            det = detect(detector, args.answer, question=args.question, context=args.context, lang=lang, task=task)
-            line = json.dumps({"id": "answer", "ok": True, **det.to_dict()}, ensure_ascii=False)
+            try:
+                det = detect(detector, args.answer, question=args.question, context=args.context, lang=lang,
+                             task=task)
+            except Exception as e:  # noqa: BLE001 - one line, as for a failed row of a file
+                print(f"halluscope detect: FAILED: {' '.join(redact(error_text(e)).split())}", file=sys.stderr)
+                return 1
+            reason = item_failure(det.failures)
+            row = {"id": "answer", "ok": reason is None, **({"error": f"unusable output: {reason}"} if reason else {}),
+                   **det.to_dict()}
+            line = json.dumps(row, ensure_ascii=False)
             if args.output:
                 out = write_text_atomic(args.output, line + "\n")
                 print(f"wrote {out}", file=sys.stderr)
             else:
                 print(line)
+            problem = failed_share_line(int(reason is not None), 1, args.max_failed_share,
+                                        f"unusable output: {reason}", "answers")
+            if problem:
+                print(problem, file=sys.stderr)
+                return 1
             return 0
         out = Path(args.output) if args.output else create_unique_dir(  # never shared by two runs in one second
             paths.outputs_dir() / "detect", time.strftime("%Y%m%d-%H%M%S")) / "detections.jsonl"
@@ -157,7 +174,15 @@ def cmd_detect(args) -> int:
         if truncated is not None and truncated.truncated:
             print(f"warning: {truncated.truncated} prompts were longer than the model's context and were cut in the "
                   f"middle", file=sys.stderr)
-        return 0 if stats["failed"] == 0 else 1
+        problem = failed_share_line(stats["failed"], stats["items"], args.max_failed_share, stats["failed_why"],
+                                    "answers")
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+        if stats["failed"]:
+            print(f"warning: {stats['failed']} of {stats['items']} answers failed ({stats['failed_why']}); they are "
+                  f"written with \"ok\": false", file=sys.stderr)
+        return 0
 
 
 def check_output(args) -> Path | None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError
+from halluscope.cli.common import failed_share_line
+from halluscope.contract import describe_failed
 from halluscope.programs.registry import get
 from halluscope.scale import LMConfig, RayOptions, detect_ray, evaluate_ray
 
@@ -46,7 +48,8 @@ def ray_options(args) -> RayOptions:
 
 
 def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> int:
-    """``halluscope detect --engine ray``: exit 0 when every row is ok, 1 when some failed, 2 on bad input."""
+    """``halluscope detect --engine ray``: exit 1 when more than ``--max-failed-share`` of the output's rows failed
+    (by default: any), 0 otherwise, 2 on bad input."""
     print(f"loaded {detector.path} (v{detector.version:04d}, hash {detector.content_hash[:12]})", file=sys.stderr)
     spec = get(args.program)
     needs_lm = spec.needs_lm(detector.manifest.get("program_options"))
@@ -61,7 +64,13 @@ def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> in
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2
     print_summary(stats)
-    return 0 if stats["output_failed"] == 0 else 1
+    why = describe_failed(stats.get("failed_kinds") or {})
+    problem = failed_share_line(stats["output_failed"], stats["output_rows"], args.max_failed_share,
+                                why if stats["skipped"] == 0 else "", "rows")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    return 0
 
 
 def print_summary(stats: dict) -> None:
