@@ -96,6 +96,22 @@ def failed_share_line(n_failed: int, total: int, max_share: float, why: str, wha
             f"--max-failed-share {max_share:g})")
 
 
+def check_tracking(args, command: str) -> None:
+    """Before any work: when the run will record to MLflow (no ``--no-mlflow``, or ``--trace``), open the
+    tracking store (``--tracking-uri``, ``$MLFLOW_TRACKING_URI`` or the project's) and check that it answers; a bad
+    or hanging store is one line and exit status 2 within a few seconds, not a warning after the work."""
+    if getattr(args, "no_mlflow", True) and not getattr(args, "trace", False):
+        return
+    from halluscope.optimize.tracking import TrackingStoreError, check_tracking_store  # mlflow: only when tracking
+
+    try:
+        check_tracking_store(getattr(args, "tracking_uri", None))
+    except TrackingStoreError as e:
+        hint = " (--no-mlflow runs without tracking)" if hasattr(args, "no_mlflow") else ""
+        print(f"halluscope {command}: error: argument --tracking-uri: {e}; nothing was run{hint}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def add_lm_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("language model")
     g.add_argument("--lm", default=os.environ.get("HALLUSCOPE_LM", "local"),

@@ -32,8 +32,8 @@ from typing import Any
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
-from halluscope.cli.common import (add_lm_args, add_max_failed_share, failed_share_line, resolve_dataset, setup_lm,
-                                   usage_error)
+from halluscope.cli.common import (add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
+                                   resolve_dataset, setup_lm, usage_error)
 from halluscope.contract import item_failure
 from halluscope.cli.engine import add_engine_args, detect_with_ray
 from halluscope.optimize.tracing import lm_tracing
@@ -119,6 +119,7 @@ def cmd_detect(args) -> int:
     if args.engine == "ray" and args.input is None:
         raise SystemExit("halluscope detect: --engine ray needs --input FILE.{jsonl,parquet}")
     check_output(args)  # before any work: an unusable --output fails now, not after every answer was detected
+    check_tracking(args, "detect")  # with --trace: a store that cannot take the traces fails now
     try:
         detector = load_compiled(args.program, lang=key, metric=args.metric, version=args.version,
                                  root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from halluscope import paths
-from halluscope.cli.common import add_data_args, add_lm_args, load_examples, parse_options, setup_lm
+from halluscope.cli.common import (add_data_args, add_lm_args, check_tracking, load_examples, parse_options,
+                                   setup_lm)
 from halluscope.cli.engine import add_engine_args, evaluate_with_ray
 from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetSpec, get_dataset
@@ -59,6 +60,7 @@ def cmd_evaluate(args) -> int:
         print("halluscope evaluate: error: argument --max-failed-share: must be between 0 and 1", file=sys.stderr)
         raise SystemExit(2)
     out_root = check_out_dir(args.out_dir or paths.outputs_dir())  # before any work: a bad folder fails now
+    check_tracking(args, "evaluate")  # and so does a tracking store that cannot record the run
     examples, source = load_examples(args)
     if not examples:
         raise SystemExit(f"no examples to evaluate in {source}")

@@ -17,8 +17,8 @@ from pathlib import Path
 import dspy
 
 from halluscope.artifacts import best_version, list_versions
-from halluscope.cli.common import (add_data_args, add_lm_args, check_data_args, load_examples, parse_options,
-                                   setup_lm, setup_logging)
+from halluscope.cli.common import (add_data_args, add_lm_args, check_data_args, check_tracking, load_examples,
+                                   parse_options, setup_lm, setup_logging)
 from halluscope.lm import make_lm
 from halluscope.loaders import get_dataset
 from halluscope.loaders.mushroom import load_mushroom
@@ -180,6 +180,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     if why:
         _stderr(why)
     validate_args(parser, args)
+    check_tracking(args, "optimize")  # before any work: a bad --tracking-uri is reported now, not after the compile
     if args.quiet:
         logging.getLogger("dspy").setLevel(logging.WARNING)
     spec = get(args.program)
