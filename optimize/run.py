@@ -58,7 +58,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from halluscope import paths
-from halluscope.artifacts import git_commit, write_artifact
+from halluscope.artifacts import git_commit, mark_tracked, write_artifact
 from halluscope.files import write_text_atomic
 from halluscope.lm import describe, history_since, usage_of
 from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
@@ -502,8 +502,12 @@ def stage_build_manifest(run: OptimizeRun) -> None:
 def stage_write_artifact(run: OptimizeRun) -> None:
     """``result.artifact``: the next version under ``compiled_dir`` (a ``CompiledDetector``)."""
     res = run.result
+    # Until the MLflow run is recorded (stage_track) the version is marked untracked: an interrupt (SIGINT) or a
+    # tracking failure after it became visible leaves it so, and ``detect --list`` shows it.
+    untracked = (f"written by an optimize run whose MLflow run was not recorded (interrupted, or tracking failed); "
+                 f"its report: {run.report_dir / 'report.json'}") if run.config.mlflow else None
     artifact = write_artifact(res.final, res.manifest, program_name=run.spec.name, lang=run.config.lang,
-                              metric=run.config.metric, root=run.config.compiled_dir)
+                              metric=run.config.metric, root=run.config.compiled_dir, untracked=untracked)
     res.artifact = artifact
     run.report["artifact"] = {"path": str(artifact.path), "version": artifact.version,
                               "content_hash": artifact.manifest["content_hash"]}
@@ -610,6 +614,8 @@ def stage_track(run: OptimizeRun) -> None:
                                         "halluscope.artifact": str(artifact.path) if artifact else "none"})
     if res.mlflow_run_id is not None:
         _track_children(run, res.mlflow_run_id, params)
+        if artifact is not None:
+            mark_tracked(artifact.path)
 
 
 # ------------------------------------------------------------------------------------------------------

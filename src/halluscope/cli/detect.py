@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from halluscope import paths
-from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
+from halluscope.artifacts import ArtifactError, list_versions, load_compiled, rank_versions, zero_shot_score
 from halluscope.cli.common import (add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
                                    resolve_dataset, setup_lm, usage_error)
 from halluscope.contract import item_failure
@@ -105,14 +105,20 @@ def cmd_detect(args) -> int:
         if not versions:
             print(f"no compiled {args.program} for {key}/{args.metric}")
             return 1
-        best = best_version([v for v in versions if v.manifest is not None])
-        for v in versions:
-            m = v.manifest or {}
+        for r in rank_versions(versions, args.metric):
+            v, m = r.info, r.info.manifest or {}
             score = "-" if v.score is None else f"{v.score:.4f}"
-            print(f"{v.name}{' *best*' if best is not None and v.version == best.version else '       '}  "
-                  f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  cv {args.metric}={score:<7}  "
+            zero = zero_shot_score(m)
+            flags = "".join(f"  [{f}]" for f in (("BELOW ZERO-SHOT" if r.below_zero_shot else ""),
+                                                  ("UNTRACKED" if r.untracked else "")) if f)
+            print(f"{v.name}{' *best*' if r.best else '       '}  "
+                  f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  "
+                  f"cv {args.metric}={score:<7} zero-shot={'-' if zero is None else f'{zero:.4f}':<7}  "
                   f"{(m.get('optimizer') or {}).get('description', '?')}  {(m.get('task_lm') or {}).get('model', '?')}"
-                  + ("" if v.manifest is not None else "  (unreadable manifest)"))
+                  f"{flags}")
+            print(f"        {r.why}")
+            if r.untracked:
+                print(f"        untracked: {r.untracked}")
         return 0
     if args.answer is None and args.input is None:
         raise SystemExit("halluscope detect: give --answer TEXT or --input FILE.jsonl (or --list)")
