@@ -444,11 +444,12 @@ def below_zero_shot(manifest: dict | None) -> bool:
 
 
 def comparison_key(manifest: dict | None) -> tuple:
-    """What makes two versions' scores comparable: the data they were compiled on (``data.data_hash``) and the
-    fold scheme (``cv.k``, ``cv.seed``; 1 fold = no cross-validation)."""
+    """What makes two versions' scores comparable: the data they were compiled on (``data.data_hash``; the demo
+    set is never comparable with real data, even in manifests without a hash) and the fold scheme (``cv.k``,
+    ``cv.seed``; 1 fold = no cross-validation)."""
     m = manifest or {}
     cv = m.get("cv") or {}
-    return ((m.get("data") or {}).get("data_hash"), int(cv.get("k") or 1), cv.get("seed"))
+    return ((m.get("data") or {}).get("data_hash"), int(cv.get("k") or 1), cv.get("seed"), is_demo(m))
 
 
 @dataclass(frozen=True)

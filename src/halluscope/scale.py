@@ -48,7 +48,7 @@ from typing import Any, Callable, Sequence
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from halluscope.artifacts import ArtifactIntegrityError, load_compiled
+from halluscope.artifacts import ArtifactIntegrityError, load_artifact_dir, load_compiled
 from halluscope.contract import Detection, item_failure, to_prediction
 from halluscope.detector import CompiledDetector, detect
 from halluscope.files import write_text_atomic
@@ -688,9 +688,18 @@ class EvalWorker:
     (never a pickled module), configures its own LM once, and runs it on batches of examples (JSON rows)."""
 
     def __init__(self, program: str, options: dict, lm: LMConfig | None = None, imports: Sequence[str] = (),
-                 gate=None, n_threads: int | None = None, extra_inputs: Sequence[str] = ()):
+                 gate=None, n_threads: int | None = None, extra_inputs: Sequence[str] = (),
+                 artifact: tuple[str, str] | None = None, trust_endpoints: bool = False):
         _import_plugins(imports)
-        self.program = get(program).make(**options)
+        if artifact is not None:  # a compiled artifact, by path and content hash (verified as detect verifies it)
+            path, content_hash = artifact
+            detector = load_artifact_dir(path, trust_endpoints=trust_endpoints)
+            if detector.content_hash != content_hash:
+                raise ArtifactIntegrityError(f"{path} now hashes to {detector.content_hash[:16]}…, but the job was "
+                                             f"started with {content_hash[:16]}…; refusing to use it")
+            self.program = detector.program
+        else:
+            self.program = get(program).make(**options)
         self.extra_inputs = tuple(extra_inputs)
         if lm is not None:
             lm.configure(n_threads=n_threads)
@@ -723,9 +732,11 @@ class EvalWorker:
 
 
 def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], *, opts: RayOptions,
-                 lm: LMConfig | None = None) -> EvalResult:
+                 lm: LMConfig | None = None, artifact: tuple[str, str] | None = None,
+                 trust_endpoints: bool = False) -> EvalResult:
     """:func:`halluscope.runner.run_eval` on a pool of Ray actors: the same :class:`EvalResult` (scores,
-    failures, LM usage summed over the actors, predictions in example order)."""
+    failures, LM usage summed over the actors, predictions in example order). ``artifact`` = ``(version folder,
+    content hash)`` runs that compiled artifact instead of the program built from ``options``."""
     spec = get(program)
     examples = list(examples)
     ray = init_ray(opts)
@@ -738,7 +749,8 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
         num_cpus=actor_cpus(ray, opts),
         fn_constructor_kwargs={"program": program, "options": options, "lm": lm, "imports": opts.imports,
                                "gate": gate, "n_threads": max(1, int(opts.cpus_per_worker)),
-                               "extra_inputs": spec.extra_inputs})
+                               "extra_inputs": spec.extra_inputs, "artifact": artifact,
+                               "trust_endpoints": bool(trust_endpoints)})
     t0 = time.perf_counter()
     out = sorted((r for b in ds.iter_batches(batch_size=None, batch_format="pyarrow") for r in b.to_pylist()),
                  key=lambda r: r["_pos"])

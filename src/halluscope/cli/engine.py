@@ -83,11 +83,14 @@ def print_summary(stats: dict) -> None:
           f"resume state: {stats['parts']}")
 
 
-def evaluate_with_ray(args, spec, options: dict, examples):
-    """``halluscope evaluate --engine ray``: the :class:`EvalResult`, or None after printing a bad-input error."""
+def evaluate_with_ray(args, spec, options: dict, examples, artifact=None):
+    """``halluscope evaluate --engine ray``: the :class:`EvalResult`, or None after printing a bad-input error.
+    With ``artifact`` (a ``CompiledDetector``, ``--artifact``) each actor loads it by path and content hash."""
     try:
         return evaluate_ray(spec.name, options, examples, opts=ray_options(args),
-                            lm=LMConfig.from_args(args) if spec.needs_lm(options) else None)
-    except (ValueError, ImportError) as e:
+                            lm=LMConfig.from_args(args) if spec.needs_lm(options) else None,
+                            artifact=(str(artifact.path), artifact.content_hash) if artifact is not None else None,
+                            trust_endpoints=getattr(args, "trust_artifact_endpoints", False))
+    except (ValueError, ImportError, ArtifactError) as e:
         print(f"halluscope evaluate: {e}", file=sys.stderr)
         return None
