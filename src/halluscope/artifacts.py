@@ -519,7 +519,7 @@ def _why(v: VersionInfo, best: VersionInfo, metric: str, n_comparable: int) -> s
     below = (f"; BELOW ZERO-SHOT: compiled {metric} {_fmt_score(v.score)} < zero-shot "
              f"{_fmt_score(zero_shot_score(m))}, the unfitted program scored higher" if below_zero_shot(m) else "")
     if v.version == best.version:
-        how = ("the only one" if n_comparable == 1 else
+        how = ("no other version on the same data and folds" if n_comparable == 1 else
                f"the highest cv {metric} of {n_comparable} comparable versions" if v.score is not None else
                f"the newest of {n_comparable} comparable versions without a cv score")
         return f"served by default: {data} data, {n} items, {k}-fold cv, {how}{below}"

@@ -114,8 +114,7 @@ def cmd_detect(args) -> int:
             print(f"{v.name}{' *best*' if r.best else '       '}  "
                   f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  "
                   f"cv {args.metric}={score:<7} zero-shot={'-' if zero is None else f'{zero:.4f}':<7}  "
-                  f"{(m.get('optimizer') or {}).get('description', '?')}  {(m.get('task_lm') or {}).get('model', '?')}"
-                  f"{flags}")
+                  f"{(m.get('optimizer') or {}).get('description', '?')}  {_task_lm(m)}{flags}")
             print(f"        {r.why}")
             if r.untracked:
                 print(f"        untracked: {r.untracked}")
@@ -245,6 +244,12 @@ def default_program(args, key: str, *, lang: str | None, task: str | None) -> tu
     if not explicit:
         return "spans", key, f"no grounded artifact for {key!r} or 'all': using the spans program"
     return program, key, ""
+
+
+def _task_lm(manifest: dict) -> str:
+    if "task_lm" in manifest and manifest["task_lm"] is None:
+        return "no LM"
+    return str((manifest.get("task_lm") or {}).get("model", "?"))
 
 
 def _fmt(d: Any) -> str:
