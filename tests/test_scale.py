@@ -369,3 +369,10 @@ def test_ray_jobs_fail_when_every_row_has_unusable_output(plugin, tmp_path, caps
                "--out-dir", str(tmp_path / "ev"), "--no-progress", "--no-mlflow"])
     err = capsys.readouterr().err
     assert rc == 1 and "RUN FAILED" in err and "unusable output: parse x" in err
+    # the compiled artifact itself (--artifact PATH): each actor loads it by path and content hash
+    version = root / plugin.GARBAGE_NAME / "en" / "iou" / "v0001"
+    rc = main(["evaluate", "--artifact", str(version), "--lang", "de", "--data-dir", str(data), "--engine", "ray",
+               "--workers", "2", "--batch-size", "2", "--import", "tests.ray_plugin", "--out-dir",
+               str(tmp_path / "ev2"), "--no-progress", "--no-mlflow"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "scoring the compiled artifact" in err and "unusable output: parse x" in err
