@@ -36,6 +36,7 @@ from dspy.utils.callback import BaseCallback
 from halluscope import runner
 from halluscope.contract import describe_failed
 from halluscope.metrics.adapters import aggregate, get_metric
+from halluscope.optimize.proposals import robust_proposals
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class OptimizerConfig:
     threads: int = 1
     max_errors: int | None = None
     init_temperature: float = 1.0
+    proposal_attempts: int = 3  # tries of each MIPROv2 instruction proposal before it counts as failed
     then_fit: bool = False
     fit_with: str | None = None
     chosen: bool = field(init=False, default=False)
@@ -127,7 +129,7 @@ class OptimizerConfig:
         if self.fit_with is None:
             d.pop("fit_with")
         if self.name in ("bootstrap", "fit"):  # settings MIPROv2 alone uses would only confuse the record
-            for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature"):
+            for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature", "proposal_attempts"):
                 d.pop(k)
         if self.name == "fit":  # no demos either
             for k in ("max_bootstrapped_demos", "max_labeled_demos"):
@@ -355,17 +357,22 @@ def compile_program(
                 info.update(n_train=len(trainset), n_val=0)
             else:
                 train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
+                # Without --max-errors, failed task-LM calls do not abort MIPROv2 (DSPy stops at 10): they are
+                # counted (failures) and the compile is judged by their share below.
+                max_errors = cfg.max_errors if cfg.max_errors is not None else (
+                    10**9 if failures is not None and max_failed_share is not None else None)
                 opt = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm or task_lm, task_model=task_lm,
                                    max_bootstrapped_demos=cfg.max_bootstrapped_demos,
                                    max_labeled_demos=cfg.max_labeled_demos, auto=cfg.auto,
                                    num_candidates=cfg.candidates, num_threads=cfg.threads,
-                                   max_errors=cfg.max_errors, seed=cfg.seed, init_temperature=cfg.init_temperature,
+                                   max_errors=max_errors, seed=cfg.seed, init_temperature=cfg.init_temperature,
                                    verbose=False)
                 kwargs: dict[str, Any] = {}
                 if cfg.auto is None:
                     kwargs.update(num_trials=cfg.trials, minibatch=len(val) > 50)
-                program = opt.compile(student, trainset=train, valset=val, seed=cfg.seed, **kwargs)
-                info.update(n_train=len(train), n_val=len(val))
+                with robust_proposals(cfg.proposal_attempts) as proposals:  # a bad proposal reply never aborts
+                    program = opt.compile(student, trainset=train, valset=val, seed=cfg.seed, **kwargs)
+                info.update(n_train=len(train), n_val=len(val), **proposals.to_dict())
                 score = getattr(program, "score", None)
                 if isinstance(score, (int, float)):
                     info["val_score"] = float(score) / 100.0  # DSPy reports percent
@@ -383,6 +390,11 @@ def compile_program(
         info["lm_errors"] = failures.lm_errors - errors_before
         problem = failed_share_problem(info["lm_errors"], info["lm_calls"], max_failed_share, "LM calls of the compile",
                                        f"last error: {failures.last_error}" if failures.last_error else "")
+        if problem:
+            raise CompileError(problem)
+    if info.get("proposals"):  # instruction proposals that failed every attempt count like failed items
+        problem = failed_share_problem(info["proposal_failures"], info["proposals"], max_failed_share,
+                                       "instruction proposals of the compile")
         if problem:
             raise CompileError(problem)
     return _strip_run_state(program), info

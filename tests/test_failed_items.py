@@ -11,7 +11,8 @@ import dspy
 import pytest
 
 from halluscope.cli import main as cli_main
-from halluscope.contract import ITEM_FAILURE_KINDS, describe_failed, failed_kinds, item_failure
+from halluscope.contract import (ITEM_FAILURE_KINDS, Detection, describe_failed, failed_kinds, failure_reason,
+                                 item_failure)
 from halluscope.testing import scripted_lm
 
 COMPILED = Path(__file__).resolve().parent.parent / "compiled"  # the committed artifacts
@@ -52,8 +53,16 @@ def demo_env(monkeypatch, tmp_path):
     ({"lm_error:Timeout": 2}, "lm_error:Timeout"),       # a kind with its detail after ':'
     ({"error:RuntimeError": 1}, "error:RuntimeError"),   # what the runners record for a program that raised
 ])
-def test_item_failure(failures, reason):
-    assert item_failure(failures) == reason
+def test_failure_reason(failures, reason):
+    assert failure_reason(failures) == reason
+    # the same rule for a prediction or a Detection carrying these failures
+    det = Detection(answer="x", failures=dict(failures or {}))
+    assert item_failure(det) == reason
+
+
+def test_a_missing_prediction_is_a_failed_item_and_output_failures_come_first():
+    assert item_failure(None) == "error"
+    assert failure_reason({"truncated": 1, "parse": 1, "error:X": 1}) == "parse"  # OUTPUT_FAILURE_KEYS order
 
 
 def test_every_failure_kind_is_documented_and_reasons_are_counted_and_described():
@@ -86,7 +95,7 @@ def test_run_eval_counts_parse_failures_as_failed_items():
     with dspy.context(lm=_garbage_lm(), adapter=dspy.JSONAdapter()):
         res = run_eval(get("spans").build(), _examples(), progress=False)
     assert all(p is not None for p in res.predictions)  # nothing raised...
-    assert res.n_failed == 4 and res.failed_kinds() == {"parse": 4}  # ...yet every item failed
+    assert res.failed_items == 4 and res.failed_kinds() == {"parse": 4}  # ...yet every item failed
     assert res.summary()["failed_items"] == 4
 
 

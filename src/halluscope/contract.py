@@ -39,7 +39,9 @@ __all__ = [
     "soft_labels_from_spans",
     "hard_labels_from_soft",
     "to_prediction",
+    "OUTPUT_FAILURE_KEYS",
     "ITEM_FAILURE_KINDS",
+    "failure_reason",
     "item_failure",
     "failed_kinds",
     "describe_failed",
@@ -261,37 +263,56 @@ def to_prediction(detection: Detection, **extra: Any) -> dspy.Prediction:
 # Failed items: the one definition every command counts toward --max-failed-share
 # ------------------------------------------------------------------------------------------------------
 
+#: ``failures`` keys a program records when the LM's answer for the item could not be used: its output did not
+#: parse (``parse``; jointcq's claims: ``generate_parse``), was cut at ``max_tokens`` (``truncated``, added by
+#: :func:`halluscope.runner.run_eval` from the LM layer), or gave no usable verdict (``verdict``). Such an item
+#: returned a prediction, but it is garbage, never success: it counts as a failed item (``--max-failed-share``).
+OUTPUT_FAILURE_KEYS = ("parse", "truncated", "generate_parse", "verdict")
+
 #: Failure kinds (a ``failures`` key, or its part before ``":"``) that make an item a *failed item*: it has no
-#: usable prediction. ``error`` is how the runners record a program that raised (``error:<ExceptionType>``);
-#: ``lm_error`` an LM call that failed (grounded's LM scorer; ``lm_error:<reason>``); ``truncated`` an LM output
-#: cut at the token limit; ``parse`` an LM output that could not be read (``generate_parse``: JointCQ got no
-#: claims at all); ``verdict`` a response-level verdict that was neither yes nor no. Every other kind (a quote
-#: not found in the answer, a failed evidence source, one claim's unreadable verification, a neutral fallback
-#: feature) is counted in ``failures`` but leaves a usable prediction.
-ITEM_FAILURE_KINDS = frozenset({"error", "lm_error", "truncated", "parse", "generate_parse", "verdict"})
+#: usable prediction. :data:`OUTPUT_FAILURE_KEYS`, plus ``error`` (how the runners record a program that raised:
+#: ``error:<ExceptionType>``) and ``lm_error`` (an LM call that failed, e.g. grounded's LM scorer). Every other
+#: kind (a quote not found in the answer, a failed evidence source, one claim's unreadable verification, a neutral
+#: fallback feature) is counted in ``failures`` but leaves a usable prediction.
+ITEM_FAILURE_KINDS = frozenset({*OUTPUT_FAILURE_KEYS, "error", "lm_error"})
 
 
-def item_failure(failures: Any) -> str | None:
+def failure_reason(failures: Any) -> str | None:
     """Why an item whose prediction records ``failures`` (a ``{kind: count}`` dict, e.g. ``Detection.failures``)
-    is a failed item: the first key (sorted) whose kind is in :data:`ITEM_FAILURE_KINDS` with a non-zero count;
-    ``None`` when the prediction is usable. ``item_failure({"parse": 1}) == "parse"``,
-    ``item_failure({"unmatched": 2}) is None``."""
+    is a failed item: a key whose kind is in :data:`ITEM_FAILURE_KINDS` with a non-zero count (the
+    :data:`OUTPUT_FAILURE_KEYS` first, in their order, then the others sorted); ``None`` when the prediction is
+    usable. ``failure_reason({"parse": 1}) == "parse"``, ``failure_reason({"unmatched": 2}) is None``."""
     if not isinstance(failures, dict):
         return None
-    for key in sorted(failures, key=str):
-        kind = str(key).split(":", 1)[0]
+
+    def counted(key) -> bool:
         try:
-            count = float(failures[key])
+            return bool(float(failures[key]))
         except (TypeError, ValueError):
-            count = 1.0
-        if kind in ITEM_FAILURE_KINDS and count:
+            return True
+
+    for key in OUTPUT_FAILURE_KEYS:
+        if key in failures and counted(key):
+            return key
+    for key in sorted(failures, key=str):
+        if str(key).split(":", 1)[0] in ITEM_FAILURE_KINDS and counted(key):
             return str(key)
     return None
 
 
+def item_failure(prediction: Any) -> str | None:
+    """Why an item failed, or None when it did not: ``"error"`` for no prediction (the program raised), else
+    :func:`failure_reason` of its ``failures`` (a prediction's, or a :class:`Detection`'s)."""
+    if prediction is None:
+        return "error"
+    if isinstance(prediction, Detection):
+        return failure_reason(prediction.failures)
+    failures = prediction.get("failures") if hasattr(prediction, "get") else getattr(prediction, "failures", None)
+    return failure_reason(failures)
+
+
 def failed_kinds(reasons: Any) -> dict[str, int]:
-    """``{reason: items}`` over per-item reasons (``None`` = the item did not fail), as :func:`item_failure`
-    gives them."""
+    """``{reason: items}`` over per-item reasons (``None`` = the item did not fail)."""
     out: dict[str, int] = {}
     for r in reasons:
         if r is not None:

@@ -26,7 +26,7 @@ from typing import Iterable
 
 import dspy
 
-from halluscope.contract import Detection, describe_failed, failed_kinds, item_failure
+from halluscope.contract import Detection, describe_failed, failed_kinds, failure_reason
 from halluscope.files import read_jsonl, write_text_atomic
 from halluscope.parallel import map_items
 from halluscope.redact import redact
@@ -131,7 +131,7 @@ def detect_jsonl(
             extra = {k: row.get(k) for k in extra_inputs}
             det = detect(detector, row["answer"], question=row["question"], context=row["context"],
                          lang=row["lang"] or default_lang, task=row.get("task") or task, **extra)
-            reason = item_failure(det.failures)
+            reason = failure_reason(det.failures)
             if reason:  # written, but a failed item: its LM output was unusable (unreadable, truncated, LM error)
                 return {"id": row["id"], "ok": False, "error": f"unusable output: {reason}", "_failed": reason,
                         **det.to_dict()}

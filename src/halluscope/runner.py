@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import dspy
 
-from halluscope.contract import describe_failed, failed_kinds, item_failure
-from halluscope.lm import LMUsage, history_since, usage_of
+from halluscope.contract import describe_failed, failed_kinds, failure_reason, item_failure
+from halluscope.lm import LMUsage, history_since, item_scope, usage_of
 from halluscope.parallel import map_items
 from halluscope.redact import redact
 from halluscope.metrics.adapters import RESPONSE_METRICS, SPAN_METRICS, aggregate
@@ -40,17 +40,26 @@ class EvalResult:
     predictions: list[Any] = field(repr=False, default_factory=list)
     errors: list[str] = field(repr=False, default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
-    # per item: why it is a failed item (``error:<Type>``, ``parse``, ...), None when it did not fail
+    # per item, as the runner saw it: why it is a failed item (``error:<ExceptionType>``, ``parse``, ...) or None
     failed: list[str | None] = field(repr=False, default_factory=list)
 
     @property
-    def n_failed(self) -> int:
-        """How many items failed (raised, or a prediction with no usable output): what --max-failed-share counts."""
-        return sum(r is not None for r in self.failed)
+    def item_failures(self) -> list[str | None]:
+        """Per item, why it failed (``"error:<Type>"``/``"error"``: the program raised; ``"parse"``,
+        ``"truncated"``, ...: its LM output was unusable, :func:`halluscope.contract.item_failure`), or None."""
+        if len(self.failed) == len(self.predictions):
+            return list(self.failed)
+        return [item_failure(p) for p in self.predictions]
+
+    @property
+    def failed_items(self) -> int:
+        """Items that failed: the program raised, or its LM output did not parse / was truncated / gave no
+        verdict / its LM call failed. This, not only the raised ones, is what ``--max-failed-share`` counts."""
+        return sum(r is not None for r in self.item_failures)
 
     def failed_kinds(self) -> dict[str, int]:
         """``{reason: items}`` of the failed items."""
-        return failed_kinds(self.failed)
+        return failed_kinds(self.item_failures)
 
     def describe_failed(self) -> str:
         """``raised: RuntimeError x2; unusable output: parse x3``."""
@@ -62,7 +71,7 @@ class EvalResult:
         out.update({f"failures_{k}": v for k, v in sorted(self.failures.items())})
         out.update(self.usage.to_dict())
         out["n"] = self.n
-        out["failed_items"] = self.n_failed
+        out["failed_items"] = self.failed_items
         out["seconds"] = round(self.seconds, 3)
         out["seconds_per_item"] = round(self.seconds / self.n, 3) if self.n else 0.0
         out["lm_calls_per_item"] = round(self.usage.calls / self.n, 3) if self.n else 0.0
@@ -131,12 +140,16 @@ def run_eval(
     def one(ex):
         kwargs = dict(ex.inputs())
         kwargs.update({k: ex.get(k) for k in extra_inputs})
-        try:
-            return program(**kwargs)
-        except Exception as e:  # the run goes on; this example is a counted failure
-            with lock:
-                errors.append(redact(f"{ex.get('id', '?')}: {type(e).__name__}: {str(e)[:300]}"))
-            return _Failure(type(e).__name__)
+        with item_scope() as noticed:  # what the LM layer saw during this item (generations cut at max_tokens)
+            try:
+                pred = program(**kwargs)
+            except Exception as e:  # the run goes on; this example is a counted failure
+                with lock:
+                    errors.append(redact(f"{ex.get('id', '?')}: {type(e).__name__}: {one_line(str(e))[:300]}"))
+                return _Failure(type(e).__name__)
+        if noticed and pred is not None:
+            _add_failures(pred, noticed)
+        return pred
 
     t0 = time.perf_counter()
     raw = map_items(one, examples, threads=threads, progress=progress, desc="evaluate", unit="item")
@@ -156,7 +169,7 @@ def run_eval(
         for k, v in own.items():
             failures[k] = failures.get(k, 0) + int(v)
         predictions.append(p)
-        failed.append(item_failure(own))
+        failed.append(failure_reason(own))
 
     entries = history_since(started)
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
@@ -173,4 +186,23 @@ def run_eval(
 @dataclass
 class _Failure:
     kind: str
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (an error message with a server's multi-line body or a traceback in it)."""
+    return " ".join(str(text).split())
+
+
+def _add_failures(pred, counts) -> None:
+    """Add ``counts`` to a prediction's ``failures`` (and its detection's, which is what gets written)."""
+    failures = dict(pred.get("failures") or {}) if hasattr(pred, "get") else {}
+    for k, v in counts.items():
+        failures[k] = failures.get(k, 0) + int(v)
+    try:
+        pred.failures = failures
+        det = pred.get("detection") if hasattr(pred, "get") else None
+        if det is not None and hasattr(det, "failures"):
+            det.failures = dict(failures)
+    except (AttributeError, TypeError):  # a prediction that cannot take it: the counts are still in the run's
+        pass
 

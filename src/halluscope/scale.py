@@ -49,7 +49,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from halluscope.artifacts import ArtifactIntegrityError, load_artifact_dir, load_compiled
-from halluscope.contract import Detection, item_failure, to_prediction
+from halluscope.contract import Detection, failure_reason, to_prediction
 from halluscope.detector import CompiledDetector, detect
 from halluscope.files import write_text_atomic
 from halluscope.lm import LMUsage, configure, history_since, usage_of
@@ -319,7 +319,7 @@ class DetectWorker:
                          context=rec.get("context") or "", lang=(rec.get("lang") or "").lower() or self.lang,
                          task=self.task, **extra)
             out = {**base, "ok": True, **flatten_detection(det.to_dict())}
-            reason = item_failure(det.failures)
+            reason = failure_reason(det.failures)
             if reason:  # a detection without usable output (unreadable, truncated, LM error) is a failed row
                 out.update(ok=False, error=f"unusable output: {reason}")
         except Exception as e:  # one bad row never stops the job: it is written with its error
@@ -781,7 +781,7 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
         for k, v in (pred.get("failures") or {}).items():
             failures[k] = failures.get(k, 0) + int(v)
         predictions.append(pred)
-        failed.append(item_failure(pred.get("failures")))
+        failed.append(failure_reason(pred.get("failures")))
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
                         usage=usage, seconds=seconds, predictions=predictions, errors=errors, failed=failed)
     if spec.report is not None:

@@ -34,7 +34,7 @@ from halluscope import paths
 from halluscope.artifacts import ArtifactError, list_versions, load_compiled, rank_versions, zero_shot_score
 from halluscope.cli.common import (add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
                                    resolve_dataset, setup_lm, usage_error)
-from halluscope.contract import item_failure
+from halluscope.contract import failure_reason
 from halluscope.cli.engine import add_engine_args, detect_with_ray
 from halluscope.optimize.tracing import lm_tracing
 from halluscope.optimize.tracking import experiment_name
@@ -151,7 +151,7 @@ def cmd_detect(args) -> int:
             except Exception as e:  # noqa: BLE001 - one line, as for a failed row of a file
                 print(f"halluscope detect: FAILED: {' '.join(redact(error_text(e)).split())}", file=sys.stderr)
                 return 1
-            reason = item_failure(det.failures)
+            reason = failure_reason(det.failures)
             row = {"id": "answer", "ok": reason is None, **({"error": f"unusable output: {reason}"} if reason else {}),
                    **det.to_dict()}
             line = json.dumps(row, ensure_ascii=False)

@@ -116,7 +116,7 @@ def cmd_evaluate(args) -> int:
         if lm.engine.stats.truncated:
             print(f"warning: {lm.engine.stats.truncated} prompts were longer than the model's context and were cut "
                   f"in the middle (engine_truncated_prompts)", file=sys.stderr)
-    n_failed = result.n_failed  # raised, or no usable output (halluscope.contract.item_failure)
+    n_failed = result.failed_items  # raised, or no usable output (halluscope.contract.item_failure)
     summary["failed_items"] = n_failed
     failed_run = bool(result.n) and n_failed / result.n > args.max_failed_share
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")

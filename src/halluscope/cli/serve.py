@@ -29,7 +29,7 @@ import time
 
 from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
 from halluscope.cli.common import add_lm_args, add_max_failed_share, failed_share_line, setup_lm
-from halluscope.contract import describe_failed, failed_kinds, item_failure
+from halluscope.contract import describe_failed, failed_kinds, failure_reason
 from halluscope.detector import detect
 from halluscope.redact import error_text, redact
 from halluscope.tasks import HALLUCLEAN_TASKS
@@ -150,7 +150,7 @@ def startup_check(detectors: list[CompiledDetector], max_share: float) -> str | 
         try:
             det = detect(d, PROBE["answer"], question=PROBE["question"], context=PROBE["context"],
                          lang=None if is_task else d.lang, task=d.lang if is_task else None)
-            reason = item_failure(det.failures)
+            reason = failure_reason(det.failures)
             shown = f"unusable output: {reason}" if reason else ""
         except Exception as e:  # noqa: BLE001 - the check reports it in one line
             reason = f"error:{type(e).__name__}"
