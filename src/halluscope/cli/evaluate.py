@@ -104,6 +104,10 @@ def cmd_evaluate(args) -> int:
             return 2
     else:
         lm = setup_lm(args, needed=spec.needs_lm(options))
+        compiled_with = ((detector.manifest.get("task_lm") or {}).get("model") if detector is not None else None)
+        if lm is not None and compiled_with and compiled_with != lm.model:
+            print(f"warning: the artifact was compiled with {compiled_with}; running it with {lm.model}",
+                  file=sys.stderr)
         print(f"evaluating {spec.name} on {len(examples)} items of {source}"
               f"{' with ' + lm.model if lm is not None else ''}", file=sys.stderr)
         with lm_tracing(args.trace, experiment=experiment_name(spec.name, args.lang or args.task),
