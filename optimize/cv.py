@@ -34,7 +34,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from halluscope import runner
-from halluscope.contract import describe_failed
+from halluscope.contract import Detection, describe_failed, failure_reason
 from halluscope.metrics.adapters import aggregate, get_metric
 from halluscope.optimize.proposals import robust_proposals
 
@@ -281,14 +281,20 @@ def slim_examples(examples: Sequence[dspy.Example], extra: Sequence[str] = ()) -
 
 
 class FailureCounter(BaseCallback):
-    """Counts LM calls that raised and module calls that raised, while an optimizer runs (thread-safe)."""
+    """Counts LM calls that raised and module calls that raised, while an optimizer runs (thread-safe), and the
+    detections programs returned (``program_outputs``) with those that have no usable output
+    (``failed_outputs``: :func:`halluscope.contract.failure_reason`, e.g. an LM answering garbage, which raises
+    nothing: the optimizer scores such an item 0 and goes on)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.lm_calls = 0
         self.lm_errors = 0
         self.module_errors = 0
+        self.program_outputs = 0
+        self.failed_outputs = 0
         self.last_error = ""
+        self.last_failed_output = ""
 
     def on_lm_end(self, call_id, outputs, exception=None):
         with self._lock:
@@ -303,6 +309,15 @@ class FailureCounter(BaseCallback):
             with self._lock:
                 self.module_errors += 1
                 self.last_error = self.last_error or f"{type(exception).__name__}: {str(exception)[:300]}"
+            return
+        det = outputs.get("detection") if isinstance(outputs, dspy.Prediction) else None
+        if isinstance(det, Detection):  # a program's result (the contract), not an inner predictor's
+            reason = failure_reason(det.failures)
+            with self._lock:
+                self.program_outputs += 1
+                if reason:
+                    self.failed_outputs += 1
+                    self.last_failed_output = reason
 
     def to_dict(self) -> dict:
         return {"lm_errors": self.lm_errors, "module_errors": self.module_errors}
@@ -341,6 +356,8 @@ def compile_program(
     info: dict[str, Any] = {}
     callbacks = list(dspy.settings.get("callbacks") or []) + ([failures] if failures is not None else [])
     calls_before, errors_before = (failures.lm_calls, failures.lm_errors) if failures is not None else (0, 0)
+    outputs_before, failed_before = ((failures.program_outputs, failures.failed_outputs) if failures is not None
+                                     else (0, 0))
     try:
         # DSPy's optimizers print progress (and signature source) to stdout: keep stdout for results.
         with contextlib.redirect_stdout(sys.stderr), dspy.context(lm=task_lm, callbacks=callbacks):
@@ -390,6 +407,15 @@ def compile_program(
         info["lm_errors"] = failures.lm_errors - errors_before
         problem = failed_share_problem(info["lm_errors"], info["lm_calls"], max_failed_share, "LM calls of the compile",
                                        f"last error: {failures.last_error}" if failures.last_error else "")
+        if problem:
+            raise CompileError(problem)
+        # the program's results during the compile: items with no usable output count like failed items
+        info["program_outputs"] = failures.program_outputs - outputs_before
+        info["failed_outputs"] = failures.failed_outputs - failed_before
+        problem = failed_share_problem(info["failed_outputs"], info["program_outputs"], max_failed_share,
+                                       "program results of the compile",
+                                       f"unusable output: {failures.last_failed_output}"
+                                       if failures.last_failed_output else "")
         if problem:
             raise CompileError(problem)
     if info.get("proposals"):  # instruction proposals that failed every attempt count like failed items

@@ -156,7 +156,8 @@ def test_optimize_with_an_lm_that_answers_only_garbage_fails_with_no_artifact(tm
                          "--report-dir", str(tmp_path / "reports"), "--no-mlflow", "--quiet"])
     assert run(args, p, task_lm=_garbage_lm()) == 1
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("NO ARTIFACT WRITTEN"))
-    assert "held-out items of the zero-shot program failed" in line and "unusable output: parse x" in line
+    # the first fold's compile already produced nothing usable (the held-out check would follow it)
+    assert "fold 1:" in line and "program results of the compile failed" in line and "unusable output: parse" in line
     assert not list_versions("spans", "de", "iou", root=tmp_path / "compiled", include_invalid=True)
 
 
@@ -246,3 +247,39 @@ def test_serve_starts_when_the_probe_works(demo_env, monkeypatch, capsys):
     rc, started = _serve(["--lang", "de", "--compiled-dir", str(COMPILED)], monkeypatch)
     assert (rc, started) == (0, True)
     assert "start-up check" not in capsys.readouterr().err
+
+
+def test_optimize_without_folds_with_an_lm_that_answers_only_garbage_fails(tmp_path, demo_env, capsys):
+    """--folds 1: no held-out items to count; the compile's own program results are (before: exit 0 and an
+    artifact of a program that never produced a usable output)."""
+    from halluscope.artifacts import list_versions
+    from halluscope.cli.optimize import build_parser, run
+
+    p = build_parser()
+    args = p.parse_args(["--program", "spans", "--metric", "iou", "--lang", "de", "--adapter", "json",
+                         "--optimizer", "bootstrap", "--folds", "1", "--compiled-dir", str(tmp_path / "compiled"),
+                         "--report-dir", str(tmp_path / "reports"), "--no-mlflow", "--quiet"])
+    assert run(args, p, task_lm=_garbage_lm()) == 1
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("NO ARTIFACT WRITTEN"))
+    assert "program results of the compile failed" in line and "unusable output: parse" in line
+    assert not list_versions("spans", "de", "iou", root=tmp_path / "compiled", include_invalid=True)
+
+
+class _Unreadable(dspy.Module):
+    """What an LM program returns when its LM answered garbage: a detection recording a parse failure."""
+
+    def forward(self, answer="", **kw):
+        from halluscope.contract import Detection, to_prediction
+
+        return to_prediction(Detection(answer=answer, failures={"parse": 1}))
+
+
+def test_cross_validation_stops_when_held_out_items_have_no_usable_output():
+    from halluscope.optimize.cv import OptimizerConfig, cross_validate
+
+    lines = []
+    res = cross_validate(_Unreadable, _examples(6), "iou", OptimizerConfig(name="fit"), k=3, log=lines.append,
+                         fit=lambda module, trainset, metric_name: {}, max_failed_share=0.5)
+    assert len(res.folds) == 1 and res.folds[0].zero_shot_failed == {"parse": 2}
+    assert res.error == ("after fold 1: 2 of 2 held-out items of the zero-shot program failed (more than "
+                         "--max-failed-share 0.5); unusable output: parse x2")
