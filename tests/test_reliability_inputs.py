@@ -119,3 +119,192 @@ def test_parse_text_list_wants_a_list():
     assert parse_text_list("(1, 2)") == [1, 2]
     with pytest.raises(TextValueError, match="expected a list, got dict"):
         parse_text_list("{'a': 1}")
+
+
+# -- item 3: bounded PDF/DOCX extraction -----------------------------------------------------------------------
+
+_CT = ('<?xml version="1.0" encoding="UTF-8" standalone="yes"?>'
+       '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
+       '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/>'
+       '<Default Extension="xml" ContentType="application/xml"/>'
+       '<Override PartName="/word/document.xml" ContentType="application/vnd.openxmlformats-officedocument.'
+       'wordprocessingml.document.main+xml"/></Types>')
+_RELS = ('<?xml version="1.0" encoding="UTF-8" standalone="yes"?>'
+         '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
+         '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/'
+         'officeDocument" Target="word/document.xml"/></Relationships>')
+_DOC_HEAD = ('<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document '
+             'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body>')
+_PARAGRAPH = "<w:p><w:r><w:t>The Moon orbits the Earth.</w:t></w:r></w:p>"
+
+
+def _docx(path: Path, *, paragraphs: int = 1, bomb_bytes: int = 0, bomb_in: str = "media", members: int = 0) -> Path:
+    """A minimal DOCX; ``bomb_bytes`` more uncompressed bytes, streamed into the zip in 1 MB chunks (the test
+    never holds them): zeros in ``word/media/`` (``bomb_in="media"``) or repeated paragraphs in document.xml."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        z.writestr("[Content_Types].xml", _CT)
+        z.writestr("_rels/.rels", _RELS)
+        with z.open("word/document.xml", "w", force_zip64=True) as f:
+            f.write((_DOC_HEAD + _PARAGRAPH * paragraphs).encode())
+            if bomb_in == "document":
+                chunk = (_PARAGRAPH * (1_000_000 // len(_PARAGRAPH))).encode()
+                for _ in range(bomb_bytes // len(chunk)):
+                    f.write(chunk)
+            f.write(b"</w:body></w:document>")
+        if bomb_in == "media" and bomb_bytes:
+            with z.open("word/media/image1.png", "w", force_zip64=True) as f:
+                zeros = bytes(1_000_000)
+                for _ in range(bomb_bytes // len(zeros)):
+                    f.write(zeros)
+        for i in range(members):
+            z.writestr(f"customXml/item{i}.xml", "<x/>")
+    return path
+
+
+def _pdf(pages: list[bytes], *, flate: bool = False) -> bytes:
+    """A PDF whose pages show the given content streams (hand-written objects and xref; Helvetica)."""
+    import zlib
+
+    n = len(pages)
+    objs = [b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [%s] /Count %d >>" % (b" ".join(b"%d 0 R" % (4 + 2 * i) for i in range(n)), n),
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+    for i, content in enumerate(pages):
+        data = zlib.compress(content, 9) if flate else content
+        objs.append(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 200] /Contents %d 0 R "
+                    b"/Resources << /Font << /F1 3 0 R >> >> >>" % (5 + 2 * i))
+        objs.append(b"<< /Length %d%s >>\nstream\n" % (len(data), b" /Filter /FlateDecode" if flate else b"")
+                    + data + b"\nendstream")
+    out, offsets = b"%PDF-1.4\n", []
+    for i, o in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + o + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+
+
+def _text_page(text: str) -> bytes:
+    return f"BT /F1 12 Tf 20 100 Td ({text}) Tj ET".encode()
+
+
+def _measured(fn):
+    """``(result or exception, seconds, peak bytes Python allocated)`` of ``fn()``."""
+    import time
+    import tracemalloc
+
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001 - the caller asserts on it
+        out = e
+    seconds = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return out, seconds, peak
+
+
+def test_normal_documents_read_within_the_bounds(tmp_path):
+    from halluscope.retrievers.files import read_document
+
+    assert read_document(_docx(tmp_path / "ok.docx", paragraphs=3)).count("The Moon orbits the Earth.") == 3
+    pdf = tmp_path / "ok.pdf"
+    pdf.write_bytes(_pdf([_text_page("First page."), _text_page("Second page.")], flate=True))
+    assert read_document(pdf) == "First page.\n\nSecond page."
+
+
+_BOMB_CHILD = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))  # 1.5 GB of address space at most
+from halluscope.retrievers.files import DocumentTooLarge, read_document
+t0 = time.perf_counter()
+try:
+    read_document(sys.argv[1])
+    print("read")
+except DocumentTooLarge as e:
+    print("refused", round(time.perf_counter() - t0, 3), e)
+"""
+
+
+@pytest.mark.parametrize("bomb_in", ["document", "media"])
+def test_a_zip_bomb_docx_is_refused_before_it_inflates(tmp_path, bomb_in):
+    """A DOCX of under 2 MB that inflates to 200 MB is refused in a child process capped at 1.5 GB of address space,
+    in well under a second of reading. Before the bound, python-docx inflated and parsed all of document.xml
+    (20 MB of it alone: 19 s and 320 MB on this machine), and this child ran out of memory or time. (An
+    unreferenced 200 MB media member is refused too: a reader that follows other parts would inflate it.)"""
+    import subprocess
+    import sys
+
+    bomb = _docx(tmp_path / "bomb.docx", bomb_bytes=200_000_000, bomb_in=bomb_in)
+    assert bomb.stat().st_size < 2_000_000
+    try:
+        done = subprocess.run([sys.executable, "-c", _BOMB_CHILD, str(bomb)], capture_output=True, text=True,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("reading the zip bomb ran for 60 s")
+    assert done.returncode == 0, done.stderr[-2000:]
+    word, seconds, message = done.stdout.split(" ", 2)
+    assert word == "refused", done.stdout
+    assert "inflates to" in message and "over the 50000000-byte limit on uncompressed content" in message
+    assert float(seconds) < 2.0  # the imports of python-docx/lxml included
+
+
+def test_docx_and_pdf_bounds_on_members_pages_streams_and_time(tmp_path):
+    from halluscope.retrievers.files import DocumentTooLarge, DocumentTooSlow, ExtractionLimits, read_document
+
+    with pytest.raises(DocumentTooLarge, match="DOCX with 53 zip members, over the 50-member limit"):
+        read_document(_docx(tmp_path / "many.docx", members=50), limits=ExtractionLimits(max_zip_members=50))
+    pages = tmp_path / "pages.pdf"
+    pages.write_bytes(_pdf([_text_page(f"Page {i}.") for i in range(5)]))
+    with pytest.raises(DocumentTooLarge, match="PDF with 5 pages, over the 3-page limit"):
+        read_document(pages, limits=ExtractionLimits(max_pages=3))
+    stream_bomb = tmp_path / "stream.pdf"  # one page whose content stream inflates to 20 MB
+    stream_bomb.write_bytes(_pdf([_text_page("Hi.") + b" " * 20_000_000], flate=True))
+    assert stream_bomb.stat().st_size < 100_000
+    err, seconds, peak = _measured(lambda: read_document(
+        stream_bomb, limits=ExtractionLimits(max_uncompressed_bytes=1_000_000)))
+    assert isinstance(err, DocumentTooLarge) and "1000000 uncompressed bytes per stream" in str(err), err
+    assert peak < 10_000_000, peak
+    with pytest.raises(DocumentTooSlow, match="PDF: text extraction took over 1e-09 s"):
+        read_document(pages, limits=ExtractionLimits(max_seconds=1e-9))
+    with pytest.raises(DocumentTooSlow, match="DOCX: text extraction took over"):
+        read_document(_docx(tmp_path / "slow.docx", paragraphs=10), limits=ExtractionLimits(max_seconds=1e-9))
+    for bad in ({"max_pages": 0}, {"max_seconds": -1}, {"max_uncompressed_bytes": True}):
+        with pytest.raises(ValueError, match="ExtractionLimits"):
+            ExtractionLimits(**bad)
+
+
+def test_evidence_upload_refuses_a_zip_bomb_with_413_fast(tmp_path):
+    import base64
+
+    from fastapi.testclient import TestClient
+
+    from halluscope import artifacts
+    from halluscope.serve import Limits, create_app
+    from tests.test_serve import write
+
+    write(tmp_path, "mark-all", "de")
+    detectors = [artifacts.load_compiled("mark-all", lang="de", metric="iou", root=tmp_path)]
+    # 30 MB of document.xml, over the server's 20 MB bound (before it: about 30 s of CPU and 500 MB to parse)
+    bomb = _docx(tmp_path / "bomb.docx", bomb_bytes=30_000_000, bomb_in="document").read_bytes()
+    with TestClient(create_app(detectors)) as c:
+        def upload(name, data):
+            return c.post("/v1/evidence", json={"filename": name, "content_base64": base64.b64encode(data).decode()})
+
+        r, seconds, peak = _measured(lambda: upload("bomb.docx", bomb))
+        assert r.status_code == 413, r.text
+        assert "bomb.docx: DOCX that inflates to" in r.json()["error"] and "20000000-byte limit" in r.json()["error"]
+        assert seconds < 3.0 and peak < 30_000_000, (seconds, peak)
+        assert upload("ok.docx", _docx(tmp_path / "ok.docx").read_bytes()).json()["text"] == \
+            "The Moon orbits the Earth."  # the server is still up and reading
+    pages = _pdf([_text_page(f"Page {i}.") for i in range(4)])
+    with TestClient(create_app(detectors, limits=Limits(max_upload_pages=3, max_upload_seconds=30))) as c:
+        r = c.post("/v1/evidence", json={"filename": "p.pdf", "content_base64": base64.b64encode(pages).decode()})
+        assert r.status_code == 413 and "p.pdf: PDF with 4 pages, over the 3-page limit" in r.json()["error"]
+    with TestClient(create_app(detectors, limits=Limits(max_upload_seconds=1e-9))) as c:
+        r = c.post("/v1/evidence", json={"filename": "p.pdf", "content_base64": base64.b64encode(pages).decode()})
+        assert r.status_code == 422 and "p.pdf: PDF: text extraction took over" in r.json()["error"]
+
