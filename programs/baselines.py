@@ -18,7 +18,7 @@ import dspy
 
 from halluscope.contract import Detection, Span, to_prediction
 from halluscope.literals import TextValueError, parse_text_list
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.programs.registry import ProgramSpec, number, register
 
 __all__ = ["MarkAll", "LogitBaseline", "token_bytes", "token_logit_lists", "token_offsets"]
 
@@ -240,4 +240,5 @@ register(ProgramSpec(
     level="span",
     uses_lm=False,
     extra_inputs=("model_output_tokens", "model_output_logits"),
+    option_types={"shift": number()},  # any finite z-score shift
 ))

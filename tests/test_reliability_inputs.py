@@ -308,3 +308,322 @@ def test_evidence_upload_refuses_a_zip_bomb_with_413_fast(tmp_path):
         r = c.post("/v1/evidence", json={"filename": "p.pdf", "content_base64": base64.b64encode(pages).decode()})
         assert r.status_code == 422 and "p.pdf: PDF: text extraction took over" in r.json()["error"]
 
+
+
+# -- item 6: every build option and CLI number has a type and range, refused by name ------------------------------
+
+def test_every_built_in_program_declares_its_option_types_and_ranges():
+    import halluscope.programs  # noqa: F401 - registers the built-in programs
+    from halluscope.programs.registry import REGISTRY, undeclared_ranges
+
+    for name, spec in REGISTRY.items():
+        if spec.build.__module__.startswith("tests."):  # test fixtures may register their own
+            continue
+        assert undeclared_ranges(spec) == [], name
+        assert spec.check_options({}) == spec.options  # every default fits its type and range
+
+
+# (argv after the command, option or argument named, what it takes): the issue's probes and their siblings
+OPTION_PROBES = [
+    (["--program", "spans", "-O", "reasoning=maybe"], "option 'reasoning' of program 'spans'", "true or false"),
+    (["--program", "grounded", "-O", "window=-3"], "option 'window' of program 'grounded'", "a whole number >= 0"),
+    (["--program", "spans", "-O", "fuzzy_threshold=-1"], "option 'fuzzy_threshold'", "a finite number in [0, 1]"),
+    (["--program", "medico", "-O", "delta=5"], "option 'delta' of program 'medico'", "a finite number in [0, 1]"),
+    (["--program", "medico", "-O", "k=0"], "option 'k' of program 'medico'", "a whole number >= 1"),
+    (["--program", "finch", "-O", "n_samples=-2"], "option 'n_samples' of program 'finch'", "a whole number >= 1"),
+    (["--program", "finch", "-O", "tau=0.5"], "option 'tau' of program 'finch'", "a finite number in [0, 0.5)"),
+    (["--program", "grounded", "-O", "aggregate=mean"], "option 'aggregate'", "one of 'max', 'top3'"),
+    (["--program", "grounded", "-O", "lm=true", "-O", "lm_model=/no/such/model.gguf"],
+     "option 'lm_model' of program 'grounded': no GGUF file '/no/such/model.gguf' (the LM signal is on", ""),
+    (["--program", "halluclean", "-O", 'max_tokens={"reason": 0}'], "option 'max_tokens'", "stage 'reason'"),
+    (["--program", "spans", "--threads", "0"], "argument --threads", "expected a whole number >= 1, got '0'"),
+    (["--program", "spans", "--threads", "-4"], "argument --threads", "expected a whole number >= 1, got '-4'"),
+    (["--program", "spans", "--limit", "0"], "argument --limit", "a whole number >= 1"),
+    (["--program", "spans", "--lm-timeout", "-1"], "argument --lm-timeout", "a finite number > 0"),
+    (["--program", "spans", "--lm-retries", "-1"], "argument --lm-retries", "a whole number >= 0"),
+    (["--program", "spans", "--temperature", "nan"], "argument --temperature", "a finite number >= 0"),
+    (["--program", "spans", "--max-failed-share", "1.5"], "argument --max-failed-share", "a finite number in [0, 1]"),
+]
+
+
+@pytest.mark.parametrize("command", ["evaluate", "optimize"])
+@pytest.mark.parametrize("argv, named, allowed", OPTION_PROBES, ids=[" ".join(p[0][2:]) for p in OPTION_PROBES])
+def test_bad_options_and_numbers_are_refused_up_front_by_name(command, argv, named, allowed, capsys, monkeypatch,
+                                                              tmp_path):
+    from halluscope import cli
+
+    monkeypatch.chdir(tmp_path)  # nothing may be written: no outputs/, no mlruns/
+    monkeypatch.setenv("HALLUSCOPE_DATA_DIR", str(tmp_path / "no-data-loaded"))  # any load would fail differently
+    from halluscope.programs.registry import get
+
+    if command == "optimize" and get(argv[1]).level == "response":
+        argv = [*argv, "--metric", "f1"]
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--lang", "de", "--no-mlflow", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    line = err.strip().splitlines()[-1]
+    assert "error:" in line and named in line and allowed in line, err
+    assert "Traceback" not in err and list(tmp_path.iterdir()) == []
+
+
+def test_more_cli_numbers_are_range_checked(capsys):
+    from halluscope import cli
+
+    for argv, named in [(["detect", "--lang", "de", "--threads", "0", "--answer", "x"], "--threads"),
+                        (["serve", "--port", "70000"], "--port"), (["serve", "--max-batch", "0"], "--max-batch"),
+                        (["index", "build", "docs", "--out", "x", "--max-mb", "-1"], "--max-mb"),
+                        (["optimize", "--folds", "0"], "--folds"), (["optimize", "--val-fraction", "1"], "--val-fraction"),
+                        (["optimize", "--seed", "-1"], "--seed"), (["optimize", "--candidates", "x"], "--candidates")]:
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 2 and f"argument {named}: expected" in capsys.readouterr().err, argv
+
+
+def _check_type(option_type, value):
+    """What an accepted value must satisfy for its declared type and range."""
+    if value is None:
+        return option_type.nullable
+    if option_type.kind == "bool":
+        return isinstance(value, bool)
+    if option_type.kind in ("int", "float"):
+        ok_type = isinstance(value, int) if option_type.kind == "int" else isinstance(value, float)
+        lo, hi = option_type.lo, option_type.hi
+        return (ok_type and not isinstance(value, bool) and value == value
+                and (lo is None or value > lo or (value == lo and not option_type.lo_open))
+                and (hi is None or value < hi or (value == hi and not option_type.hi_open)))
+    if option_type.kind == "str":
+        return isinstance(value, str) and (not option_type.choices or value in option_type.choices)
+    return True
+
+
+def _option_values():
+    from hypothesis import strategies as st
+
+    return st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                     st.sampled_from(["true", "false", "maybe", "", "nan", "inf", "-3", "0", "1", "0.5", "2.5",
+                                      "1e3", "max", "top3", "bm25", "concat", "qa", "x"]),
+                     st.text(max_size=8), st.lists(st.integers(-3, 3), max_size=3),
+                     st.dictionaries(st.sampled_from(["reason", "judge", "nope"]), st.integers(-2, 600), max_size=2))
+
+
+def test_fuzz_option_values_are_converted_into_range_or_refused_by_name():
+    """Any value for any option of any built-in program: either accepted, converted to its declared type and
+    inside its range, or an InvalidOptionError naming the option and the program; never another exception."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    import halluscope.programs  # noqa: F401
+    from halluscope.programs.registry import REGISTRY, InvalidOptionError
+
+    pairs = sorted((name, option) for name, spec in REGISTRY.items() if not spec.build.__module__.startswith("tests.")
+                   for option in spec.parameters)
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(pair=st.sampled_from(pairs), value=_option_values())
+    def check(pair, value):
+        name, option = pair
+        spec = REGISTRY[name]
+        try:
+            out = spec.check_options({option: value})
+        except InvalidOptionError as e:
+            assert f"option {option!r} of program {name!r}: " in str(e)
+            return
+        assert _check_type(spec.types[option], out[option]), (name, option, value, out[option])
+
+    check()
+
+
+def test_fuzz_accepted_numeric_options_build_the_program():
+    """An accepted number or flag builds the program: the range is what the program takes (no error later)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    import halluscope.programs  # noqa: F401
+    from halluscope.programs.registry import REGISTRY, InvalidOptionError
+
+    pairs = sorted((name, option) for name, spec in REGISTRY.items() if not spec.build.__module__.startswith("tests.")
+                   for option, t in spec.types.items() if t.kind in ("bool", "int", "float"))
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(pair=st.sampled_from(pairs), value=st.one_of(st.integers(-5, 50), st.floats(-2, 3), st.booleans()))
+    def check(pair, value):
+        name, option = pair
+        try:
+            REGISTRY[name].make(**{option: value})
+        except InvalidOptionError:
+            pass
+
+    check()
+
+
+# -- item 6: generic-dataset gold is range-checked, naming file, line and column ----------------------------------
+
+def _generic_csv(tmp_path, spans_text: str, answer: str = "Paris is in Spain.") -> Path:
+    path = tmp_path / "gold.csv"
+    path.write_text(f'answer,spans\n"Paris is in France.","[]"\n"{answer}","{spans_text}"\n', encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("spans, problem", [
+    ("[[5, 2]]", "got [5, 2]"),  # reversed
+    ("[[0, 999]]", "got [0, 999]"),  # past the answer's end
+    ("[[-1, 3]]", "got [-1, 3]"),
+    ("[[1.5, 3]]", "whole numbers"),
+    ("[[1, 2, 3]]", "expected [start, end]"),
+])
+def test_generic_gold_spans_out_of_range_are_refused_with_file_line_and_column(tmp_path, spans, problem):
+    from halluscope.loaders.generic import load_generic
+
+    path = _generic_csv(tmp_path, spans)
+    with pytest.raises(ValueError) as e:
+        load_generic(path, {"hard_labels": "spans"}, cache_dir=tmp_path / "cache")
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: row 1 (line 3, id 'gold-1'): column 'spans'"), msg
+    assert problem in msg and "\n" not in msg
+
+
+def test_generic_gold_as_python_repr_and_soft_labels_are_checked(tmp_path):
+    from halluscope.loaders.generic import load_generic
+
+    ok = tmp_path / "repr.csv"  # pandas writes a list column as its Python repr
+    ok.write_text('answer,soft\n"Paris is in Spain.","[{\'start\': 12, \'end\': 17, \'prob\': 0.75}]"\n', encoding="utf-8")
+    [ex] = load_generic(ok, {"soft_labels": "soft"}, cache_dir=tmp_path / "cache")
+    assert ex.soft_labels == [{"start": 12, "end": 17, "prob": 0.75}] and ex.hard_labels == [[12, 17]]
+    bad = tmp_path / "prob.jsonl"
+    bad.write_text('{"answer": "abc", "soft_labels": []}\n\n{"answer": "abc", "soft_labels": '
+                   '[{"start": 0, "end": 2, "prob": 1.5}]}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"prob\.jsonl: row 1 \(line 3, id 'prob-1'\): column 'soft_labels': "
+                                         r"field 'soft_labels'\[0\]: expected 0 <= prob <= 1, got 1.5"):
+        load_generic(bad, cache_dir=tmp_path / "cache")
+
+
+def test_fuzz_generic_gold_is_accepted_in_range_or_refused_by_row_and_column():
+    """Random span lists for a random answer: accepted spans lie inside the answer with start < end; anything
+    else is a ValueError naming the row, its line and the column (never another exception, never scored)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from halluscope.loaders.generic import _case
+
+    spans = st.lists(st.one_of(st.tuples(st.integers(-5, 40), st.integers(-5, 40)).map(list),
+                               st.lists(st.integers(0, 9), max_size=3), st.text(max_size=3), st.none()), max_size=4)
+    cell = st.one_of(spans, spans.map(json.dumps), spans.map(repr), st.text(max_size=12))
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(answer=st.text(min_size=0, max_size=30), value=cell)
+    def check(answer, value):
+        row = {"answer": answer, "spans": value}
+        try:
+            case = _case(row, 4, {"answer": "answer", "hard_labels": "spans"}, stem="f", where="f.csv", lang=None,
+                         task=None, context=None, line=6)
+        except ValueError as e:
+            assert str(e).startswith("f.csv: row 4 (line 6, id 'f-4'): column 'spans'"), str(e)
+            return
+        for s, e in case["hard_labels"] or []:
+            assert isinstance(s, int) and isinstance(e, int) and 0 <= s < e <= len(answer)
+
+    check()
+
+
+# -- item 7: loader errors are one line (a traceback only with --debug) and name the line -------------------------
+
+def _mushroom_root(tmp_path: Path, lines: list[str], lang: str = "de") -> Path:
+    root = tmp_path / "mushroom"
+    path = root / "val" / f"mushroom.{lang}-val.v2.extra.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return root
+
+
+def _mushroom_line(item_id: str = "val-de-1", **kw) -> str:
+    rec = {"id": item_id, "lang": "DE", "model_input": "Wo liegt Paris?", "model_output_text": "Paris liegt in Spanien.",
+           "hard_labels": [[15, 22]], "soft_labels": [{"start": 15, "end": 22, "prob": 1.0}]}
+    rec.update(kw)
+    return json.dumps(rec, ensure_ascii=False)
+
+
+def _write(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+    return path
+
+
+def _bad_inputs(tmp_path: Path) -> list[tuple[list[str], str]]:
+    """(argv, what the one line must say) for bad data given to ``evaluate``/``optimize``."""
+    generic = ["--dataset", "generic", "--data-dir"]
+    g = tmp_path / "generic"
+    return [
+        (generic + [str(_write(g / "binary.csv", bytes(range(256)) * 4))], "binary.csv: line 1: a NUL byte"),
+        (generic + [str(_write(g / "latin1.csv", "answer\nok\nCaf\xe9 cr\xe8me\n".encode("latin-1")))],
+         "latin1.csv: line 3: not UTF-8 text (byte 0xe9 at column 4)"),
+        (generic + [str(_write(g / "broken.jsonl", '{"answer": "a"}\n{"answer": "b", \n'))],
+         "broken.jsonl: line 2: malformed JSON"),
+        (generic + [str(_write(g / "array.jsonl", '\n["answer", "a"]\n'))],
+         "array.jsonl: line 2: expected a JSON object, got list"),
+        (generic + [str(_write(g / "doc.json", '[\n  {"answer": "a"},\n  {"answer": }\n]\n'))],
+         "doc.json: line 3: malformed JSON"),
+        (generic + [str(_write(g / "binary.parquet", b"PAR1 not really parquet"))],
+         "binary.parquet: cannot be read as parquet"),
+        (generic + [str(_write(g / "binary.jsonl", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"))],
+         "binary.jsonl: line 1: not UTF-8 text"),
+        (generic + [str(_write(g / "labels.csv", "answer,label\nx,1\ny,perhaps\n"))],
+         "labels.csv: row 1 (line 3, id 'labels-1'): column 'label': 'perhaps' is not a label"),
+        (generic + [str(_write(g / "spans.csv", 'answer,hard_labels\nabc,"[[5, 2]]"\n'))],
+         "spans.csv: row 0 (line 2, id 'spans-0'): column 'hard_labels'"),
+        (generic + [str(g / "missing.csv")], "no such data file or folder"),
+        (generic + [str(_write(g / "data.xml", "<x/>"))], "unknown file type '.xml'"),
+        (["--data-dir", str(tmp_path / "nowhere")], "no such Mu-SHROOM file or directory"),
+        (["--data-dir", str(_mushroom_root(tmp_path / "m1", [_mushroom_line()], lang="en"))],
+         "no Mu-SHROOM val file for language 'de'"),
+        (["--data-dir", str(_mushroom_root(tmp_path / "m2", [_mushroom_line(), "{oops"]))],
+         "mushroom.de-val.v2.extra.jsonl: line 2: malformed JSON"),
+        (["--data-dir", str(_mushroom_root(tmp_path / "m3", [_mushroom_line(hard_labels=[[15, 99]])]))],
+         "line 1: item 'val-de-1': field 'hard_labels'[0]: expected 0 <= start < end <= 23"),
+        (["--data-dir", str(_mushroom_root(tmp_path / "m4", [_mushroom_line(), _mushroom_line()]))],
+         "line 2: item 'val-de-1': duplicate id (first on line 1)"),
+        (["--data-dir", str(_mushroom_root(tmp_path / "m5", [_mushroom_line(model_output_logits="[1, x]")]))],
+         "line 1: field 'model_output_logits': expected a list"),
+        (["--data-dir", str(_mushroom_root(tmp_path / "m6", [_mushroom_line()])), "--context", "native"],
+         "context folder not found"),
+    ]
+
+
+@pytest.mark.parametrize("command", ["evaluate", "optimize"])
+def test_bad_data_is_one_line_without_a_traceback(tmp_path, capsys, monkeypatch, command):
+    """20 of 74 bad inputs used to print their message under a 25-81-line traceback; every one here is a single
+    ``<command>: error: ...`` line naming the file and line (exit 2). ``--debug`` shows the traceback."""
+    from halluscope import cli
+    from halluscope.cli.common import InputError
+
+    monkeypatch.chdir(tmp_path)
+    base = {"evaluate": ["evaluate", "--program", "mark-all", "--no-progress", "--no-mlflow", "--context", "none"],
+            "optimize": ["optimize", "--program", "grounded", "--no-mlflow", "--context", "none"]}[command]
+    cases = _bad_inputs(tmp_path / "data")
+    for argv, says in cases:
+        lang = [] if "generic" in argv else ["--lang", "de"]
+        full = [*base, *lang, *argv]
+        assert cli.main(full) == 2, argv
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"halluscope {command}: error: "), (argv, err)
+        assert says in lines[0], (argv, lines[0])
+    argv, says = cases[2]  # the malformed JSONL, with --debug: the traceback and the original error as its cause
+    with pytest.raises(InputError, match="line 2: malformed JSON") as e:
+        cli.main([*base, *argv, "--debug"])
+    assert isinstance(e.value.__cause__, ValueError)
+
+
+def test_optimize_test_file_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    from halluscope.cli.optimize import main
+
+    monkeypatch.chdir(tmp_path)
+    root = _mushroom_root(tmp_path, [_mushroom_line(f"val-de-{i}") for i in range(4)])
+    bad = _write(tmp_path / "test" / "mushroom.de-tst.v1.extra.jsonl", _mushroom_line() + "\n{oops\n")
+    base = ["--program", "grounded", "--no-mlflow", "--context", "none", "--lang", "de", "--data-dir", str(root)]
+    for test, says in [(bad, "argument --test: " + str(bad) + ": line 2: malformed JSON"),
+                       (tmp_path / "nope.jsonl", "argument --test: no such Mu-SHROOM file or directory")]:
+        assert main([*base, "--test", str(test)]) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert lines[-1].startswith("optimize.py: error: argument --test: ") and says in lines[-1], lines
+        assert not any("Traceback" in line for line in lines)
