@@ -26,6 +26,7 @@ None when unknown), optional ``reference`` (a gold correct answer, for revision 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import inspect
 import math
@@ -44,6 +45,7 @@ __all__ = [
     "text",
     "free",
     "undeclared_ranges",
+    "ranged",
     "OptionError",
     "UnknownOptionError",
     "InvalidOptionError",
@@ -248,6 +250,21 @@ def text(*choices: str, nullable: bool = False, what: str = "",
 def free(what: str, *, nullable: bool = False, check: Callable[[Any, dict], str | None] | None = None) -> OptionType:
     """A value the program reads itself (a list or mapping); ``what`` says what it takes; ``check`` may refuse."""
     return OptionType("any", nullable=nullable, what=what, check=check)
+
+
+def ranged(kind: OptionType):
+    """An argparse ``type=`` for a command-line number declared with its type and range as program options are
+    (:func:`whole`, :func:`number`): ``--threads 0`` is a usage error, "argument --threads: expected a whole
+    number >= 1, got '0'" (exit status 2)."""
+
+    def parse(text: str):
+        try:
+            return kind.convert(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = kind.describe()
+    return parse
 
 
 def _derived_type(default: Any) -> OptionType:

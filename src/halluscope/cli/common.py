@@ -17,7 +17,7 @@ from halluscope.lm import LMCheckError, check_lm, configure  # noqa: E402
 from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_names, get_dataset
 from halluscope.loaders.generic import FIELDS, parse_column_mapping
 from halluscope.loaders.mushroom import CONTEXT_VARIANTS
-from halluscope.programs.registry import OptionError, OptionType, number, whole
+from halluscope.programs.registry import OptionError, number, ranged, whole
 
 
 
@@ -46,21 +46,6 @@ def parse_options(pairs: list[str] | None, spec=None) -> dict:
         return spec.check_options(out)
     except OptionError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def ranged(kind: OptionType):
-    """An argparse ``type=`` for a number declared with its type and range, as program options are
-    (:func:`~halluscope.programs.registry.whole`, :func:`~halluscope.programs.registry.number`):
-    ``--threads 0`` is a usage error, "argument --threads: expected a whole number >= 1, got '0'" (exit 2)."""
-
-    def parse(text: str):
-        try:
-            return kind.convert(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    parse.__name__ = kind.describe()
-    return parse
 
 
 #: The command-line numbers every command shares, with their ranges.
