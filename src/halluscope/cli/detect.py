@@ -32,7 +32,7 @@ from typing import Any
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError, list_versions, load_compiled, rank_versions, zero_shot_score
-from halluscope.cli.common import (add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
+from halluscope.cli.common import (POSITIVE_INT, add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
                                    resolve_dataset, setup_lm, usage_error)
 from halluscope.contract import failure_reason
 from halluscope.cli.engine import add_engine_args, detect_with_ray
@@ -72,7 +72,7 @@ def add_parser(subparsers) -> None:
     d.add_argument("--context", default="", help="reference text for --answer")
     d.add_argument("--output", default=None, help="output JSONL (default: stdout for --answer, "
                                                    "outputs/detect/<time>/detections.jsonl for --input)")
-    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--threads", type=POSITIVE_INT, default=1)
     add_max_failed_share(d, 0.0, "the run")
     d.add_argument("--no-progress", action="store_true")
     d.add_argument("--retry-failed", action="store_true",
