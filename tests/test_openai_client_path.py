@@ -291,8 +291,8 @@ def test_serve_a_compiled_detector_whose_lm_is_a_server(home):
                            json={"answer": "Sydney is the capital of Australia.", "question": "Capital?"})
             assert r.status_code == 200, r.text
             assert [(s["start"], s["end"]) for s in r.json()["spans"]] == [(0, 6)]
-            assert len(item_calls(lm_app)) == 1
-            assert item_calls(lm_app)[0]["response_format"]["type"] == "json_schema"
+            assert len(item_calls(lm_app)) == 2  # serve's start-up check (one probe answer), then the request
+            assert item_calls(lm_app)[1]["response_format"]["type"] == "json_schema"
         finally:
             proc.terminate()
             proc.communicate(timeout=20)
