@@ -336,7 +336,8 @@ def test_every_lm_program_through_llama_cpp_pythons_own_server(home):
             s = json.loads(summary.read_text())["summary"]
             assert s["n"] == 2 and s["lm_calls"] >= 2, (program, s)
             assert not any(k.startswith("failures_error") for k in s), (program, s)  # no HTTP failure
-            assert s["lm_output_tokens"] <= 64 * s["lm_calls"], (program, s)  # max_tokens honoured
+            engine = dspy.settings.lm.engine  # the client the command configured
+            assert engine.stats.over_budget == 0, program  # no generation longer than the max_tokens it was sent
         caps = server_capabilities()
         assert caps == {f"{base} smollm2": {"format": "json_object_schema", "max_completion_tokens": False}}
     finally:
