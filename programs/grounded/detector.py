@@ -12,7 +12,7 @@ import time
 import dspy
 import numpy as np
 
-from halluscope.contract import Detection, Span, Unit, to_prediction
+from halluscope.contract import Detection, Evidence, Span, Unit, to_prediction
 from halluscope.programs.grounded.combiner import Combiner, char_probs, choose_threshold, rescale
 from halluscope.programs.grounded.features import GEN, LM, detector_features, feature_names, item_features
 from halluscope.programs.grounded.lmscore import LMScorer
@@ -39,6 +39,17 @@ def parse_detectors(spec: str) -> list[str]:
     return names
 
 STATE_KEY = "grounded"
+#: what the features record when an optional input is simply absent: reported as the contract's ``notes``,
+#: not as failures (plain text without generator logits, an answer without context)
+NOTES = {"no_logits", "no_evidence"}
+
+
+def split_notes(counts: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """``(failures, notes)`` of the features' counts: an absent optional signal is a note, the rest failures."""
+    failures = {k: v for k, v in counts.items() if k not in NOTES}
+    return failures, {k: v for k, v in counts.items() if k in NOTES}
+
+
 #: failures of gen_features that leave the whole item without generator logits
 ITEM_LEVEL_GEN_FAILURES = {"no_logits", "malformed_logits", "logits_length", "unaligned_tokens"}
 STATE_VERSION = 1
@@ -205,11 +216,12 @@ class GroundedDetector(dspy.Module):
         answer = answer if isinstance(answer, str) else ("" if answer is None else str(answer))
         feats, probs = self.unit_probs(question=question, answer=answer, context=context, lang=lang,
                                        model_output_tokens=model_output_tokens, model_output_logits=model_output_logits)
-        failures = dict(feats.failures)
+        failures, notes = split_notes(feats.failures)
+        evidence = [Evidence(text=context, source="context")] if (context or "").strip() else []
         if not feats.units:
             if answer.strip():
                 failures["no_units"] = 1
-            return to_prediction(Detection(answer=answer, failures=failures,
+            return to_prediction(Detection(answer=answer, failures=failures, notes=notes, evidence=evidence,
                                            rationale="no words, numbers or characters to check"))
         bad = ~np.isfinite(probs)
         if bad.any():
@@ -232,6 +244,7 @@ class GroundedDetector(dspy.Module):
                       label="unsupported" if s > 0.5 else "supported", score=round(s, 6))
                  for u, s in zip(feats.units, scaled)]
         det = Detection(answer=answer, spans=spans, label=score > 0.5, score=score, units=units, failures=failures,
+                        notes=notes, evidence=evidence,
                         rationale=f"{sum(s > 0.5 for s in scaled)} of {len(scaled)} units above the threshold "
                                   f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'})")
         return to_prediction(det)

@@ -36,11 +36,13 @@ class EvalResult:
     predictions: list[Any] = field(repr=False, default_factory=list)
     errors: list[str] = field(repr=False, default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, int] = field(default_factory=dict)  # absent optional signals (no_logits, ...): no failures
 
     def summary(self) -> dict[str, Any]:
         """Flat numbers for printing and MLflow: scores, failures, LM usage, per-item rates."""
         out: dict[str, Any] = dict(self.scores)
         out.update({f"failures_{k}": v for k, v in sorted(self.failures.items())})
+        out.update({f"notes_{k}": v for k, v in sorted(self.notes.items())})
         out.update(self.usage.to_dict())
         out["n"] = self.n
         out["seconds"] = round(self.seconds, 3)
@@ -123,6 +125,7 @@ def run_eval(
     seconds = time.perf_counter() - t0
 
     failures: dict[str, int] = {}
+    notes: dict[str, int] = {}
     predictions: list[Any] = []
     for p in raw:
         if isinstance(p, _Failure) or p is None:
@@ -132,11 +135,14 @@ def run_eval(
             continue
         for k, v in (p.get("failures") or {}).items():
             failures[k] = failures.get(k, 0) + int(v)
+        for k, v in (p.get("notes") or {}).items():
+            notes[k] = notes.get(k, 0) + int(v)
         predictions.append(p)
 
     entries = history_since(started)
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
-                        usage=usage_of(entries), seconds=seconds, predictions=predictions, errors=errors)
+                        usage=usage_of(entries), seconds=seconds, predictions=predictions, errors=errors,
+                        notes=notes)
     if report is not None:
         try:
             result.report = dict(report(examples, predictions) or {})

@@ -69,8 +69,9 @@ def add_parser(subparsers) -> None:
     d.add_argument("--context", default="", help="reference text for --answer")
     d.add_argument("--output", default=None, help="output JSONL (default: stdout for --answer, "
                                                    "outputs/detect/<time>/detections.jsonl for --input)")
-    d.add_argument("--threads", type=int, default=1)
-    d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--threads", type=int, default=1,
+                   help="--input: answers run at once in this process (default 1)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.add_argument("--retry-failed", action="store_true",
                    help="--engine ray: a rerun also retries the rows an earlier run wrote as failed")
     d.add_argument("--trace", action="store_true",

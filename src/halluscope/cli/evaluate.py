@@ -27,18 +27,19 @@ from halluscope.runner import run_eval
 
 def add_parser(sub) -> None:
     ev = sub.add_parser("evaluate", help="run a detector on a labelled dataset and score it")
-    ev.add_argument("--program", choices=names(), default="spans")
+    ev.add_argument("--program", choices=names(), default="spans", help="detector program (default spans)")
     ev.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
                     help="program build option, e.g. -O reasoning=true (repeatable)")
     add_data_args(ev)
     add_lm_args(ev)
-    ev.add_argument("--threads", type=int, default=1)
+    ev.add_argument("--threads", type=int, default=1,
+                    help="items run at once in this process (default 1; the embedded model runs one at a time)")
     add_engine_args(ev)
     ev.add_argument("--out-dir", default=None, help="where predictions are written (default ./outputs)")
     ev.add_argument("--max-failed-share", type=float, default=0.5,
                     help="the run FAILS (exit 1, MLflow status FAILED, not ranked by compare) when more than this "
                          "share of the items failed")
-    ev.add_argument("--no-progress", action="store_true")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     ev.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
     ev.add_argument("--trace", action="store_true",
                    help="record every LM call of the program as an MLflow trace (prompts and outputs, "

@@ -83,7 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--candidates", type=int, default=None,
                    help="MIPROv2 num_candidates (with --trials, replaces --auto)")
     o.add_argument("--trials", type=int, default=None, help="MIPROv2 num_trials (with --candidates)")
-    o.add_argument("--max-bootstrapped-demos", type=int, default=2)
+    o.add_argument("--max-bootstrapped-demos", type=int, default=2,
+                   help="demos the optimizer bootstraps from the program's own successful runs")
     o.add_argument("--max-labeled-demos", type=int, default=0,
                    help="gold training examples as demos (programs supply the signature fields through "
                         "ProgramSpec.demo_fields; the span detector quotes the gold spans); 0 by default, which "
