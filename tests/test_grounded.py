@@ -395,7 +395,11 @@ def test_bad_inputs_fall_back_with_counted_failures_and_valid_offsets():
     assert p.hard_labels == []
     p = prog(answer="Lyon liegt an der Rhône.", question="", context="",
              model_output_tokens="not a list", model_output_logits="[1, 2]")
-    assert p.failures["no_evidence"] == 1 and p.failures["malformed_logits"] == 1
+    # no context is an absent optional input (a note); logits given but malformed are a failure
+    assert p.notes == {"no_evidence": 1} and p.failures["malformed_logits"] == 1 and "no_evidence" not in p.failures
+    p = prog(answer="Lyon liegt an der Rhône.", context="Lyon liegt an der Rhône.")  # plain text: no logits
+    assert p.notes == {"no_logits": 1} and p.failures == {}
+    assert [(e.source, e.text) for e in p.detection.evidence] == [("context", "Lyon liegt an der Rhône.")]
     rng = random.Random(0)
     alphabet = "ab É1,.- 东京\u0301।"
     for _ in range(200):

@@ -34,6 +34,7 @@ from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
 from halluscope.cli.common import add_lm_args, resolve_dataset, setup_lm, usage_error
 from halluscope.cli.engine import add_engine_args, detect_with_ray
+from halluscope.cli.render import FORMATS, choose_format, write_row
 from halluscope.optimize.tracing import lm_tracing
 from halluscope.optimize.tracking import experiment_name
 from halluscope.detector import detect, detect_jsonl
@@ -69,6 +70,11 @@ def add_parser(subparsers) -> None:
     d.add_argument("--context", default="", help="reference text for --answer")
     d.add_argument("--output", default=None, help="output JSONL (default: stdout for --answer, "
                                                    "outputs/detect/<time>/detections.jsonl for --input)")
+    d.add_argument("--format", choices=FORMATS, default=None,
+                   help="what stdout shows: text (for people: the answer with its spans marked, verdict, top "
+                        "units, signals; the default on a terminal), json (the contract row as one JSON line; "
+                        "the default when stdout is a pipe or file) or jsonl (the same, one line per answer). "
+                        "With --input the rows go to --output as JSONL; text also shows each one")
     d.add_argument("--threads", type=int, default=1,
                    help="--input: answers run at once in this process (default 1)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -116,6 +122,8 @@ def cmd_detect(args) -> int:
     if args.engine == "ray" and args.input is None:
         raise SystemExit("halluscope detect: --engine ray needs --input FILE.{jsonl,parquet}")
     check_output(args)  # before any work: an unusable --output fails now, not after every answer was detected
+    if args.answer is not None and not args.output and sys.stdout is None:
+        usage_error(args, "stdout is closed: there is nowhere to write the detection; give --output FILE")
     try:
         detector = load_compiled(args.program, lang=key, metric=args.metric, version=args.version,
                                  root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)
@@ -137,12 +145,14 @@ def cmd_detect(args) -> int:
                     tracking_uri=args.tracking_uri, kind="detect"):
         if args.answer is not None:
             det = detect(detector, args.answer, question=args.question, context=args.context, lang=lang, task=task)
-            line = json.dumps({"id": "answer", "ok": True, **det.to_dict()}, ensure_ascii=False)
+            row = {"id": "answer", "ok": True, **det.to_dict()}
             if args.output:
-                out = write_text_atomic(args.output, line + "\n")
+                out = write_text_atomic(args.output, json.dumps(row, ensure_ascii=False) + "\n")
                 print(f"wrote {out}", file=sys.stderr)
+                if args.format == "text":
+                    write_row(sys.stdout, row, "text")
             else:
-                print(line)
+                write_row(sys.stdout, row, choose_format(args.format, sys.stdout))
             return 0
         out = Path(args.output) if args.output else create_unique_dir(  # never shared by two runs in one second
             paths.outputs_dir() / "detect", time.strftime("%Y%m%d-%H%M%S")) / "detections.jsonl"
@@ -152,6 +162,9 @@ def cmd_detect(args) -> int:
         except (OSError, ValueError) as e:
             print(f"halluscope detect: {e}", file=sys.stderr)
             return 2
+        if args.format == "text":
+            for r in read_rows(out):
+                write_row(sys.stdout, r, "text", header=f"— {r.get('id')} —")
         print(f"{stats['items']} answers: {stats['ok']} ok ({stats['with_spans']} with spans), "
               f"{stats['failed']} failed, {stats['seconds']:.1f} s -> {stats['output']}")
         truncated = getattr(getattr(lm, "engine", None), "stats", None)
@@ -159,6 +172,12 @@ def cmd_detect(args) -> int:
             print(f"warning: {truncated.truncated} prompts were longer than the model's context and were cut in the "
                   f"middle", file=sys.stderr)
         return 0 if stats["failed"] == 0 else 1
+
+
+def read_rows(path) -> list[dict]:
+    """The rows of a detections JSONL file just written."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def check_output(args) -> Path | None:
