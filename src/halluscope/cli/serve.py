@@ -154,6 +154,8 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(detectors, api_key=args.require_key, limits=limits, lm_concurrency=args.lm_concurrency,
                      startup_seconds=round(time.perf_counter() - t0, 3))
-    print(f"serving on http://{args.host}:{args.port}/ (API docs at /docs)", file=sys.stderr)
+    docs = ("API docs at /docs, the OpenAPI schema at /openapi.json" if app.state.docs_url else
+            "the OpenAPI schema at /openapi.json; no /docs page: no Swagger UI is installed")
+    print(f"serving on http://{args.host}:{args.port}/ ({docs})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -1,6 +1,7 @@
 """The HTTP API and web page of ``halluscope serve``.
 
-Endpoints (all JSON; the OpenAPI page is at ``/docs``, the schema at ``/openapi.json``)::
+Endpoints (all JSON; the schema is at ``/openapi.json``, and the Swagger UI page at ``/docs`` renders it
+offline from an installed copy of Swagger UI (:func:`swagger_assets`; off when none is installed))::
 
     POST /v1/detect          {answer, question?, context?, evidence?, lang?, task?, program?, version?, inputs?}
                              -> Detection.to_dict() + {"counts", "counts_text" (contract.counts: hard/soft spans,
@@ -31,16 +32,19 @@ KEY``; ``halluscope serve`` refuses to bind to a non-loopback address without on
 
 import asyncio
 import hmac
+import importlib.util
 import logging
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from importlib import resources
+from pathlib import Path
 from typing import Any, Sequence
 
 import dspy
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -288,7 +292,7 @@ def create_app(
     lm_slots = asyncio.Semaphore(lm_concurrency)
     stats = {"requests": 0, "errors": 0, "timeouts": 0}
 
-    app = FastAPI(title="halluscope", version=__version__,
+    app = FastAPI(title="halluscope", version=__version__, docs_url=None, redoc_url=None,
                   description="Find hallucinated spans in LLM answers with compiled halluscope detectors.")
     app.state.detectors = table
     app.state.limits = limits
@@ -458,16 +462,52 @@ def create_app(
             raise ApiError(404, f"no static file {name!r}")
         return _static(name)
 
+    docs = swagger_assets()
+    app.state.docs_url = "/docs" if docs is not None else None
+    if docs is not None:  # the Swagger UI page, its script and style from an installed package: no CDN
+
+        @app.get("/docs", include_in_schema=False)
+        async def docs_page() -> Response:
+            return get_swagger_ui_html(openapi_url=app.openapi_url, title="halluscope API",
+                                       swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                       swagger_css_url="/docs/assets/swagger-ui.css",
+                                       swagger_favicon_url="/docs/assets/favicon.png")
+
+        @app.get("/docs/assets/{name}", include_in_schema=False)
+        async def docs_asset(name: str) -> Response:
+            if name not in SWAGGER_FILES:
+                raise ApiError(404, f"no docs asset {name!r}")
+            return Response((docs / name).read_bytes(), media_type=SWAGGER_FILES[name],
+                            headers={"Cache-Control": "max-age=86400", "X-Content-Type-Options": "nosniff"})
+
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
                        path_limits={"/v1/evidence": max(limits.max_body_bytes, upload_body_bytes(limits))})
     return app
+
+
+SWAGGER_FILES = {"swagger-ui-bundle.js": "text/javascript; charset=utf-8", "swagger-ui.css": "text/css; charset=utf-8",
+                 "favicon.png": "image/png"}
+
+
+def swagger_assets() -> Path | None:
+    """The folder of an installed Swagger UI (5.x: it renders the OpenAPI 3.1 that FastAPI writes), or None.
+
+    The one installed here is the copy litellm ships for its proxy (litellm comes with dspy), found without
+    importing litellm; without it ``/docs`` is off and the schema stays at ``/openapi.json``."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.origin:
+        return None
+    folder = Path(spec.origin).parent / "proxy" / "swagger"
+    return folder if all((folder / name).is_file() for name in SWAGGER_FILES) else None
 
 
 def with_passages(call, passages: list[Evidence]):
     """Run ``call`` (a detection on the joined context); when the program named no passages of its own (none,
     or only the joined context), its ``evidence`` becomes the passages as sent, each with its source."""
     det = call()
-    if passages and all(e.source == "context" for e in det.evidence) and len(det.evidence) <= 1:
+    joined = "\n\n".join(p.text for p in passages)
+    if passages and (not det.evidence or (len(det.evidence) == 1 and det.evidence[0].source == "context"
+                                          and det.evidence[0].text == joined and not det.evidence[0].id)):
         det.evidence = list(passages)
     return det
 
