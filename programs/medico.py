@@ -406,4 +406,8 @@ register(ProgramSpec(
     report=medico_report,
     fit=fit_combiner,
     endpoint_options=("search",),
+    # where evidence comes from and how much of it; `search` (an endpoint) and the reranker/fusion/correction
+    # choices stay as compiled
+    load_options=("sources", "kb", "files", "kg", "k", "top_l", "rerank_pool", "files_max_mb",
+                  "max_evidence_chars", "search_timeout"),
 ))

@@ -169,6 +169,10 @@ class ProgramSpec:
     # Optional: lm_when(options) -> bool, for a program that uses an LM only with some options (``grounded``
     # with ``lm_detectors``); :meth:`needs_lm` reads it, ``uses_lm`` stays the default-options answer.
     lm_when: Callable[[dict], bool] | None = None
+    # Options a user may change when a compiled artifact is loaded (``detect -O``, ``serve -O``,
+    # ``load_compiled(options=...)``): those that say where evidence comes from or how much of it (a knowledge
+    # base, files, retriever settings) and leave the compiled state valid. Every other option is refused by name.
+    load_options: tuple[str, ...] = ()
 
     def needs_lm(self, options: dict | None = None) -> bool:
         """Whether a module built with ``options`` calls the configured DSPy LM."""

@@ -481,6 +481,7 @@ def load_compiled(
     root: str | os.PathLike | None = None,
     tracking_uri: str | None = None,
     trust_endpoints: bool = False,
+    options: dict | None = None,
 ) -> CompiledDetector:
     """Load the best (or the pinned ``version``) compiled ``program`` for ``lang``/``metric``, verified.
     Configure an LM (:func:`halluscope.configure`) before calling it.
@@ -501,6 +502,11 @@ def load_compiled(
     ``models:/halluscope-spans-de/3`` (see :func:`load_model_uri`; ``tracking_uri`` names the store, default
     as for tracking); ``lang``/``metric``/``version``, when given, must then match what is registered.
 
+    ``options``: build options to change at load time, only those the program declares safe to change
+    (``ProgramSpec.load_options``: a knowledge base, files, retriever settings); any other is refused by name
+    (:class:`LoadOptionError`, a ValueError). The manifest copy of the loaded detector records them under
+    ``load_options``.
+
     Raises :class:`ArtifactNotFoundError`, :class:`ArtifactIntegrityError` (hash),
     :class:`ArtifactMismatchError` (signature/program) — never loads anything unverified.
     """
@@ -508,7 +514,8 @@ def load_compiled(
         expect = {k: v for k, v in (("lang", lang), ("metric", metric)) if v is not None}
         if version is not None:
             expect["version"] = _parse_version(version)
-        return load_model_uri(program, tracking_uri=tracking_uri, expect=expect, trust_endpoints=trust_endpoints)
+        return load_model_uri(program, tracking_uri=tracking_uri, expect=expect, trust_endpoints=trust_endpoints,
+                              options=options)
     if lang is None or metric is None:
         raise ValueError(f"load_compiled({program!r}) needs lang= and metric= (or a models:/ URI as program)")
     base = artifact_dir(program, lang, metric, root)
@@ -527,11 +534,29 @@ def load_compiled(
                 f"run: python optimize.py --program {program} {'--task' if lang in HALLUCLEAN_TASKS else '--lang'} "
                 f"{lang} --metric {metric}")
     return load_artifact_dir(chosen.path, expect={"program": program, "lang": lang, "metric": metric,
-                                                  "version": chosen.version}, trust_endpoints=trust_endpoints)
+                                                  "version": chosen.version}, trust_endpoints=trust_endpoints,
+                             options=options)
+
+
+class LoadOptionError(ValueError):
+    """A build option that cannot be changed when an artifact is loaded (or is unknown)."""
+
+
+def check_load_options(spec, overrides: dict | None) -> dict:
+    """``overrides`` if every name is one of ``spec.load_options``; else :class:`LoadOptionError` naming it."""
+    overrides = dict(overrides or {})
+    refused = sorted(k for k in overrides if k not in spec.load_options)
+    if refused:
+        allowed = ", ".join(spec.load_options) or "none"
+        kind = "unknown option" if any(k not in spec.options for k in refused) else "option"
+        raise LoadOptionError(f"{spec.name}: {kind}{'s' if len(refused) > 1 else ''} {', '.join(refused)} cannot "
+                              f"be set when loading a compiled artifact (only at optimize time); options that "
+                              f"can: {allowed}")
+    return overrides
 
 
 def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
-                      trust_endpoints: bool = False) -> CompiledDetector:
+                      trust_endpoints: bool = False, options: dict | None = None) -> CompiledDetector:
     """Load one version folder (``program.json`` + ``manifest.json``) with every check :func:`load_compiled`
     makes: the content hash, the manifest's keys against ``expect`` (e.g. ``{"program": "spans", "lang":
     "de"}``), the build options, and the predictors' field names against the code."""
@@ -547,7 +572,8 @@ def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
         spec = get(str(manifest.get("program")))
     except KeyError as e:
         raise ArtifactMismatchError(str(e)) from None
-    options = manifest.get("program_options") or {}
+    overrides = check_load_options(spec, options)
+    options = {**(manifest.get("program_options") or {}), **overrides}
     if not trust_endpoints:  # before anything is built from the options
         check_endpoint_options(spec, options, chosen.path)
     try:
@@ -564,11 +590,14 @@ def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
     check_compatible(module, manifest, state, chosen.path)
     _warn_versions(state, chosen.path)
     module.load_state({k: v for k, v in state.items() if k != "metadata"})
+    if overrides:  # a copy: the manifest on disk (and its hash) is what was compiled
+        manifest = {**manifest, "program_options": options, "load_options": overrides}
     return CompiledDetector(program=module, manifest=manifest, path=chosen.path)
 
 
 def load_model_uri(uri: str, *, tracking_uri: str | None = None, expect: dict | None = None,
-                   dst: str | os.PathLike | None = None, trust_endpoints: bool = False) -> CompiledDetector:
+                   dst: str | os.PathLike | None = None, trust_endpoints: bool = False,
+                   options: dict | None = None) -> CompiledDetector:
     """Load a compiled artifact registered in MLflow (``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``).
 
     The model's files are downloaded (to ``dst``, default a new temporary folder), its JSON state and manifest
@@ -599,7 +628,7 @@ def load_model_uri(uri: str, *, tracking_uri: str | None = None, expect: dict | 
     if len(found) != 1:
         raise ArtifactIntegrityError(f"{uri} (version {mv.version}) holds {len(found)} halluscope artifacts "
                                      f"under artifacts/; expected exactly one; refusing to load")
-    detector = load_artifact_dir(found[0].parent, expect=expect, trust_endpoints=trust_endpoints)
+    detector = load_artifact_dir(found[0].parent, expect=expect, trust_endpoints=trust_endpoints, options=options)
     registered = (mv.tags or {}).get("halluscope.content_hash")
     if registered != detector.content_hash:
         raise ArtifactIntegrityError(

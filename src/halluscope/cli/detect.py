@@ -23,6 +23,7 @@ rerun the same command and the rows already in ``<output>.parts/`` are skipped.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -32,7 +33,7 @@ from typing import Any
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
-from halluscope.cli.common import add_lm_args, resolve_dataset, setup_lm, usage_error
+from halluscope.cli.common import add_lm_args, parse_options, resolve_dataset, setup_lm, usage_error
 from halluscope.cli.engine import add_engine_args, detect_with_ray
 from halluscope.cli.render import FORMATS, choose_format, write_row
 from halluscope.optimize.tracing import lm_tracing
@@ -59,6 +60,9 @@ def add_parser(subparsers) -> None:
     d.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best one")
     d.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
     d.add_argument("--list", action="store_true", help="list the versions and exit")
+    d.add_argument("--option", "-O", action="append", metavar="KEY=VALUE", default=None,
+                   help="a build option to change when loading, only those safe at load time (MEDICO: -O kb=DIR, "
+                        "-O files=a.pdf,b.docx, -O sources=context,kb, -O k=8, ...); others are refused by name")
     d.add_argument("--trust-artifact-endpoints", action="store_true",
                    help="load an artifact even if its options choose LMs, model servers or URLs (e.g. FINCH-ZK "
                         "samplers) that would receive your API keys; only for artifacts you trust")
@@ -122,11 +126,13 @@ def cmd_detect(args) -> int:
     if args.engine == "ray" and args.input is None:
         raise SystemExit("halluscope detect: --engine ray needs --input FILE.{jsonl,parquet}")
     check_output(args)  # before any work: an unusable --output fails now, not after every answer was detected
+    load_options = _load_options(args)
     if args.answer is not None and not args.output and sys.stdout is None:
         usage_error(args, "stdout is closed: there is nowhere to write the detection; give --output FILE")
     try:
         detector = load_compiled(args.program, lang=key, metric=args.metric, version=args.version,
-                                 root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)
+                                 root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints,
+                                 options=load_options)
     except (ArtifactError, ValueError) as e:
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2
@@ -172,6 +178,14 @@ def cmd_detect(args) -> int:
             print(f"warning: {truncated.truncated} prompts were longer than the model's context and were cut in the "
                   f"middle", file=sys.stderr)
         return 0 if stats["failed"] == 0 else 1
+
+
+def _load_options(args) -> dict:
+    """``-O KEY=VALUE`` as a typed dict (the names are checked against the program when it is loaded)."""
+    try:
+        return parse_options(getattr(args, "option", None))
+    except argparse.ArgumentTypeError as e:
+        usage_error(args, f"argument --option/-O: {e}")
 
 
 def read_rows(path) -> list[dict]:

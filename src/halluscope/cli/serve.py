@@ -25,7 +25,7 @@ import sys
 import time
 
 from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
-from halluscope.cli.common import add_lm_args, setup_lm
+from halluscope.cli.common import add_lm_args, parse_options, setup_lm
 from halluscope.cli.detect import default_program
 from halluscope.detector import CompiledDetector
 from halluscope.metrics.adapters import METRICS
@@ -52,6 +52,9 @@ def add_parser(subparsers) -> None:
     g.add_argument("--model", action="append", default=[], metavar="URI",
                    help="an MLflow registered model to serve, models:/NAME@ALIAS or models:/NAME/VERSION "
                         "(repeat for several; --lang/--task are then optional)")
+    g.add_argument("--option", "-O", action="append", metavar="KEY=VALUE", default=None,
+                   help="a build option to change when loading, only those safe at load time (MEDICO: -O kb=DIR, "
+                        "-O files=a.pdf, -O k=8, ...); others are refused by name")
     g.add_argument("--tracking-uri", default=None,
                    help="MLflow store holding the --model registry (default $MLFLOW_TRACKING_URI, else the "
                         "project's sqlite store)")
@@ -104,6 +107,10 @@ def resolve_detectors(args) -> list[CompiledDetector]:
         if not uri.startswith(MODEL_URI_PREFIX):
             raise ValueError(f"--model {uri!r}: expected an MLflow registered-model URI, models:/NAME@ALIAS or "
                              f"models:/NAME/VERSION")
+    try:
+        options = parse_options(getattr(args, "option", None))
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"--option/-O: {e}") from None
     detectors = []
     for key in dict.fromkeys(keys):
         if key in args.lang:  # as halluscope detect: grounded by default on the embedded model, and says so
@@ -114,9 +121,9 @@ def resolve_detectors(args) -> list[CompiledDetector]:
             program = args.program or "spans"
         metric = args.metric or get(program).default_metric
         detectors.append(load_compiled(program, lang=key, metric=metric, version=args.version,
-                                       root=args.compiled_dir))
+                                       root=args.compiled_dir, options=options))
     for uri in models:
-        detectors.append(load_compiled(uri, tracking_uri=getattr(args, "tracking_uri", None)))
+        detectors.append(load_compiled(uri, tracking_uri=getattr(args, "tracking_uri", None), options=options))
     seen: dict[tuple[str, str, int], CompiledDetector] = {}
     for d in detectors:
         other = seen.setdefault((d.name, d.lang, d.version), d)
