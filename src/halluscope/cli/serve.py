@@ -5,6 +5,7 @@
     halluscope serve --program halluclean --task qa --version 1
     halluscope serve --model models:/halluscope-spans-de@champion    # a registered MLflow model (see register)
     HALLUSCOPE_SERVE_KEY=... halluscope serve --lang de --host 0.0.0.0   # a key is required off loopback
+    halluscope serve --lang de --workers 2                           # two processes share the port
 
 ``--model URI`` (repeatable) loads a model registered with ``halluscope register`` from the MLflow registry
 (``--tracking-uri``, default ``$MLFLOW_TRACKING_URI`` or the project's store), verified like a local artifact
@@ -19,18 +20,19 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import os
 import sys
 import time
 
 from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
-from halluscope.cli.common import add_lm_args, parse_options, setup_lm
+from halluscope.cli.common import _positive_int, add_lm_args, parse_options, setup_lm
 from halluscope.cli.detect import default_program
 from halluscope.detector import CompiledDetector
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
-from halluscope.serve.app import Limits, create_app
+from halluscope.serve.app import Limits, create_app, swagger_assets
 
 KEY_ENV = "HALLUSCOPE_SERVE_KEY"
 
@@ -70,6 +72,10 @@ def add_parser(subparsers) -> None:
                    help="most answers in one /v1/detect/batch request (default %(default)s)")
     n.add_argument("--max-upload-bytes", type=int, default=Limits.max_upload_bytes,
                    help="largest evidence file the page may upload to /v1/evidence (default %(default)s)")
+    n.add_argument("--workers", type=_positive_int, default=1,
+                   help="server processes sharing the port (uvicorn workers); each loads the detectors (and the "
+                        "LM: N times its memory) and uses a core, for CPU-bound detectors such as grounded "
+                        "without an LM scorer (default 1)")
     n.add_argument("--lm-concurrency", type=int, default=1,
                    help="requests inside LM programs at once (1 for the embedded model)")
     n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
@@ -92,7 +98,7 @@ def _with_metric(args):
     return argparse.Namespace(**{**vars(args), "metric": args.metric or "iou"})
 
 
-def resolve_detectors(args) -> list[CompiledDetector]:
+def resolve_detectors(args, *, quiet: bool = False) -> list[CompiledDetector]:
     """The compiled detectors the arguments name, loaded and verified (raises ArtifactError/ValueError).
 
     This is the one place that knows where artifacts come from: local version folders (``--lang``/``--task``)
@@ -115,7 +121,7 @@ def resolve_detectors(args) -> list[CompiledDetector]:
     for key in dict.fromkeys(keys):
         if key in args.lang:  # as halluscope detect: grounded by default on the embedded model, and says so
             program, key, why = default_program(_with_metric(args), key, lang=key, task=None)
-            if why:
+            if why and not quiet:
                 print(why, file=sys.stderr)
         else:
             program = args.program or "spans"
@@ -134,6 +140,33 @@ def resolve_detectors(args) -> list[CompiledDetector]:
     return list(seen.values())
 
 
+WORKER_ENV = "HALLUSCOPE_SERVE_WORKER_ARGS"  # the arguments each worker process rebuilds the app from
+
+
+def build_app(args, *, detectors: list[CompiledDetector] | None = None, quiet: bool = False):
+    """The FastAPI app the arguments describe: the detectors loaded and verified (unless given), the LM set up
+    when one of them uses it. Raises ArtifactError/ValueError on bad arguments."""
+    t0 = time.perf_counter()
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, timeout_s=args.timeout,
+                    max_upload_bytes=args.max_upload_bytes)
+    if detectors is None:
+        detectors = resolve_detectors(args, quiet=quiet)
+    if any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):  # else no LM configured
+        lm = setup_lm(args)
+        compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
+        if compiled_with and not quiet:
+            print(f"warning: compiled with {', '.join(sorted(compiled_with))}; serving with {lm.model}",
+                  file=sys.stderr)
+    return create_app(detectors, api_key=args.require_key, limits=limits, lm_concurrency=args.lm_concurrency,
+                      startup_seconds=round(time.perf_counter() - t0, 3))
+
+
+def worker_app():
+    """``uvicorn --factory`` entry of each ``--workers`` process: the app rebuilt from the parent's arguments."""
+    args = argparse.Namespace(**json.loads(os.environ[WORKER_ENV]))
+    return build_app(args, quiet=True)
+
+
 def cmd_serve(args) -> int:
     import uvicorn  # the server itself; imported here so other commands do not pay for it
 
@@ -143,26 +176,26 @@ def cmd_serve(args) -> int:
               f"--require-key (clients then send X-API-Key)", file=sys.stderr)
         return 2
     try:
-        limits = Limits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, timeout_s=args.timeout,
-                        max_upload_bytes=args.max_upload_bytes)
-        detectors = resolve_detectors(args)
+        detectors = resolve_detectors(args)  # verified once here: a bad artifact fails before any worker starts
     except (ArtifactError, ValueError) as e:
         print(f"halluscope serve: {e}", file=sys.stderr)
         return 2
     for d in detectors:
         print(f"loaded {d.name}/{d.lang}/{d.metric} v{d.version:04d} ({d.content_hash[:12]}) from {d.path}",
               file=sys.stderr)
-    if any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):  # else no LM configured
-        lm = setup_lm(args)
-        compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
-        if compiled_with:
-            print(f"warning: compiled with {', '.join(sorted(compiled_with))}; serving with {lm.model}",
-                  file=sys.stderr)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(detectors, api_key=args.require_key, limits=limits, lm_concurrency=args.lm_concurrency,
-                     startup_seconds=round(time.perf_counter() - t0, 3))
-    docs = ("API docs at /docs, the OpenAPI schema at /openapi.json" if app.state.docs_url else
+    docs = ("API docs at /docs, the OpenAPI schema at /openapi.json" if swagger_assets() is not None else
             "the OpenAPI schema at /openapi.json; no /docs page: no Swagger UI is installed")
-    print(f"serving on http://{args.host}:{args.port}/ ({docs})", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    workers = f"; {args.workers} worker processes" if args.workers > 1 else ""
+    if args.workers == 1:
+        app = build_app(args, detectors=detectors)
+        print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers}; started in "
+              f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        return 0
+    # several processes share the port (uvicorn's supervisor); each loads the detectors (and the LM) itself
+    os.environ[WORKER_ENV] = json.dumps({k: v for k, v in vars(args).items() if k != "func"})
+    print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers})", file=sys.stderr)
+    uvicorn.run("halluscope.cli.serve:worker_app", factory=True, workers=args.workers, host=args.host,
+                port=args.port, log_level=args.log_level)
     return 0
