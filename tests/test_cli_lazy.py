@@ -128,3 +128,19 @@ def test_an_unknown_or_missing_command_is_a_usage_error(argv, message, capsys):
         main(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_evaluate_prints_the_whole_commands_wall_time(tmp_path, monkeypatch, capsys):
+    """The wall time covers the whole command from its start (#23 item 6), beside the items' own time."""
+    import time
+
+    import halluscope.cli as cli
+
+    monkeypatch.delenv("HALLUSCOPE_DATA_DIR", raising=False)
+    monkeypatch.setattr(cli, "STARTED", time.perf_counter() - 100.0)  # the command "started" 100 s ago
+    assert cli.main(["evaluate", "--program", "mark-all", "--lang", "de", "--no-mlflow", "--no-progress",
+                     "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    detect_s = float(out.split("detect time:")[1].split()[0])
+    wall_s = float(out.strip().splitlines()[-1].split("wall time ")[1].split()[0])
+    assert wall_s >= 100.0 > detect_s

@@ -37,6 +37,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 import uuid
@@ -105,6 +106,7 @@ class RayOptions:
     lm_per_minute: float | None = None
     imports: tuple[str, ...] = ()
     progress: bool = True
+    verbose: bool = False  # Ray's own logs (INFO, its workers' output, its C++ core's errors) on the console
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -374,7 +376,12 @@ def init_ray(opts: RayOptions):
     ray = _ray()
     if ray.is_initialized():
         return ray
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+    if not opts.verbose:
+        # Ray's C++ core logs errors that are not (an actor killed at shutdown: "Failed to kill actor",
+        # "E core_worker.cc"); they stay in Ray's session log files under /tmp/ray. --verbose shows them.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": opts.verbose,
+                              "logging_level": logging.INFO if opts.verbose else logging.WARNING}
     if opts.address:
         ray.init(address=opts.address, **kwargs)
     else:
@@ -398,6 +405,10 @@ def _set_context(opts: RayOptions):
     ctx = DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = opts.progress
+    if hasattr(ctx, "print_on_execution_start"):  # the plan printed when a dataset starts: --verbose only
+        ctx.print_on_execution_start = opts.verbose
+    if not opts.verbose:
+        logging.getLogger("ray").setLevel(logging.WARNING)
     return ctx
 
 
@@ -541,9 +552,71 @@ def detect_ray(
     job = {"format": JOB_FORMAT, "artifact": str(Path(detector.path).resolve()),
            "artifact_hash": detector.content_hash, "program": detector.name, **_input_fingerprint(in_path)}
     _open_job(parts, job)
+    finished = finished_job(parts, out_path, retry_failed)
+    if finished is not None:  # nothing to do: said from job.json, without starting Ray
+        return finished
     done = _done_ids(parts, retry_failed)
 
     ray = init_ray(opts)
+    with stop_on_sigterm():
+        stats = _run_detect(ray, opts, detector, in_path, out_path, parts, job, fmt, n_rows, done, lang=lang,
+                            task=task, lm=lm, extra_inputs=extra_inputs, on_batch=on_batch,
+                            trust_endpoints=trust_endpoints)
+    _mark_finished(parts, stats)
+    return stats
+
+
+class stop_on_sigterm:
+    """SIGTERM raises KeyboardInterrupt in the driver (as Ctrl-C does), so a killed job stops between writes
+    (every part is written atomically: the job resumes) instead of Ray's native handler dumping a stack."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(_signum, _frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def finished_job(parts: Path, out_path: Path, retry_failed: bool = False) -> dict | None:
+    """The stats of a job ``parts/job.json`` records as finished, when its output is still the file it wrote
+    (same size) and nothing is to be retried; else None (the job runs)."""
+    meta = parts / "job.json"
+    try:
+        done = json.loads(meta.read_text(encoding="utf-8")).get("finished")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(done, dict) or not out_path.is_file() or out_path.stat().st_size != done.get("output_bytes"):
+        return None
+    if retry_failed and done.get("output_failed"):
+        return None
+    return {"rows": done["output_rows"], "skipped": done["output_rows"], "ok": 0, "failed": 0, "lm_calls": 0,
+            "lm_input_tokens": 0, "lm_output_tokens": 0, "seconds": 0.0, "rows_per_s": 0.0,
+            "output": str(out_path), "parts": str(parts), "output_rows": done["output_rows"],
+            "output_failed": done["output_failed"], "already_finished": True}
+
+
+def _mark_finished(parts: Path, stats: dict) -> None:
+    meta = parts / "job.json"
+    job = json.loads(meta.read_text(encoding="utf-8"))
+    job["finished"] = {"output_rows": stats["output_rows"], "output_failed": stats["output_failed"],
+                       "output_bytes": Path(stats["output"]).stat().st_size,
+                       "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    write_text_atomic(meta, json.dumps(job, indent=2) + "\n")
+
+
+def _run_detect(ray, opts, detector, in_path, out_path, parts, job, fmt, n_rows, done, *, lang, task, lm,
+                extra_inputs, on_batch, trust_endpoints) -> dict:
+    import pyarrow as pa  # heavy; comes with the datasets dependency
+
     _set_context(opts)
     gate = _start_gate(ray, opts)
     blocks = {"override_num_blocks": max(1, -(-n_rows // opts.batch_size))}

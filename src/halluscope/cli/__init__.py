@@ -43,6 +43,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 STARTED = time.perf_counter()
 
 
+def wall_time() -> str:
+    """``"wall time 12.3 s (the whole command)"``: seconds since the command started (:data:`STARTED`)."""
+    return f"wall time {time.perf_counter() - STARTED:.1f} s (the whole command)"
+
+
 def command_in(argv: list[str]) -> str | None:
     """The command ``argv`` names (its first word that is not an option), or None."""
     return next((a for a in argv if not a.startswith("-")), None)

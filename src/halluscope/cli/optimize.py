@@ -17,6 +17,7 @@ from pathlib import Path
 import dspy
 
 from halluscope.artifacts import best_version, list_versions
+from halluscope.cli import wall_time
 from halluscope.cli.common import (add_data_args, add_lm_args, check_data_args, load_examples, parse_options,
                                    setup_lm, setup_logging)
 from halluscope.lm import make_lm
@@ -240,6 +241,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
                            on_stage=on_stage)
     if res.mlflow_run_id:
         print(f"mlflow run: {res.mlflow_run_id}")
+    print(wall_time())  # around everything: imports, data, the run, the artifact and MLflow
     return res.exit_code
 
 
@@ -367,7 +369,7 @@ def format_summary(res, *, compiled_dir=None) -> str:
         + f"), tokens {usage['lm_input_tokens']} in / {usage['lm_output_tokens']} out, "
         + (f"task/prompt-model calls {usage['lm_task_calls']}/{usage['lm_prompt_calls']} "
            f"(new {usage['lm_task_new_calls']}/{usage['lm_prompt_new_calls']}), " if "lm_task_calls" in usage else "")
-        + f"LM errors {usage['lm_errors']}, wall time {usage['seconds']:.1f} s")
+        + f"LM errors {usage['lm_errors']}, run time {usage['seconds']:.1f} s (the stages)")
     if new == 0 and usage["lm_calls"]:
         lines.append("  every LM call was served from DSPy's cache")
     lines.append(f"report: {res.report_path}")
