@@ -407,8 +407,9 @@ def _set_context(opts: RayOptions):
     ctx.enable_progress_bars = opts.progress
     if hasattr(ctx, "print_on_execution_start"):  # the plan printed when a dataset starts: --verbose only
         ctx.print_on_execution_start = opts.verbose
-    if not opts.verbose:
-        logging.getLogger("ray").setLevel(logging.WARNING)
+    if not opts.verbose:  # Ray Data sets its own loggers to INFO when imported ("execution finished in ...")
+        for name in ("ray", "ray.data"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     return ctx
 
 
