@@ -18,7 +18,7 @@ How a detection job runs (:func:`detect_ray`)
   DSPy callback passes through, so N workers together keep to the provider's concurrency and rate limit.
 * Results come back to the driver in input order (``preserve_order``); each batch is written at once as an
   atomic Parquet part under ``<output>.parts/``, with the contract's fields flattened into columns
-  (:data:`OUTPUT_COLUMNS`; spans, labels, units, evidence and failures as JSON strings). A row that fails
+  (:data:`OUTPUT_COLUMNS`; spans, labels, units, evidence, failures and notes as JSON strings). A row that fails
   (missing answer, malformed line, program error) is written with ``ok=false`` and its ``error``.
 * At the end the parts are merged, in input order, into ``--output`` (``.parquet``: the flat columns;
   ``.jsonl``: the in-process engine's nested rows plus the LM columns).
@@ -74,11 +74,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 JOB_FORMAT = "halluscope-ray-detect/1"
-JSON_COLUMNS = ("spans", "soft_labels", "hard_labels", "units", "failures", "evidence")
+JSON_COLUMNS = ("spans", "soft_labels", "hard_labels", "units", "failures", "evidence", "notes")
 # The output's columns, in order: the id, success and error, the Detection contract flattened (JSON strings
 # for its lists and dicts), LM usage of the row, and the content hash of the artifact that produced it.
 OUTPUT_COLUMNS = ("id", "ok", "error", "answer", "spans", "soft_labels", "hard_labels", "label", "score",
-                  "units", "rationale", "revision", "failures", "evidence", "lm_calls", "lm_input_tokens",
+                  "units", "rationale", "revision", "failures", "evidence", "notes", "lm_calls", "lm_input_tokens",
                   "lm_output_tokens", "artifact_hash")
 
 
@@ -683,7 +683,8 @@ def _merged_table(parts: Path):
     files = _part_files(parts)
     if not files:
         return pa.Table.from_pylist([], schema=_output_schema().remove(len(OUTPUT_COLUMNS)))
-    table = pa.concat_tables([pq.read_table(f) for f in files])
+    # parts written before the contract gained `notes` lack that column: it is null there
+    table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
     order = pa.array(range(table.num_rows), type=pa.int64())
     table = table.append_column("_seq", order)
     # newest per position: sort by (_pos, _seq desc), then keep the first row of each position
@@ -691,7 +692,7 @@ def _merged_table(parts: Path):
     pos = table["_pos"].to_numpy()
     first = [0] + [i for i in range(1, len(pos)) if pos[i] != pos[i - 1]] if len(pos) else []
     table = table.take(pa.array(first, type=pa.int64())) if len(pos) else table
-    return table.drop_columns(["_seq", "_pos"])
+    return table.select(list(OUTPUT_COLUMNS))
 
 
 def merge_parts(parts: Path, out_path: Path) -> tuple[int, int]:
@@ -802,6 +803,7 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
     if gate is not None:
         ray.kill(gate)
     failures: dict[str, int] = {}
+    notes: dict[str, int] = {}
     predictions: list[Any] = []
     errors: list[str] = []
     usage = LMUsage()
@@ -819,12 +821,14 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
         p = json.loads(r["prediction"])
         pred = to_prediction(Detection.from_dict(p["detection"]), **{
             k: v for k, v in p["extra"].items() if k not in ("spans", "soft_labels", "hard_labels", "label", "score",
-                                                            "rationale", "revision", "units", "failures")})
+                                                            "rationale", "revision", "units", "failures", "notes")})
         for k, v in (pred.get("failures") or {}).items():
             failures[k] = failures.get(k, 0) + int(v)
+        for k, v in (pred.get("notes") or {}).items():
+            notes[k] = notes.get(k, 0) + int(v)
         predictions.append(pred)
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
-                        usage=usage, seconds=seconds, predictions=predictions, errors=errors)
+                        usage=usage, seconds=seconds, predictions=predictions, errors=errors, notes=notes)
     if spec.report is not None:
         try:
             result.report = dict(spec.report(examples, predictions) or {})
