@@ -143,10 +143,12 @@ def resolve_detectors(args, *, quiet: bool = False) -> list[CompiledDetector]:
 WORKER_ENV = "HALLUSCOPE_SERVE_WORKER_ARGS"  # the arguments each worker process rebuilds the app from
 
 
-def build_app(args, *, detectors: list[CompiledDetector] | None = None, quiet: bool = False):
+def build_app(args, *, detectors: list[CompiledDetector] | None = None, quiet: bool = False,
+              started: float | None = None):
     """The FastAPI app the arguments describe: the detectors loaded and verified (unless given), the LM set up
-    when one of them uses it. Raises ArtifactError/ValueError on bad arguments."""
-    t0 = time.perf_counter()
+    when one of them uses it. ``started`` (``time.perf_counter()``): when start-up began, for ``/healthz``'s
+    ``startup_s`` (default: now). Raises ArtifactError/ValueError on bad arguments."""
+    t0 = time.perf_counter() if started is None else started
     limits = Limits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, timeout_s=args.timeout,
                     max_upload_bytes=args.max_upload_bytes)
     if detectors is None:
@@ -188,7 +190,7 @@ def cmd_serve(args) -> int:
             "the OpenAPI schema at /openapi.json; no /docs page: no Swagger UI is installed")
     workers = f"; {args.workers} worker processes" if args.workers > 1 else ""
     if args.workers == 1:
-        app = build_app(args, detectors=detectors)
+        app = build_app(args, detectors=detectors, started=t0)
         print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers}; started in "
               f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
