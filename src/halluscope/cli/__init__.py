@@ -63,6 +63,10 @@ def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
         if command in ("*", name):
             importlib.import_module(module).add_parser(sub)
             p = sub.choices[name]
+            if not any("--debug" in a.option_strings for a in p._actions):  # optimize's arguments have it
+                from halluscope.cli.common import add_debug_arg  # noqa: PLC0415 — the command imported it already
+
+                add_debug_arg(p)
             if p.description is None:  # `halluscope CMD --help` starts with what the command does
                 p.description = help_text[:1].upper() + help_text[1:] + "."
         else:
@@ -76,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = command_in(argv)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    from halluscope.cli.common import run_command  # noqa: PLC0415 — the command imported it already
+
     try:
-        return args.func(args)
+        return run_command(args)  # an input error: one line and exit status 2 (--debug: the traceback)
     except KeyboardInterrupt:  # Ctrl-C: what was written is whole (atomic writes); no traceback
         print(f"halluscope {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -13,7 +13,10 @@
 ``--program``/``--metric``/``--version`` apply to ``--lang``/``--task`` only.
 
 The artifacts are loaded (and verified) once at start-up; the LM is configured only when a loaded program
-uses one. Clients send ``X-API-Key`` when a key is set.
+uses one. Each detector is then run once on a probe answer (:func:`startup_check`): when more than
+``--max-failed-share`` of them raise or give no usable output (an LM answering garbage), the server does not
+start (exit 1, the reason in one line); ``--no-startup-check`` skips this. Clients send ``X-API-Key`` when a key
+is set.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ import sys
 import time
 
 from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
-from halluscope.cli.common import _positive_int, add_lm_args, parse_options, setup_lm
+from halluscope.cli.common import (PORT, POSITIVE_INT, SECONDS, add_lm_args, add_max_failed_share, failed_share_line,
+                                   parse_options, setup_lm)
+from halluscope.contract import describe_failed, failed_kinds, failure_reason
+from halluscope.detector import detect
+from halluscope.redact import error_text, redact
+from halluscope.tasks import HALLUCLEAN_TASKS
 from halluscope.cli.detect import default_program
 from halluscope.detector import CompiledDetector
 from halluscope.metrics.adapters import METRICS
@@ -62,24 +70,27 @@ def add_parser(subparsers) -> None:
                         "project's sqlite store)")
     n = s.add_argument_group("server")
     n.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    n.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    n.add_argument("--port", type=PORT, default=8000, help="port to listen on (default 8000)")
     n.add_argument("--require-key", default=os.environ.get(KEY_ENV), metavar="KEY",
                    help=f"API key clients must send as X-API-Key (default ${KEY_ENV}); required off loopback")
-    n.add_argument("--timeout", type=float, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
-    n.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes,
+    n.add_argument("--timeout", type=SECONDS, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
+    n.add_argument("--max-body-bytes", type=POSITIVE_INT, default=Limits.max_body_bytes,
                    help="largest request body; larger ones are refused with 413 (default %(default)s)")
-    n.add_argument("--max-batch", type=int, default=Limits.max_batch,
+    n.add_argument("--max-batch", type=POSITIVE_INT, default=Limits.max_batch,
                    help="most answers in one /v1/detect/batch request (default %(default)s)")
-    n.add_argument("--max-upload-bytes", type=int, default=Limits.max_upload_bytes,
+    n.add_argument("--max-upload-bytes", type=POSITIVE_INT, default=Limits.max_upload_bytes,
                    help="largest evidence file the page may upload to /v1/evidence (default %(default)s)")
-    n.add_argument("--workers", type=_positive_int, default=1,
+    n.add_argument("--workers", type=POSITIVE_INT, default=1,
                    help="server processes sharing the port (uvicorn workers); each loads the detectors (and the "
                         "LM: N times its memory) and uses a core, for CPU-bound detectors such as grounded "
                         "without an LM scorer (default 1)")
-    n.add_argument("--lm-concurrency", type=int, default=1,
+    n.add_argument("--lm-concurrency", type=POSITIVE_INT, default=1,
                    help="requests inside LM programs at once (1 for the embedded model)")
     n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="the server's log level (default info: one line per request)")
+    n.add_argument("--no-startup-check", action="store_true",
+                   help="start without running each loaded detector once on a probe answer")
+    add_max_failed_share(n, 0.5, "start-up")
     add_lm_args(s)
     s.set_defaults(func=cmd_serve)
 
@@ -144,17 +155,18 @@ WORKER_ENV = "HALLUSCOPE_SERVE_WORKER_ARGS"  # the arguments each worker process
 
 
 def build_app(args, *, detectors: list[CompiledDetector] | None = None, quiet: bool = False,
-              started: float | None = None):
+              started: float | None = None, lm_ready: bool = False):
     """The FastAPI app the arguments describe: the detectors loaded and verified (unless given), the LM set up
     when one of them uses it. ``started`` (``time.perf_counter()``): when start-up began, for ``/healthz``'s
-    ``startup_s`` (default: now). Raises ArtifactError/ValueError on bad arguments."""
+    ``startup_s`` (default: now). ``lm_ready``: the caller has set the LM up already. Raises
+    ArtifactError/ValueError on bad arguments."""
     t0 = time.perf_counter() if started is None else started
     limits = Limits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, timeout_s=args.timeout,
                     max_upload_bytes=args.max_upload_bytes)
     if detectors is None:
         detectors = resolve_detectors(args, quiet=quiet)
-    if any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):  # else no LM configured
-        lm = setup_lm(args)
+    if not lm_ready and any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):
+        lm = setup_lm(args)  # else no LM configured
         compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
         if compiled_with and not quiet:
             print(f"warning: compiled with {', '.join(sorted(compiled_with))}; serving with {lm.model}",
@@ -167,6 +179,42 @@ def worker_app():
     """``uvicorn --factory`` entry of each ``--workers`` process: the app rebuilt from the parent's arguments."""
     args = argparse.Namespace(**json.loads(os.environ[WORKER_ENV]))
     return build_app(args, quiet=True)
+
+
+#: What the start-up check asks each loaded detector (a plain, true answer with its evidence).
+PROBE = {"question": "Where is the Eiffel Tower?", "answer": "The Eiffel Tower is in Paris.",
+         "context": "The Eiffel Tower is a wrought-iron tower on the Champ de Mars in Paris, France."}
+
+
+def startup_check(detectors: list[CompiledDetector], max_share: float) -> str | None:
+    """Run each detector once on :data:`PROBE` (its LM, if it has one, answers for real): a detector that raises
+    or gives no usable output (:func:`halluscope.contract.item_failure`: unreadable, truncated, LM error) failed.
+    Returns the one line saying why the server must not start when more than ``max_share`` of them failed, else
+    None (failures at or below the share are printed as a warning)."""
+    reasons, named = [], []
+    for d in detectors:
+        is_task = d.lang in HALLUCLEAN_TASKS
+        try:
+            det = detect(d, PROBE["answer"], question=PROBE["question"], context=PROBE["context"],
+                         lang=None if is_task else d.lang, task=d.lang if is_task else None)
+            reason = failure_reason(det.failures)
+            shown = f"unusable output: {reason}" if reason else ""
+        except Exception as e:  # noqa: BLE001 - the check reports it in one line
+            reason = f"error:{type(e).__name__}"
+            shown = " ".join(redact(error_text(e)).split())
+        reasons.append(reason)
+        if reason:
+            named.append(f"{d.name}/{d.lang} v{d.version:04d}: {shown}")
+    n_failed = sum(r is not None for r in reasons)
+    why = "; ".join(named)
+    problem = failed_share_line(n_failed, len(detectors), max_share, why, "detectors")
+    if problem:
+        return (f"start-up check: {problem[len('RUN '):]}: each was run once on a probe answer; nothing is "
+                f"served (--no-startup-check skips the check)")
+    if n_failed:
+        print(f"warning: start-up check: {n_failed} of {len(detectors)} detectors gave no usable output on a probe "
+              f"answer ({describe_failed(failed_kinds(reasons))}): {why}", file=sys.stderr)
+    return None
 
 
 def cmd_serve(args) -> int:
@@ -185,12 +233,23 @@ def cmd_serve(args) -> int:
     for d in detectors:
         print(f"loaded {d.name}/{d.lang}/{d.metric} v{d.version:04d} ({d.content_hash[:12]}) from {d.path}",
               file=sys.stderr)
+    if any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):  # else no LM configured
+        lm = setup_lm(args)
+        compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
+        if compiled_with:
+            print(f"warning: compiled with {', '.join(sorted(compiled_with))}; serving with {lm.model}",
+                  file=sys.stderr)
+    if not args.no_startup_check:
+        problem = startup_check(detectors, args.max_failed_share)
+        if problem:
+            print(f"halluscope serve: {problem}", file=sys.stderr)
+            return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     docs = ("API docs at /docs, the OpenAPI schema at /openapi.json" if swagger_assets() is not None else
             "the OpenAPI schema at /openapi.json; no /docs page: no Swagger UI is installed")
     workers = f"; {args.workers} worker processes" if args.workers > 1 else ""
     if args.workers == 1:
-        app = build_app(args, detectors=detectors, started=t0)
+        app = build_app(args, detectors=detectors, started=t0, lm_ready=True)
         print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers}; started in "
               f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
