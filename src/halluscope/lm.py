@@ -35,6 +35,7 @@ from typing import Any
 import dspy
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
+from halluscope.decisions import with_logprob_decisions
 from dspy.lm15 import Message, Response, TokenLogprob, TopLogprob, Usage, response_to_events
 
 from halluscope import paths
@@ -461,11 +462,13 @@ def configure(
     if response_schema:
         if adapter == "chat":
             raise ValueError("response_schema needs the JSON adapter, not 'chat'")
-        dspy.configure(lm=lm, adapter=SchemaJSONAdapter())
+        dspy.configure(lm=lm, adapter=with_logprob_decisions(SchemaJSONAdapter()))
         return lm
     if adapter is None:
         adapter = "json" if isinstance(lm.engine, LlamaCppEngine) else "chat"
-    dspy.configure(lm=lm, adapter=dspy.JSONAdapter() if adapter == "json" else dspy.ChatAdapter())
+    # decision outputs calibrated by ReAnchor read their probabilities from token log-probabilities
+    dspy.configure(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter() if adapter == "json"
+                                                         else dspy.ChatAdapter()))
     return lm
 
 
