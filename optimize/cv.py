@@ -123,7 +123,7 @@ class OptimizerConfig:
             choices = [o for o in OPTIMIZERS if o != "fit"] + list(STAGED)
             close = difflib.get_close_matches(str(self.name), choices, n=1)
             raise ValueError(f"unknown optimizer {self.name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                             + f"; choose one of: {', '.join(choices)}")
+                             + f"; choose from: {', '.join(choices)}")
         if self.reanchor and self.name not in ("mipro", "bootstrap", "gepa"):
             raise ValueError(f"+reanchor follows a prompt optimizer (mipro, bootstrap, gepa), not {self.name!r}")
         if self.max_metric_calls is not None:
