@@ -644,6 +644,8 @@ def stage_track(run: OptimizeRun) -> None:
         "optimizer_desc": cfg.describe(), "auto": cfg.auto, "candidates": cfg.candidates, "trials": cfg.trials,
         "max_bootstrapped_demos": cfg.max_bootstrapped_demos, "max_labeled_demos": cfg.max_labeled_demos,
         "val_fraction": cfg.val_fraction, "max_failed_share": c.max_failed_share,
+        "max_metric_calls": cfg.max_metric_calls,
+        "decision_probs": cfg.decision_probs if cfg.uses_reanchor else None,
         "lm": run.task_lm.model if run.task_lm is not None else None,
         "task_lm": json.dumps(run.task_rec), "prompt_lm": json.dumps(run.prompt_rec),
         "options": json.dumps(run.options, sort_keys=True),

@@ -281,3 +281,23 @@ def test_gepa_feedback_reaches_the_reflection_prompt_and_the_chosen_candidate_is
     assert metrics["gepa/chosen"] == 1 and metrics["gepa/candidates"] == len(gepa["candidates"])
     assert step["gepa/candidate_val_score"][1] == (1, 1.0)
     assert json.loads(files[0].read_text())["chosen"] == 1
+
+
+def test_reanchor_calibrates_halluclean_judge_after_plan_and_reason(tmp_path):
+    def respond(call):
+        out = {k: "Yes" for k, t in call.outputs.items() if "Literal" in t}
+        out.update(plan="1. compare the place", analysis="the place differs" if "Berlin" in call.inputs.get(
+            "input", "") else "the place matches")
+        return out
+
+    lm = scripted_lm(respond, logprobs=_logprobs)
+    cfg = _config(tmp_path, program="halluclean", program_options={"revise": False},
+                  optimizer=OptimizerConfig(name="reanchor"))
+    res = run_optimize(cfg, _examples(), task_lm=lm)
+    assert res.status == FINISHED, res.error
+    assert res.cv.mean("compiled")["balanced_accuracy"]["mean"] == 1.0
+    assert res.cv.mean("zero_shot")["balanced_accuracy"]["mean"] < 1.0
+    rows = res.final_info["reanchor"]["fitted"]
+    assert [(r["predictor"], r["field"]) for r in rows] == [("judge", "verdict")] and "value" in rows[0]
+    saved = json.loads((res.artifact.path / "program.json").read_text())
+    assert "fields" not in saved["plan"] and saved["judge"]["fields"]["verdict"]["threshold"] == rows[0]["value"]
