@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Literal
 
 import dspy
 import pytest
@@ -301,3 +302,20 @@ def test_reanchor_calibrates_halluclean_judge_after_plan_and_reason(tmp_path):
     assert [(r["predictor"], r["field"]) for r in rows] == [("judge", "verdict")] and "value" in rows[0]
     saved = json.loads((res.artifact.path / "program.json").read_text())
     assert "fields" not in saved["plan"] and saved["judge"]["fields"]["verdict"]["threshold"] == rows[0]["value"]
+
+
+def test_a_choice_output_reads_its_label_probabilities_and_applies_the_weights():
+    class Verify(dspy.Signature):
+        """Is the claim correct, hallucinated or unverifiable?"""
+
+        claim: str = dspy.InputField()
+        label: Literal["correct", "hallucinated", "unverifiable"] = dspy.OutputField(desc="the verdict")
+
+    dist = {"correct": 0.5, "hallucinated": 0.3, "unverifiable": 0.2}
+    lm = scripted_lm({"label": "correct"}, logprobs=lambda call: {"label": dist})
+    verify = dspy.Predict(Verify)
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+        verify.fields = {"label": {"weights": {"correct": 1.0, "hallucinated": 1.0, "unverifiable": 1.0}}}
+        assert verify(claim="x").label == "correct"
+        verify.fields = {"label": {"weights": {"correct": 0.5, "hallucinated": 1.0, "unverifiable": 1.0}}}
+        assert verify(claim="x").label == "hallucinated"  # 0.25 < 0.3: the fitted weight moves the decision
