@@ -7,7 +7,7 @@ from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.contract import Detection, to_prediction
 from halluscope.text import map_substrings, salvage_quotes
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.programs.registry import ProgramSpec, number, register
 from halluscope.signatures.spans import ExtractSpans, QuotedSpan
 
 __all__ = ["SpanDetector"]
@@ -87,4 +87,5 @@ register(ProgramSpec(
     level="span",
     default_metric="iou",
     demo_fields=gold_demo_fields,
+    option_types={"fuzzy_threshold": number(0, 1)},
 ))

@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["read_jsonl", "write_text_atomic", "create_unique_dir"]
+__all__ = ["read_jsonl", "iter_jsonl", "write_text_atomic", "create_unique_dir"]
 
 
 def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
@@ -15,7 +15,11 @@ def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
 
     A line that is not UTF-8, not JSON, or not a JSON object raises ``ValueError`` naming the file and the line.
     """
-    out: list[tuple[int, dict]] = []
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: str | os.PathLike):
+    """:func:`read_jsonl` one line at a time (a large file is never held whole)."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -33,8 +37,7 @@ def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
                 raise ValueError(f"{path}: line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(rec, dict):
                 raise ValueError(f"{path}: line {lineno}: expected a JSON object, got {type(rec).__name__}")
-            out.append((lineno, rec))
-    return out
+            yield lineno, rec
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -32,7 +32,7 @@ from typing import Any
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
-from halluscope.cli.common import add_lm_args, resolve_dataset, setup_lm, usage_error
+from halluscope.cli.common import POSITIVE_INT, add_lm_args, resolve_dataset, setup_lm, usage_error
 from halluscope.cli.engine import add_engine_args, detect_with_ray
 from halluscope.optimize.tracing import lm_tracing
 from halluscope.optimize.tracking import experiment_name
@@ -69,7 +69,7 @@ def add_parser(subparsers) -> None:
     d.add_argument("--context", default="", help="reference text for --answer")
     d.add_argument("--output", default=None, help="output JSONL (default: stdout for --answer, "
                                                    "outputs/detect/<time>/detections.jsonl for --input)")
-    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--threads", type=POSITIVE_INT, default=1)
     d.add_argument("--no-progress", action="store_true")
     d.add_argument("--retry-failed", action="store_true",
                    help="--engine ray: a rerun also retries the rows an earlier run wrote as failed")

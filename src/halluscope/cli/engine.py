@@ -13,7 +13,8 @@ from pathlib import Path
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError
-from halluscope.programs.registry import get
+from halluscope.cli.common import POSITIVE_INT, ranged
+from halluscope.programs.registry import get, number
 from halluscope.scale import LMConfig, RayOptions, detect_ray, evaluate_ray
 
 
@@ -24,14 +25,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         'pip install -e ".[ray]")')
     g.add_argument("--address", default=None,
                    help="Ray cluster to join ('auto', 'ray://host:10001'); default: a local Ray on this machine")
-    g.add_argument("--workers", type=int, default=2, help="Ray actors, each with its own program and LM (default 2)")
-    g.add_argument("--batch-size", type=int, default=256,
+    g.add_argument("--workers", type=POSITIVE_INT, default=2, help="Ray actors, each with its own program and LM (default 2)")
+    g.add_argument("--batch-size", type=POSITIVE_INT, default=256,
                    help="rows per Ray batch: the unit written at once, and at most lost when a job is killed")
-    g.add_argument("--cpus-per-worker", type=float, default=1.0,
+    g.add_argument("--cpus-per-worker", type=ranged(number(0, lo_open=True)), default=1.0,
                    help="CPUs Ray reserves per actor (the embedded model's threads); a fraction for a hosted LM")
-    g.add_argument("--lm-concurrency", type=int, default=None,
+    g.add_argument("--lm-concurrency", type=POSITIVE_INT, default=None,
                    help="at most this many LM calls in flight across all Ray actors (a hosted LM's limit)")
-    g.add_argument("--lm-per-minute", type=float, default=None,
+    g.add_argument("--lm-per-minute", type=ranged(number(0, lo_open=True)), default=None,
                    help="at most this many LM calls started per minute across all Ray actors")
     g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="module every Ray actor imports first (a plugin that registers programs; repeatable)")

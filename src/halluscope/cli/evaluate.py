@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from halluscope import paths
-from halluscope.cli.common import add_data_args, add_lm_args, load_examples, parse_options, setup_lm
+from halluscope.cli.common import (POSITIVE_INT, SHARE, add_data_args, add_lm_args, load_examples, parse_options,
+                                   setup_lm)
 from halluscope.cli.engine import add_engine_args, evaluate_with_ray
 from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetSpec, get_dataset
@@ -32,10 +33,10 @@ def add_parser(sub) -> None:
                     help="program build option, e.g. -O reasoning=true (repeatable)")
     add_data_args(ev)
     add_lm_args(ev)
-    ev.add_argument("--threads", type=int, default=1)
+    ev.add_argument("--threads", type=POSITIVE_INT, default=1)
     add_engine_args(ev)
     ev.add_argument("--out-dir", default=None, help="where predictions are written (default ./outputs)")
-    ev.add_argument("--max-failed-share", type=float, default=0.5,
+    ev.add_argument("--max-failed-share", type=SHARE, default=0.5,
                     help="the run FAILS (exit 1, MLflow status FAILED, not ranked by compare) when more than this "
                          "share of the items failed")
     ev.add_argument("--no-progress", action="store_true")

@@ -17,8 +17,9 @@ from pathlib import Path
 import dspy
 
 from halluscope.artifacts import best_version, list_versions
-from halluscope.cli.common import (add_data_args, add_lm_args, check_data_args, load_examples, parse_options,
-                                   setup_lm, setup_logging)
+from halluscope.cli.common import (COUNT, POSITIVE_INT, SHARE, InputError, add_data_args, add_debug_arg,
+                                   add_lm_args, check_data_args, load_examples, one_line, parse_options, ranged,
+                                   run_command, setup_lm, setup_logging)
 from halluscope.lm import make_lm
 from halluscope.loaders import get_dataset
 from halluscope.loaders.mushroom import load_mushroom
@@ -27,7 +28,7 @@ from halluscope.optimize.cv import FoldSizeError, OptimizerConfig, check_fold_si
 from halluscope.optimize.run import OptimizeConfig, optimizer_for, run_optimize
 from halluscope.optimize.tracing import lm_tracing
 from halluscope.optimize.tracking import experiment_name
-from halluscope.programs.registry import get, names
+from halluscope.programs.registry import get, names, number
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-lm", default=None, help="LM spec for proposals (default: the task LM)")
     g.add_argument("--prompt-api-base", default=None, help="server of the prompt LM (default: --api-base when "
                                                            "--prompt-lm is not given)")
-    g.add_argument("--prompt-max-tokens", type=int, default=None,
+    g.add_argument("--prompt-max-tokens", type=POSITIVE_INT, default=None,
                    help="max tokens per proposal call (default: 256 for the embedded model, whose proposals "
                         "otherwise ramble to the limit at temperature 1; --max-tokens for other LMs)")
     o = p.add_argument_group("optimizer")
@@ -91,21 +92,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where ReAnchor reads decision probabilities: the backend's token log-probabilities "
                         "(default; refused with a backend that returns none) or numbers the LM writes (verbal, "
                         "DSPy's own behaviour)")
-    o.add_argument("--candidates", type=int, default=None,
+    o.add_argument("--candidates", type=POSITIVE_INT, default=None,
                    help="MIPROv2 num_candidates (with --trials, replaces --auto)")
-    o.add_argument("--trials", type=int, default=None, help="MIPROv2 num_trials (with --candidates)")
-    o.add_argument("--max-bootstrapped-demos", type=int, default=2)
-    o.add_argument("--max-labeled-demos", type=int, default=0,
+    o.add_argument("--trials", type=POSITIVE_INT, default=None, help="MIPROv2 num_trials (with --candidates)")
+    o.add_argument("--max-bootstrapped-demos", type=COUNT, default=2)
+    o.add_argument("--max-labeled-demos", type=COUNT, default=0,
                    help="gold training examples as demos (programs supply the signature fields through "
                         "ProgramSpec.demo_fields; the span detector quotes the gold spans); 0 by default, which "
                         "keeps prompts short for the embedded model")
-    o.add_argument("--val-fraction", type=float, default=0.5,
+    o.add_argument("--val-fraction", type=ranged(number(0, 1, lo_open=True, hi_open=True)), default=0.5,
                    help="share of the compile set MIPROv2 validates candidates on (never the held-out fold)")
-    o.add_argument("--max-errors", type=int, default=None,
+    o.add_argument("--max-errors", type=COUNT, default=None,
                    help="LM/program errors tolerated inside one compile before it stops (default: DSPy's 10)")
-    o.add_argument("--folds", type=int, default=2, help="cross-validation folds; 1 = no cross-validation")
-    o.add_argument("--seed", type=int, default=0, help="seeds folds, splits and the optimizer")
-    o.add_argument("--threads", type=int, default=1, help="parallel program calls (the embedded model runs one "
+    o.add_argument("--folds", type=POSITIVE_INT, default=2, help="cross-validation folds; 1 = no cross-validation")
+    o.add_argument("--seed", type=COUNT, default=0, help="seeds folds, splits and the optimizer")
+    o.add_argument("--threads", type=POSITIVE_INT, default=1, help="parallel program calls (the embedded model runs one "
                                                           "call at a time anyway)")
     r = p.add_argument_group("outputs")
     r.add_argument("--test", default=None, metavar="PATH",
@@ -116,7 +117,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--report-dir", default=None, help="run reports (JSON) go here (default outputs/optimize)")
     r.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlruns/mlflow.db)")
-    r.add_argument("--max-failed-share", type=float, default=0.5,
+    r.add_argument("--max-failed-share", type=SHARE, default=0.5,
                    help="the run FAILS (exit 1, no artifact, MLflow status FAILED) when more than this share of "
                         "the held-out or test items failed, or of one compile's LM calls")
     r.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
@@ -124,6 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record every LM call of the program (compile included) as an MLflow trace (prompts "
                         "and outputs, credentials redacted; see halluscope ui)")
     r.add_argument("--quiet", action="store_true", help="hide DSPy's optimizer log")
+    add_debug_arg(r)
 
 
 def default_program(args, *, injected_lm: bool = False) -> tuple[str, str]:
@@ -270,7 +272,7 @@ def _run(args, parser: argparse.ArgumentParser) -> int:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     parser = build_parser()
-    return run(parser.parse_args(argv), parser)
+    return run_command(parser.parse_args(argv), lambda args: run(args, parser))
 
 
 def _stderr(line: str) -> None:
@@ -306,9 +308,10 @@ def _load_test(args, lang: str):
     try:
         examples = load_mushroom(path, lang=lang, split=split, context=args.context)
     except FileNotFoundError as e:
-        raise SystemExit(f"--test {path}: {e}\n(pass --context none if the test file has no context folder)")
+        hint = " (pass --context none if the test file has no context folder)" if "context" in str(e) else ""
+        raise InputError(f"argument --test: {one_line(e)}{hint}") from e
     except ValueError as e:
-        raise SystemExit(f"--test {path}: {e}")
+        raise InputError(f"argument --test: {one_line(e)}") from e
     if not examples:
         raise SystemExit(f"--test {path}: no {lang} items")
     if all(ex.get("label") is None for ex in examples):

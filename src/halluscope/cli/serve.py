@@ -25,7 +25,7 @@ import sys
 import time
 
 from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
-from halluscope.cli.common import add_lm_args, setup_lm
+from halluscope.cli.common import PORT, POSITIVE_INT, SECONDS, add_lm_args, setup_lm
 from halluscope.cli.detect import default_program
 from halluscope.detector import CompiledDetector
 from halluscope.metrics.adapters import METRICS
@@ -57,15 +57,15 @@ def add_parser(subparsers) -> None:
                         "project's sqlite store)")
     n = s.add_argument_group("server")
     n.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    n.add_argument("--port", type=int, default=8000)
+    n.add_argument("--port", type=PORT, default=8000)
     n.add_argument("--require-key", default=os.environ.get(KEY_ENV), metavar="KEY",
                    help=f"API key clients must send as X-API-Key (default ${KEY_ENV}); required off loopback")
-    n.add_argument("--timeout", type=float, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
-    n.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes)
-    n.add_argument("--max-batch", type=int, default=Limits.max_batch)
-    n.add_argument("--max-upload-bytes", type=int, default=Limits.max_upload_bytes,
+    n.add_argument("--timeout", type=SECONDS, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
+    n.add_argument("--max-body-bytes", type=POSITIVE_INT, default=Limits.max_body_bytes)
+    n.add_argument("--max-batch", type=POSITIVE_INT, default=Limits.max_batch)
+    n.add_argument("--max-upload-bytes", type=POSITIVE_INT, default=Limits.max_upload_bytes,
                    help="largest evidence file the page may upload to /v1/evidence (default %(default)s)")
-    n.add_argument("--lm-concurrency", type=int, default=1,
+    n.add_argument("--lm-concurrency", type=POSITIVE_INT, default=1,
                    help="requests inside LM programs at once (1 for the embedded model)")
     n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_lm_args(s)
