@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["read_jsonl", "iter_jsonl", "write_text_atomic", "create_unique_dir"]
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+__all__ = ["read_jsonl", "iter_jsonl", "write_text_atomic", "create_unique_dir", "file_lock"]
 
 
 def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
@@ -74,3 +80,20 @@ def create_unique_dir(root: str | Path, name: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"could not create a new folder {name}-N under {root}")
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path):
+    """An exclusive inter-process lock on the file ``path`` (created, with its folder) for the ``with`` block:
+    processes that take the same lock run the block one at a time. Where ``fcntl`` is missing (Windows) it does
+    not lock."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(f, fcntl.LOCK_UN)

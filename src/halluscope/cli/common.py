@@ -56,6 +56,39 @@ SHARE = ranged(number(0, 1))
 PORT = ranged(whole(0, 65535))
 
 
+def add_max_failed_share(p, default: float, what: str) -> None:
+    """``--max-failed-share``: the command fails (exit 1, the reason in one line) when more than this share of
+    its items failed: raised, or returned no usable output (:func:`halluscope.contract.item_failure`)."""
+    p.add_argument("--max-failed-share", type=SHARE, default=default,
+                   help=f"{what} FAILS (exit 1, the reason in one line) when more than this share of the items failed "
+                        f"(raised, or an LM output that could not be read, was cut or failed) (default {default:g})")
+
+
+def failed_share_line(n_failed: int, total: int, max_share: float, why: str, what: str = "items") -> str | None:
+    """``RUN FAILED: 3 of 4 items failed (unusable output: parse x3; more than --max-failed-share 0.5)``, or None
+    when at most ``max_share`` of ``total`` failed."""
+    if not total or n_failed / total <= max_share:
+        return None
+    return (f"RUN FAILED: {n_failed} of {total} {what} failed ({why + '; ' if why else ''}more than "
+            f"--max-failed-share {max_share:g})")
+
+
+def check_tracking(args, command: str) -> None:
+    """Before any work: when the run will record to MLflow (no ``--no-mlflow``, or ``--trace``), open the
+    tracking store (``--tracking-uri``, ``$MLFLOW_TRACKING_URI`` or the project's) and check that it answers; a bad
+    or hanging store is one line and exit status 2 within a few seconds, not a warning after the work."""
+    if getattr(args, "no_mlflow", True) and not getattr(args, "trace", False):
+        return
+    from halluscope.optimize.tracking import TrackingStoreError, check_tracking_store  # mlflow: only when tracking
+
+    try:
+        check_tracking_store(getattr(args, "tracking_uri", None))
+    except TrackingStoreError as e:
+        hint = " (--no-mlflow runs without tracking)" if hasattr(args, "no_mlflow") else ""
+        print(f"halluscope {command}: error: argument --tracking-uri: {e}; nothing was run{hint}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def add_lm_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("language model")
     g.add_argument("--lm", default=os.environ.get("HALLUSCOPE_LM", "local"),

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import dspy
 
-from halluscope.artifacts import best_version, list_versions
+from halluscope.artifacts import below_zero_shot, list_versions, rank_versions, zero_shot_score
 from halluscope.cli.common import (COUNT, POSITIVE_INT, SHARE, InputError, add_data_args, add_debug_arg,
-                                   add_lm_args, check_data_args, load_examples, one_line, parse_options, ranged,
-                                   run_command, setup_lm, setup_logging)
+                                   add_lm_args, check_data_args, check_tracking, load_examples, one_line,
+                                   parse_options, ranged, run_command, setup_lm, setup_logging)
 from halluscope.lm import make_lm
 from halluscope.loaders import get_dataset
 from halluscope.loaders.mushroom import load_mushroom
@@ -199,6 +199,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     if why:
         _stderr(why)
     validate_args(parser, args)
+    check_tracking(args, "optimize")  # before any work: a bad --tracking-uri is reported now, not after the compile
     if args.quiet:
         logging.getLogger("dspy").setLevel(logging.WARNING)
     spec = get(args.program)
@@ -372,14 +373,21 @@ def format_summary(res, *, compiled_dir=None) -> str:
     if artifact is not None:
         lines.append(f"artifact: {artifact.path} (version {artifact.version}, hash "
                      f"{artifact.manifest['content_hash'][:12]})")
-        best = best_version(list_versions(res.program, res.lang, res.metric, root=compiled_dir))
+        ranked = rank_versions(list_versions(res.program, res.lang, res.metric, root=compiled_dir), res.metric)
+        mine = next((r for r in ranked if r.info.version == artifact.version), None)
+        best = next((r for r in ranked if r.best), None)
         call = f"load_compiled({res.program!r}, lang={res.lang!r}, metric={res.metric!r}"
-        if best is not None and best.version == artifact.version:
+        if mine is not None and mine.best:
             lines.append(f"  load: {call})  (the best version)")
         else:
-            lines.append(f"  load: {call}, version={artifact.version})  (by default v{best.version:04d} is served: "
-                         + ("real-data versions beat demo-data ones"
-                            if artifact.manifest.get("source", "").startswith("demo") else "it scores higher") + ")")
+            lines.append(f"  load: {call}, version={artifact.version})  (by default v{best.info.version:04d} is "
+                         f"served; v{artifact.version:04d}: {mine.why if mine else 'not listed'})")
+        if below_zero_shot(artifact.manifest):
+            compiled, zero = artifact.manifest["cv"]["mean"]["compiled"][res.metric]["mean"], \
+                zero_shot_score(artifact.manifest)
+            lines.append(f"WARNING: compiled below zero-shot: cross-validated {res.metric} {compiled:.4f} compiled vs "
+                         f"{zero:.4f} zero-shot; the compile made the program worse. The version is marked BELOW "
+                         f"ZERO-SHOT (halluscope detect --list) and loses to any version that is not")
     else:
         lines.append(f"NO ARTIFACT WRITTEN: the run {res.status.lower()}: {res.error}")
         lines.append(f"what was done is saved in {res.report_path}")

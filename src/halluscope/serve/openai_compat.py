@@ -177,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=ranged(whole(0, 65535)), default=8081)
     p.add_argument("--n-ctx", type=ranged(whole(1)), default=8192)
+    p.add_argument("--n-threads", type=ranged(whole(1)), default=None,
+                   help="llama.cpp threads (default: llama.cpp's choice)")
     args = p.parse_args(argv)
-    backend = LlamaBackend(args.model, n_ctx=args.n_ctx)
+    backend = LlamaBackend(args.model, n_ctx=args.n_ctx, n_threads=args.n_threads)
     uvicorn.run(create_openai_app(backend, model_name=args.name), host=args.host, port=args.port, log_level="warning")
     return 0
 
