@@ -336,23 +336,28 @@ def mentions(text: str, lang: str = "") -> list[Mention]:
     nums_end = {mm.end for mm in out}
     for m in _WORDISH.finditer(text):
         w = m.group(0)
-        if w[0].isdigit() or any(a <= m.start() < b for a, b in taken) or text[m.end():m.end() + 1].isdigit():
+        if w[0].isdigit() or any(a <= m.start() < b for a, b in taken):
             continue
+        w_end = m.end()
+        if text[w_end:w_end + 1].isdigit():  # "km2", "km²" are units; "C7H6O4" holds none
+            if unit_of(w + text[w_end]) is None:
+                continue
+            w, w_end = w + text[w_end], w_end + 1
         nw = normalize(w)
         prev = text[:m.start()].rstrip()
         after_num = bool(prev) and (prev[-1].isdigit() or any(abs(e - m.start()) <= 1 for e in nums_end))
         val = written_number(w, lang)
         if val is not None:
-            out.append(Mention(m.start(), m.end(), "written", [canon(val)], [canon(val)]))
+            out.append(Mention(m.start(), w_end, "written", [canon(val)], [canon(val)]))
             continue
         mo = month_of(w)
         if mo is not None and (nw not in _AMBIGUOUS_MONTHS or re.search(r"\d\s*$", prev) or
                                re.match(r"\s*\d", text[m.end():])):
-            out.append(Mention(m.start(), m.end(), "month", [f"m{mo}"], []))
+            out.append(Mention(m.start(), w_end, "month", [f"m{mo}"], []))
             continue
         u = unit_of(w, after_number=after_num)
         if u is not None:
-            out.append(Mention(m.start(), m.end(), "unit", [f"u:{u}"], []))
+            out.append(Mention(m.start(), w_end, "unit", [f"u:{u}"], []))
     for m in _ZH_MONTH.finditer(text):
         x = int(normalize(m.group(1)))
         if 1 <= x <= 12:
