@@ -79,9 +79,10 @@ def test_value_support_format_variants_count_and_other_values_do_not():
     # small integers and written numbers occur in almost any text: no support from *somewhere* in the evidence
     # (the lexical match covers a verbatim "56"; "four" counts only in the aligned sentence, see align)
     assert sup["56"] == 0.0 and sup["four"] == 0.0
-    # a date whose parts are partly in the evidence: the share of them
-    us = units_of("12.05.1990")
-    assert value_support("12.05.1990", us, evidence, "de") == [pytest.approx(1 / 3)]
+    # a date or range: the share of its specific parts (the year; day and month are small integers)
+    assert value_support("12.05.1990", units_of("12.05.1990"), evidence, "de") == [1.0]
+    assert value_support("12.05.1991", units_of("12.05.1991"), evidence, "de") == [0.0]
+    assert value_support("1887-1890", units_of("1887-1890"), evidence, "de") == [0.5]
 
 
 # ---------------------------------------------------------------------------------------------------
