@@ -101,7 +101,7 @@ class GroundedDetector(dspy.Module):
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
                  window: int = 2,
                  fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
-                 numbers: bool = True, align: bool = True, encoder: bool = True, rules: bool = True):
+                 numbers: bool = True, align: bool = True, encoder: bool = False, rules: bool = True):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -336,21 +336,23 @@ class GroundedDetector(dspy.Module):
 
 
 def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin: float = 0.02) -> list[float]:
-    """The #19 rules on rescaled unit probabilities (threshold = 0.5): a unit fully supported in its aligned
-    evidence sentence (``unsup`` = 0, ``al_verb`` = 1, no ``al_subst``, not itself a mismatched negation cue) goes
-    below 0.5 (at most
-    ``0.5 - margin``); a substitution in the same slot or a negation cue missing from the aligned sentence goes
-    above it (at least ``0.5 + margin``). A no-op when the features are not there (an older artifact)."""
-    need = ("unsup", "al_verb", "al_subst", "al_neg")
+    """The #19 rules on rescaled unit probabilities (threshold = 0.5). A unit is *supported* when it is in the
+    evidence (``unsup`` = 0), verbatim in its aligned evidence sentence (``al_verb`` = 1) and not a substitution;
+    supported numbers and every unit of a sentence whose units are all supported go below 0.5 (at most
+    ``0.5 - margin``): a verbatim number is not flagged, an answer whose every unit is supported is labelled
+    correct. A substitution in the same slot or a negation cue missing from the aligned sentence goes above it
+    (at least ``0.5 + margin``). A no-op when the features are not there (an older artifact)."""
+    need = ("unsup", "al_verb", "al_subst", "al_neg", "sent_unsup", "is_num")
     if not all(n in features for n in need) or not len(X):
         return scaled
     j = {n: features.index(n) for n in need}
     out = []
     for s, row in zip(scaled, X):
         conflict = row[j["al_subst"]] >= 1.0 or row[j["al_neg"]] >= 1.0
+        supported = row[j["unsup"]] <= 0.0 and row[j["al_verb"]] >= 1.0 and row[j["al_subst"]] <= 0.0
         if conflict:
             s = max(s, 0.5 + margin)
-        elif row[j["unsup"]] <= 0.0 and row[j["al_verb"]] >= 1.0 and row[j["al_subst"]] <= 0.0:
+        elif supported and (row[j["is_num"]] >= 1.0 or row[j["sent_unsup"]] <= 0.0):
             s = min(s, 0.5 - margin)
         out.append(s)
     return out
