@@ -101,7 +101,7 @@ class GroundedDetector(dspy.Module):
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
                  window: int = 2,
                  fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
-                 numbers: bool = True, align: bool = True, encoder: bool = False, rules: bool | str = True):
+                 numbers: bool = True, align: bool = True, encoder: bool = False, rules: bool | str = False):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
