@@ -115,6 +115,7 @@ class GroundedDetector(dspy.Module):
         self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
         self.lm_item_tokens = int(lm_item_tokens)
         self.window, self.fuzzy, self.l2, self.aggregate = int(window), bool(fuzzy), float(l2), aggregate
+        rules = {"true": True, "false": False}.get(rules, rules) if isinstance(rules, str) else rules
         if rules not in (True, False, "all", "numbers"):
             raise ValueError(f"rules must be true, false, 'all' or 'numbers', not {rules!r}")
         self.use_numbers, self.use_align, self.use_rules = bool(numbers), bool(align), bool(rules)
