@@ -207,7 +207,7 @@ def test_value_support_enters_unsup():
     ("The Eiffel Tower is in Paris. " * 40_000, "evidence_truncated"),   # about 1.2 MB
 ])
 def test_bad_evidence_has_a_defined_fallback_and_a_counted_note(context, note):
-    det = get("grounded").make(encoder=False)
+    det = get("grounded").make(align=True, encoder=False)
     pred = det(answer="Tokyo had 14 million people in 2020.", question="How many people live in Tokyo?",
                context=context, lang="en")
     assert pred.failures.get(note) == 1
@@ -226,7 +226,7 @@ def test_other_script_evidence_still_supports_numbers():
 
 
 def test_one_unit_answers_and_empty_answers_do_not_crash():
-    det = get("grounded").make(encoder=False)
+    det = get("grounded").make(align=True, rules=True)
     p = det(answer="1889", context="Built in 1889.", lang="en")
     assert len(p.units) == 1
     p = det(answer="Berlin", context="The tower is in Paris.", lang="en")

