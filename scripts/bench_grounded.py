@@ -76,12 +76,22 @@ def baseline(name: str, examples) -> dict:
     return score(examples, [prog(**inputs_of(ex)) for ex in examples])
 
 
+#: item features shared by every fit of a run (only the IDF columns depend on the fold: they are recomputed)
+FEATURE_CACHE: dict = {}
+
+
+def make(opts: dict) -> GroundedDetector:
+    module = GroundedDetector(**opts)
+    module.feature_cache = FEATURE_CACHE
+    return module
+
+
 def cv_predict(examples, opts: dict, k: int, metric: str, seed: int = 0, fit_log: list | None = None) -> list:
     preds = [None] * len(examples)
     for fold in folds_of(len(examples), k, seed):
         held = set(fold)
         train = [ex for i, ex in enumerate(examples) if i not in held]
-        module = GroundedDetector(**opts)
+        module = make(opts)
         t = time.perf_counter()
         info = fit_grounded(module, train, metric)
         if fit_log is not None:
@@ -154,20 +164,35 @@ def cmd_ablation(args):
         "support + idf": {"support": True, "idf": True, "genlogits": False, "lm": False},
         "all no-LM (support + idf + genlogits)": {"support": True, "idf": True, "genlogits": True, "lm": False},
     }
+    if args.set == "19":  # the signals of issue 19 on top of issue 9's default (support + idf + genlogits)
+        off = {"numbers": False, "align": False, "encoder": False}
+        configs = {
+            "issue 9 default (support + idf + genlogits)": dict(off),
+            "+ numbers": {**off, "numbers": True},
+            "+ align (lexical alignment, no encoder)": {**off, "align": True},
+            "+ align + encoder": {**off, "align": True, "encoder": True},
+            "+ numbers + align (lexical)": {**off, "numbers": True, "align": True},
+            "+ numbers + align + encoder (all)": {"numbers": True, "align": True, "encoder": True},
+        }
     if base.get("lm"):
         configs["lm only"] = {"support": False, "idf": False, "genlogits": False, "lm": True}
         configs["all + lm"] = {"support": True, "idf": True, "genlogits": True, "lm": True}
     data = {lang: load(args, lang) for lang in args.langs}
     print(f"\nAblation: {args.folds}-fold CV per language, mean over {len(args.langs)} languages ({', '.join(args.langs)})\n")
-    print("| signals | mean IoU | mean Corr | mean MaxIoU | languages above mark-all |")
-    print("|---|---|---|---|---|")
+    print(f"fold seeds {args.seeds}\n")
+    print("| signals | mean IoU | mean Corr | mean MaxIoU | languages above mark-all | IoU per language |")
+    print("|---|---|---|---|---|---|")
     ma = {lang: baseline("mark-all", exs) for lang, exs in data.items()}
     for name, cfg in configs.items():
         opts = {**base, **cfg}
-        per = {lang: score(exs, cv_predict(exs, opts, args.folds, args.metric)) for lang, exs in data.items()}
+        per = {}
+        for lang, exs in data.items():
+            seeds = [score(exs, cv_predict(exs, opts, args.folds, args.metric, seed=sd)) for sd in args.seeds]
+            per[lang] = {k: float(np.mean([x[k] for x in seeds])) for k in ("iou", "corr", "maxiou")}
         m = {k: np.mean([s[k] for s in per.values()]) for k in ("iou", "corr", "maxiou")}
         above = sum(per[lang]["iou"] > ma[lang]["iou"] for lang in data)
-        print(f"| {name} | {m['iou']:.3f} | {m['corr']:.3f} | {m['maxiou']:.3f} | {above}/{len(data)} |", flush=True)
+        print(f"| {name} | {m['iou']:.3f} | {m['corr']:.3f} | {m['maxiou']:.3f} | {above}/{len(data)} | "
+              + " ".join(f"{lang} {per[lang]['iou']:.3f}" for lang in data) + " |", flush=True)
 
 
 def cmd_xling(args):
@@ -179,7 +204,7 @@ def cmd_xling(args):
     allg, allm = [], []
     for lang, exs in data.items():
         train = [ex for l2, e2 in data.items() if l2 != lang for ex in e2]
-        module = GroundedDetector(**opts)
+        module = make(opts)
         info = fit_grounded(module, train, args.metric)
         g = score(exs, [module(**inputs_of(ex)) for ex in exs])
         ma = baseline("mark-all", exs)
@@ -395,6 +420,7 @@ def main(argv=None):
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fold-assignment seeds (cv)")
     ap.add_argument("--metric", default="iou")
+    ap.add_argument("--set", default="9", choices=["9", "19"], help="ablation: issue 9's signals or issue 19's")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("-O", action="append", default=[], help="build option name=value (JSON value)")
     ap.add_argument("--lang", default="en", help="response: the grounded/<lang>/iou artifact whose unit part is used")

@@ -844,3 +844,16 @@ def test_optimize_compiles_the_fused_detectors_prompts_then_fits_the_combiner(tm
     assert len(art.program.detectors[0].extract.demos) == 1  # the spans stage was compiled
     assert art.program.fitted and "det_spans" in art.program.features  # and the combiner fitted on its outputs
     assert art.manifest["task_lm"]["model"] == "scripted/test"
+
+
+def test_a_state_fitted_before_the_19_signals_loads_and_computes_its_own_features():
+    """An artifact written before numbers/align/encoder existed (its feature list has none of them) loads into
+    today's default program and computes exactly its own features (#19)."""
+    exs = fixture_examples()
+    old = get("grounded").make(numbers=False, align=False, encoder=False)
+    fit_grounded(old, exs, "iou")
+    state = json.loads(json.dumps(old.dump_state()))
+    fresh = get("grounded").make().load_state(state)
+    assert fresh.features == old.features and not ({"ctx_value", "al_subst", "al_sim"} & set(fresh.features))
+    for ex in exs:
+        assert fresh(**inputs(ex)).soft_labels == old(**inputs(ex)).soft_labels

