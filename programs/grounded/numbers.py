@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from halluscope.programs.grounded.units import AnswerUnit, normalize
 
 __all__ = ["parse_number", "mentions", "Mention", "unit_of", "month_of", "written_number", "ValueIndex",
-           "value_support", "canon", "DECIMAL_COMMA", "value_kind"]
+           "value_support", "canon", "DECIMAL_COMMA", "value_kind", "specific"]
 
 #: languages whose decimal separator is the comma (thousands: "." or a space)
 DECIMAL_COMMA = {"de", "es", "fr", "it", "fi", "sv", "ca", "cs", "eu", "pt", "nl", "da", "no", "pl", "ru", "tr"}
@@ -35,7 +35,9 @@ DECIMAL_POINT = {"en", "zh", "hi", "ja", "ko", "he"}
 
 _SPACE = "[ \u00a0\u202f\u2009]"
 # a number in running text: digits with inner separators, or groups of three after spaces (1 000 000)
-_NUMBER = re.compile(rf"\d{{1,3}}(?:{_SPACE}\d{{3}})+(?![\d])|\d+(?:[.,'’\u066b\u066c]\d+)*")
+_LETTER = r"A-Za-z\u00c0-\u024f\u0370-\u052f\u0600-\u06ff\u0900-\u097f"   # letters (not CJK) a number must not touch
+_NUMBER = re.compile(rf"(?<![{_LETTER}\d])(?:\d{{1,3}}(?:{_SPACE}\d{{3}})+(?![\d])|\d+(?:[.,'’\u066b\u066c]\d+)*)"
+                     rf"(?![{_LETTER}\d])")
 _COMPOUND = re.compile(r"\d+(?:\s*[-–—/:]\s*\d+)+")
 
 
@@ -300,7 +302,8 @@ def mentions(text: str, lang: str = "") -> list[Mention]:
     out: list[Mention] = []
     taken = []
     # compound numbers first: dates, times, ranges, fractions (12.05.1995, 1887-1889, 10:30, 3/4)
-    for m in re.finditer(r"\d{1,4}(?:([./-])\d{1,2}\1\d{1,4})|\d+(?:\s*[-–—/:]\s*\d+)+", text):
+    for m in re.finditer(rf"(?<![{_LETTER}\d])(?:\d{{1,4}}(?:([./-])\d{{1,2}}\1\d{{1,4}})|\d+(?:\s*[-–—/:]\s*\d+)+)"
+                         rf"(?![{_LETTER}\d])", text):
         s = m.group(0)
         parts = [canon(float(normalize(p))) for p in re.findall(r"\d+", s) if normalize(p).isdigit()]
         kind = "date" if re.fullmatch(r"\d{1,4}([./-])\d{1,2}\1\d{1,4}", s) else "range"
@@ -335,21 +338,26 @@ def mentions(text: str, lang: str = "") -> list[Mention]:
         w = m.group(0)
         if w[0].isdigit() or any(a <= m.start() < b for a, b in taken):
             continue
+        w_end = m.end()
+        if text[w_end:w_end + 1].isdigit():  # "km2", "km²" are units; "C7H6O4" holds none
+            if unit_of(w + text[w_end]) is None:
+                continue
+            w, w_end = w + text[w_end], w_end + 1
         nw = normalize(w)
         prev = text[:m.start()].rstrip()
         after_num = bool(prev) and (prev[-1].isdigit() or any(abs(e - m.start()) <= 1 for e in nums_end))
         val = written_number(w, lang)
         if val is not None:
-            out.append(Mention(m.start(), m.end(), "written", [canon(val)], [canon(val)]))
+            out.append(Mention(m.start(), w_end, "written", [canon(val)], [canon(val)]))
             continue
         mo = month_of(w)
         if mo is not None and (nw not in _AMBIGUOUS_MONTHS or re.search(r"\d\s*$", prev) or
                                re.match(r"\s*\d", text[m.end():])):
-            out.append(Mention(m.start(), m.end(), "month", [f"m{mo}"], []))
+            out.append(Mention(m.start(), w_end, "month", [f"m{mo}"], []))
             continue
         u = unit_of(w, after_number=after_num)
         if u is not None:
-            out.append(Mention(m.start(), m.end(), "unit", [f"u:{u}"], []))
+            out.append(Mention(m.start(), w_end, "unit", [f"u:{u}"], []))
     for m in _ZH_MONTH.finditer(text):
         x = int(normalize(m.group(1)))
         if 1 <= x <= 12:
@@ -396,14 +404,27 @@ def unit_mentions(units: list[AnswerUnit], ments: list[Mention]) -> list[Mention
     return out
 
 
+def specific(value: str) -> bool:
+    """Whether a value says something when found *somewhere* in the evidence: months, units of measure,
+    decimals, and integers from 100 (small integers, written numbers and the parts of football scores occur in
+    almost any text: they count as support only in the aligned evidence sentence, :mod:`.align`)."""
+    try:
+        x = float(value)
+    except ValueError:
+        return True
+    return not (x.is_integer() and x < 100)
+
+
 def mention_support(m: Mention | None, idx: ValueIndex) -> float:
-    """The share of a mention's meaning the evidence holds: 1.0 when one of its values is there (or, for a date or
-    range, the share of its parts that are), 0.0 otherwise or when there is no mention."""
+    """The share of a mention's meaning the evidence holds: 1.0 when one of its :func:`specific` values is
+    there (for a date or range: the share of its specific parts that are), 0.0 otherwise, when it has no
+    specific value, or when there is no mention."""
     if m is None or idx.empty:
         return 0.0
     if m.kind in ("date", "range"):
-        return sum(p in idx.values for p in m.parts) / len(m.parts) if m.parts else 0.0
-    return 1.0 if any(v in idx.values for v in m.values) else 0.0
+        parts = [p for p in m.parts if specific(p)]
+        return sum(p in idx.values for p in parts) / len(parts) if parts else 0.0
+    return 1.0 if any(v in idx.values for v in m.values if specific(v)) else 0.0
 
 
 def value_support(answer: str, units: list[AnswerUnit], idx: ValueIndex, lang: str = "",
