@@ -13,9 +13,21 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 DATA=../shared/data/mushroom
 if [[ "${1:-}" == "--data-dir" ]]; then DATA=$2; shift 2; fi
+HC=${HC:-../shared/data/halluclean}
 for lang in ar de en es fi fr hi it sv zh all; do
     echo "== grounded / $lang" >&2
+    # the English and cross-lingual artifacts (what `detect --lang en` and a language without its own artifact
+    # load) also carry a response head fitted on the HalluClean dev sets, pooled (#19, BENCHMARKS.md)
+    head=()
+    if [[ "$lang" == en || "$lang" == all ]]; then head=(-O "response_data=$HC"); fi
     nice -n 5 "$PY" optimize.py --program grounded --metric iou --lang "$lang" --data-dir "$DATA" \
-        --context native --folds 5 "$@"
+        --context native --folds 5 "${head[@]}" "$@"
+done
+# per-task response artifacts (`detect --task qa`): the unit part of the English artifact just written, a
+# response head fitted on the task's labels, its threshold for F1 (#19)
+for task in qa dialogue summarization; do
+    echo "== grounded / halluclean $task" >&2
+    nice -n 5 "$PY" optimize.py --program grounded --dataset halluclean --task "$task" --metric f1 \
+        --data-dir "$HC" --folds 5 "$@"
 done
 nice -n 5 "$PY" -m pytest -q tests/test_grounded_cases.py
