@@ -176,6 +176,9 @@ def cmd_ablation(args):
         }
         if args.only:
             configs = {k: v for k, v in configs.items() if any(o in k for o in args.only)}
+    if args.set == "combiner":  # issue 19: the unit combiner, same features and folds
+        configs = {"logistic regression (combiner=logreg)": {"combiner": "logreg"},
+                   "gradient-boosted trees (combiner=trees)": {"combiner": "trees"}}
     if base.get("lm"):
         configs["lm only"] = {"support": False, "idf": False, "genlogits": False, "lm": True}
         configs["all + lm"] = {"support": True, "idf": True, "genlogits": True, "lm": True}
@@ -317,9 +320,14 @@ def cmd_response(args):
         P = np.array([[float(r[list(RESPONSE_BASE).index("p_max")]), float(r[list(RESPONSE_BASE).index("p_content_max")])]
                       for r in X])
         data[task] = (X, y, g, P)
+    feats = module.response_features
+    if args.drop_features:  # an ablation: the heads without these response features (e.g. the answer's length)
+        keep = [j for j, f in enumerate(feats) if f not in set(args.drop_features)]
+        data = {t: (X[:, keep], y, g, P) for t, (X, y, g, P) in data.items()}
+        feats = [feats[j] for j in keep]
+        print(f"heads without {args.drop_features}\n")
     n_items = sum(len(v[1]) for v in data.values())
     print(f"(features of {n_items} answers in {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    feats = module.response_features
     print("| decision | task | FPR (correct flagged) | TPR (hallucinated caught) | F1 | AUC | pair ranking | paper F1 |")
     print("|---|---|---|---|---|---|---|---|")
 
@@ -350,6 +358,8 @@ def cmd_response(args):
               f"{100 * pr:.0f}% | {PAPER_F1[task]} |", flush=True)
 
     for kind, metric in (("logreg", "f1"), ("logreg", "balanced_accuracy"), ("trees", "f1")):
+        if kind not in args.head_kinds or args.skip_per_task:
+            continue
         for task, (X, y, g, P) in data.items():
             row_seeds(f"per-task head ({kind}, threshold for {metric})", task, y, g,
                       mean_over_seeds(X, y, g, kind, metric))
@@ -357,7 +367,7 @@ def cmd_response(args):
     ya = np.concatenate([data[t][1] for t in tasks])
     ga = [f"{t}:{k}" for t in tasks for k in data[t][2]]
     offs = np.cumsum([0] + [len(data[t][1]) for t in tasks])
-    for kind in ("logreg", "trees"):
+    for kind in ([] if args.skip_pooled else args.head_kinds):
         runs = mean_over_seeds(Xa, ya, ga, kind, "balanced_accuracy")
         for i, task in enumerate(tasks):
             row_seeds(f"pooled head ({kind}, threshold for balanced accuracy)", task, ya, ga, runs,
@@ -423,12 +433,18 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fold-assignment seeds (cv)")
     ap.add_argument("--metric", default="iou")
     ap.add_argument("--only", nargs="*", default=None, help="ablation: only the rows whose name contains one of these")
-    ap.add_argument("--set", default="9", choices=["9", "19"], help="ablation: issue 9's signals or issue 19's")
+    ap.add_argument("--set", default="9", choices=["9", "19", "combiner"],
+                    help="ablation: issue 9's signals, issue 19's, or the unit combiner (logreg vs trees)")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("-O", action="append", default=[], help="build option name=value (JSON value)")
     ap.add_argument("--lang", default="en", help="response: the grounded/<lang>/iou artifact whose unit part is used")
     ap.add_argument("--version", default=None, help="response: pin that artifact's version (default: the best)")
     ap.add_argument("--head-l2", type=float, default=10.0, help="response: the heads' L2 penalty")
+    ap.add_argument("--head-kinds", nargs="+", default=["logreg", "trees"], choices=["logreg", "trees"],
+                    help="response: the head models compared")
+    ap.add_argument("--drop-features", nargs="*", default=[], help="response: head features left out (ablation)")
+    ap.add_argument("--skip-per-task", action="store_true", help="response: only the rules and the pooled heads")
+    ap.add_argument("--skip-pooled", action="store_true", help="response: no pooled heads")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     {"cv": cmd_cv, "ablation": cmd_ablation, "xling": cmd_xling,

@@ -86,8 +86,8 @@ def test_an_answer_whose_content_units_are_all_supported_is_labelled_correct():
     m.threshold = 0.3  # low enough that the unsupported function words cross it
     ctx = "Paris capital France. The city has museums."
     pred = m(answer="Paris is the capital of France", context=ctx, question="")
-    flagged = [u for u in pred.units if u.label == "unsupported"]
-    assert flagged and {u.text for u in flagged} <= {"is", "the", "of"}  # only function words
+    flagged = [u for u in pred.units if u["label"] == "unsupported"]
+    assert flagged and {u["text"] for u in flagged} <= {"is", "the", "of"}  # only function words
     assert pred.label is False and pred.score <= 0.5
     wrong = m(answer="Lyon is the capital of France", context=ctx, question="")
     assert wrong.label is True  # a content unit (Lyon) lacks support
