@@ -211,3 +211,21 @@ def test_optimize_on_a_halluclean_task_and_detect_with_task(tmp_path, capsys):
     assert "program grounded" in err and "grounded/qa/f1/v0001" in err
     row = json.loads(out)
     assert row["ok"] is True and row["label"] is True
+
+
+@pytest.mark.parametrize("task", ["qa", "dialogue", "summarization"])
+def test_committed_per_task_artifacts_load_and_carry_a_head(task):
+    from halluscope.artifacts import load_compiled
+
+    det = load_compiled("grounded", lang=task, metric="f1")
+    m = det.program
+    assert m.head is not None and 0.0 < m.head.threshold < 1.0
+    held = m.head.info["held_out"]
+    assert held["folds"] == 5 and held["n"] >= 170  # fitted on the whole dev set, scored on held-out folds
+    assert det.manifest["cv"]["k"] == 5 and det.manifest["final"]["units_from"].startswith("compiled/grounded/en/iou")
+    if task == "qa":  # HaluEval QA: a short right answer vs an invented, longer one
+        q, ctx = "Which city is the capital of Chile?", "Santiago is the capital and largest city of Chile."
+        right = m(question=q, answer="Santiago", context=ctx)
+        wrong = m(question=q, answer="The capital of Chile is Valparaiso, which was founded by Portuguese "
+                                     "sailors in 1623.", context=ctx)
+        assert right.label is False and wrong.label is True
