@@ -229,3 +229,19 @@ def test_committed_per_task_artifacts_load_and_carry_a_head(task):
         wrong = m(question=q, answer="The capital of Chile is Valparaiso, which was founded by Portuguese "
                                      "sailors in 1623.", context=ctx)
         assert right.label is False and wrong.label is True
+
+
+def test_span_fit_with_response_data_also_fits_a_pooled_head(tmp_path):
+    data = tmp_path / "halluclean"
+    data.mkdir()
+    (data / "QA.dev.json").write_text(json.dumps(qa_records()))
+    m = get("grounded").make(response_data=str(data), response_tasks="qa", **FAST)
+    info = fit_grounded(m, fixture_examples(16), "iou")
+    assert info["n_items"] == 16 and m.head is not None  # the unit part on the span labels, then the head
+    resp = info["response"]
+    assert resp["tasks"] == ["qa"] and resp["n"] == 2 * len(CITIES) and len(resp["data_hash"]) == 64
+    assert resp["threshold_metric"] == "balanced_accuracy" and "pooled" in m.head.info["data"]
+    state = json.loads(json.dumps(m.dump_state()))
+    again = get("grounded").make(response_data=str(data), response_tasks="qa", **FAST).load_state(state)
+    ex = fixture_examples(2)[0]
+    assert again(**inputs(ex)).score == m(**inputs(ex)).score
