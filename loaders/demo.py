@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from halluscope.contract import hard_labels_from_soft
-from halluscope.files import write_text_atomic
+from halluscope.files import file_lock, write_text_atomic
 from halluscope import paths
 
 __all__ = [
@@ -507,17 +507,24 @@ def demo_data_dir(root: str | os.PathLike | None = None) -> Path:
     """``root`` (default :func:`halluscope.paths.demo_data_dir`: ``<home>/demo_data``), written on first use.
 
     Idempotent: rewritten only when its ``VERSION`` file differs from :data:`DEMO_VERSION` (the
-    generator or the items changed); stale ``val/`` and ``context/`` are removed first.
+    generator or the items changed); stale ``val/`` and ``context/`` are removed first. The check-and-write runs
+    under an inter-process lock (``<root>/.write.lock``), so concurrent first runs (several ``optimize.py`` in a
+    fresh home folder) write the set once, one after the other, and never remove each other's files.
     """
     out = Path(root) if root is not None else paths.demo_data_dir()
     version_file = out / "VERSION"
-    try:
-        current = version_file.read_text(encoding="utf-8").strip()
-    except OSError:
-        current = None
-    if current != DEMO_VERSION:
-        for sub in ("val", "context"):
-            shutil.rmtree(out / sub, ignore_errors=True)
-        write_demo_data(out)
-        _write_text(version_file, DEMO_VERSION + "\n")  # last: a partial write is redone
+    if _read_version(version_file) != DEMO_VERSION:
+        with file_lock(out / ".write.lock"):
+            if _read_version(version_file) != DEMO_VERSION:  # not written meanwhile by a concurrent process
+                for sub in ("val", "context"):
+                    shutil.rmtree(out / sub, ignore_errors=True)
+                write_demo_data(out)
+                _write_text(version_file, DEMO_VERSION + "\n")  # last: a partial write is redone
     return out
+
+
+def _read_version(version_file: Path) -> str | None:
+    try:
+        return version_file.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None

@@ -46,6 +46,7 @@ task``, like the HalluClean loader's.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -58,7 +59,9 @@ from typing import Any
 import dspy
 
 from halluscope.loaders.halluclean import INPUT_FIELDS
-from halluscope.loaders.mushroom import gold_from_record
+from halluscope.files import iter_jsonl
+from halluscope.literals import parse_text_value
+from halluscope.loaders.mushroom import check_gold, gold_from_record
 from halluscope.loaders.registry import DatasetArgumentError
 
 __all__ = [
@@ -159,13 +162,25 @@ def decode_label(value: Any) -> bool | None:
 
 
 def _spans(v: Any) -> Any:
-    """A span column's value: a list, or its JSON text (CSV); missing -> None."""
+    """A span column's value: a list, or its text as JSON or a Python repr (a CSV; pandas writes lists so, read by
+    :func:`halluscope.literals.parse_text_value`, never evaluated); missing -> None."""
     if _missing(v):
         return None
     if isinstance(v, str):
         s = v.strip()
-        return json.loads(s) if s else None
-    return list(v)
+        return parse_text_value(s) if s else None
+    return _plain(v)
+
+
+def _plain(v: Any) -> Any:
+    """Nested tuples and arrays (a columnar source) as lists, recursively."""
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
 
 
 def _clean_meta(name: str, v: Any) -> Any:
@@ -176,9 +191,69 @@ def _clean_meta(name: str, v: Any) -> Any:
 
 # -- opening --------------------------------------------------------------------------------------------
 
+_TEXT_FORMATS = {".jsonl", ".ndjson", ".json", ".csv", ".tsv"}
+
+
+def check_text_file(path: Path) -> None:
+    """Refuse a local JSON/JSONL/CSV/TSV file that is not UTF-8 text, or a JSONL line that is not a JSON object,
+    with a ``ValueError`` naming the file and the line, before ``datasets`` reads it (it would name neither)."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        for _ in iter_jsonl(path):
+            pass
+        return
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            nul = raw.find(b"\x00")
+            if nul >= 0:
+                raise ValueError(f"{path}: line {lineno}: a NUL byte at column {nul + 1}: a binary file, not "
+                                 f"{suffix[1:].upper()} text")
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}: line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                                 f"{e.start + 1}); save the file as UTF-8") from None
+
+
+def row_lines(source: str | os.PathLike) -> list[int] | None:
+    """The line each data row of a local JSONL/CSV/TSV file starts on (for error messages); None for other
+    sources. A CSV record may span several lines (a quoted newline): its first line is given."""
+    p = Path(str(source)).expanduser()
+    suffix = p.suffix.lower()
+    if not p.is_file() or suffix not in (".jsonl", ".ndjson", ".csv", ".tsv"):
+        return None
+    if suffix in (".jsonl", ".ndjson"):
+        return [lineno for lineno, _ in iter_jsonl(p)]
+    with open(p, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter="\t" if suffix == ".tsv" else ",")
+        starts, previous_end = [], 0
+        for record in reader:
+            if record:  # pandas skips blank lines too
+                starts.append(previous_end + 1)
+            previous_end = reader.line_num
+    return starts[1:]  # the header is no row
+
+
+def _unreadable(path: Path, fmt: str, error: Exception) -> ValueError:
+    """A one-line error for a local file ``datasets`` could not read (its own messages run to many lines)."""
+    if fmt == "json" and path.suffix.lower() == ".json":
+        try:  # a malformed JSON document: say where
+            json.loads(path.read_text(encoding="utf-8-sig"))
+        except json.JSONDecodeError as e:
+            return ValueError(f"{path}: line {e.lineno}: malformed JSON ({e.msg} at column {e.colno})")
+        except (OSError, UnicodeError, RecursionError):
+            pass
+    cause = error.__cause__ or error
+    first = (str(cause).strip().splitlines() or [""])[0][:300]
+    return ValueError(f"{path}: cannot be read as {fmt} ({type(cause).__name__}: {first})")
+
+
 @contextmanager
 def _quiet_datasets():
-    """No progress bars or info lines from ``datasets`` while a file is opened (they would fill the log)."""
+    """No progress bars, info or error lines from ``datasets`` while a file is opened (they would fill the log; a
+    file it cannot read is reported by :func:`_unreadable` in one line)."""
     # `datasets` is imported where it is used: it pulls in pyarrow and pandas (about a second), which no other
     # command needs.
     import datasets
@@ -187,7 +262,7 @@ def _quiet_datasets():
     was_disabled = datasets.are_progress_bars_disabled()
     level = ds_logging.get_verbosity()
     datasets.disable_progress_bars()
-    ds_logging.set_verbosity_error()
+    ds_logging.set_verbosity(ds_logging.CRITICAL)  # a file it cannot read is our one-line error, not its log
     try:
         yield
     finally:
@@ -224,7 +299,12 @@ def open_rows(source: str | os.PathLike, *, split: str | None = None,
                                  f"{', '.join(LOCAL_FORMATS)}")
             kwargs = {"delimiter": "\t"} if p.suffix.lower() == ".tsv" else {}
             where = str(p)
-            data = datasets.load_dataset(fmt, data_files=str(p), cache_dir=cache, **kwargs)
+            if p.suffix.lower() in _TEXT_FORMATS:
+                check_text_file(p)  # names the line of a binary or malformed file
+            try:
+                data = datasets.load_dataset(fmt, data_files=str(p), cache_dir=cache, **kwargs)
+            except Exception as e:  # noqa: BLE001 - pyarrow/pandas/datasets raise many kinds for a bad file
+                raise _unreadable(p, fmt, e) from None
         elif p.is_dir():
             where = str(p)
             data = datasets.load_dataset(str(p), cache_dir=cache)
@@ -277,11 +357,11 @@ def _resolve_columns(columns: Mapping[str, str], have: list[str], where: str) ->
 
 
 def _case(row: dict, index: int, cols: dict[str, str], *, stem: str, where: str, lang: str | None,
-          task: str | None, context: str | None) -> dict:
+          task: str | None, context: str | None, line: int | None = None) -> dict:
     used = set(cols.values())
     get = lambda f: row.get(cols[f]) if f in cols else None  # noqa: E731
     item_id = _text(get("id")) or f"{stem}-{index}"
-    at = f"{where}: row {index} (id {item_id!r})"
+    at = f"{where}: row {index} ({f'line {line}, ' if line else ''}id {item_id!r})"
     case: dict[str, Any] = {
         "id": item_id,
         "question": _text(get("question")),
@@ -297,11 +377,17 @@ def _case(row: dict, index: int, cols: dict[str, str], *, stem: str, where: str,
         except ValueError as e:
             raise ValueError(f"{at}: column {cols['label']!r}: {e}") from None
     if "hard_labels" in cols or "soft_labels" in cols:
+        which = " / ".join(repr(cols[f]) for f in ("hard_labels", "soft_labels") if f in cols)
         try:
-            hard, soft, _, span_label = gold_from_record({"hard_labels": _spans(get("hard_labels")),
-                                                          "soft_labels": _spans(get("soft_labels"))})
-        except (ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
-            which = " / ".join(repr(cols[f]) for f in ("hard_labels", "soft_labels") if f in cols)
+            gold = {"hard_labels": _spans(get("hard_labels")), "soft_labels": _spans(get("soft_labels"))}
+            # offsets inside the answer, start < end, probabilities in [0, 1]: else refused, never scored
+            check_gold({"model_output_text": case["answer"], **gold}, f"{at}: column {which}")
+            hard, soft, _, span_label = gold_from_record(gold)
+        except ValueError as e:
+            if str(e).startswith(at):
+                raise
+            raise ValueError(f"{at}: column {which}: not span labels ({e})") from None
+        except (TypeError, KeyError) as e:
             raise ValueError(f"{at}: column {which}: not span labels ({type(e).__name__}: {e})") from None
         if span_label is not None:
             case["hard_labels"], case["soft_labels"] = hard, soft
@@ -338,6 +424,9 @@ def load_generic(
     if limit is not None and (isinstance(limit, bool) or int(limit) < 0):
         raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
     rows, have, where = open_rows(source, split=split, cache_dir=cache_dir)
+    lines = row_lines(source)
+    if lines is not None and len(lines) != len(rows):  # a reader that skipped or merged rows: no line numbers
+        lines = None
     cols = _resolve_columns(mapping, have, where)
     stem = Path(str(source)).stem if Path(str(source)).expanduser().exists() else str(source).rsplit("/", 1)[-1]
     want_lang = lang.strip().lower() if lang else None
@@ -346,7 +435,8 @@ def load_generic(
     for i, row in enumerate(rows):
         if limit is not None and len(cases) >= int(limit):
             break
-        case = _case(row, i, cols, stem=stem, where=where, lang=want_lang, task=task, context=context)
+        case = _case(row, i, cols, stem=stem, where=where, lang=want_lang, task=task, context=context,
+                     line=lines[i] if lines is not None and i < len(lines) else None)
         if want_lang and "lang" in cols and case["lang"] != want_lang:
             continue
         if want_task and "task" in cols and case["task"].lower() != want_task:

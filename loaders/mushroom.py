@@ -39,6 +39,7 @@ from typing import Any
 import dspy
 
 from halluscope.files import read_jsonl, write_text_atomic
+from halluscope.literals import TextValueError, parse_text_list
 
 from halluscope.contract import hard_labels_from_soft
 from halluscope import paths
@@ -235,12 +236,14 @@ def check_gold(rec: Mapping, where: str) -> None:
 
 
 def _json_list(value: Any, where: str) -> list:
-    """A list, or a string holding a JSON list (the official Catalan test file encodes tokens and logits so)."""
+    """A list, or a string holding one as JSON or as a Python repr (the official Catalan test file writes tokens
+    and logits as ``"['El', ' gat']"``); read by :func:`halluscope.literals.parse_text_list`, never evaluated."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: expected a list or a string holding a JSON list ({e.msg})") from None
+            value = parse_text_list(value)
+        except TextValueError as e:
+            raise ValueError(f"{where}: expected a list, or a string holding one as JSON or a Python literal "
+                             f"({e})") from None
     if not isinstance(value, list):
         raise ValueError(f"{where}: expected a list, got {type(value).__name__}")
     return value
@@ -436,7 +439,7 @@ def load_mushroom(
         for key in ("model_id", "model_output_tokens", "model_output_logits", "wikipedia_url"):
             if rec.get(key) is not None:
                 fields[key] = rec[key]
-        for key in ("model_output_tokens", "model_output_logits"):  # JSON lists, or strings holding them
+        for key in ("model_output_tokens", "model_output_logits"):  # lists, or strings holding them (JSON or repr)
             if key in fields:
                 fields[key] = _json_list(fields[key], f"{path}: line {lineno}: field {key!r}")
         examples.append(dspy.Example(**fields).with_inputs(*INPUT_FIELDS))

@@ -34,7 +34,9 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from halluscope import runner
+from halluscope.contract import Detection, describe_failed, failure_reason
 from halluscope.metrics.adapters import aggregate, get_metric
+from halluscope.optimize.proposals import robust_proposals
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,6 @@ __all__ = [
     "evaluate_program",
     "slim_examples",
     "FailureCounter",
-    "failed_items",
     "failed_share_problem",
 ]
 
@@ -95,6 +96,7 @@ class OptimizerConfig:
     threads: int = 1
     max_errors: int | None = None
     init_temperature: float = 1.0
+    proposal_attempts: int = 3  # tries of each MIPROv2 instruction proposal before it counts as failed
     then_fit: bool = False
     fit_with: str | None = None
     chosen: bool = field(init=False, default=False)
@@ -127,7 +129,7 @@ class OptimizerConfig:
         if self.fit_with is None:
             d.pop("fit_with")
         if self.name in ("bootstrap", "fit"):  # settings MIPROv2 alone uses would only confuse the record
-            for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature"):
+            for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature", "proposal_attempts"):
                 d.pop(k)
         if self.name == "fit":  # no demos either
             for k in ("max_bootstrapped_demos", "max_labeled_demos"):
@@ -279,14 +281,20 @@ def slim_examples(examples: Sequence[dspy.Example], extra: Sequence[str] = ()) -
 
 
 class FailureCounter(BaseCallback):
-    """Counts LM calls that raised and module calls that raised, while an optimizer runs (thread-safe)."""
+    """Counts LM calls that raised and module calls that raised, while an optimizer runs (thread-safe), and the
+    detections programs returned (``program_outputs``) with those that have no usable output
+    (``failed_outputs``: :func:`halluscope.contract.failure_reason`, e.g. an LM answering garbage, which raises
+    nothing: the optimizer scores such an item 0 and goes on)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.lm_calls = 0
         self.lm_errors = 0
         self.module_errors = 0
+        self.program_outputs = 0
+        self.failed_outputs = 0
         self.last_error = ""
+        self.last_failed_output = ""
 
     def on_lm_end(self, call_id, outputs, exception=None):
         with self._lock:
@@ -301,6 +309,15 @@ class FailureCounter(BaseCallback):
             with self._lock:
                 self.module_errors += 1
                 self.last_error = self.last_error or f"{type(exception).__name__}: {str(exception)[:300]}"
+            return
+        det = outputs.get("detection") if isinstance(outputs, dspy.Prediction) else None
+        if isinstance(det, Detection):  # a program's result (the contract), not an inner predictor's
+            reason = failure_reason(det.failures)
+            with self._lock:
+                self.program_outputs += 1
+                if reason:
+                    self.failed_outputs += 1
+                    self.last_failed_output = reason
 
     def to_dict(self) -> dict:
         return {"lm_errors": self.lm_errors, "module_errors": self.module_errors}
@@ -339,6 +356,8 @@ def compile_program(
     info: dict[str, Any] = {}
     callbacks = list(dspy.settings.get("callbacks") or []) + ([failures] if failures is not None else [])
     calls_before, errors_before = (failures.lm_calls, failures.lm_errors) if failures is not None else (0, 0)
+    outputs_before, failed_before = ((failures.program_outputs, failures.failed_outputs) if failures is not None
+                                     else (0, 0))
     try:
         # DSPy's optimizers print progress (and signature source) to stdout: keep stdout for results.
         with contextlib.redirect_stdout(sys.stderr), dspy.context(lm=task_lm, callbacks=callbacks):
@@ -355,17 +374,22 @@ def compile_program(
                 info.update(n_train=len(trainset), n_val=0)
             else:
                 train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
+                # Without --max-errors, failed task-LM calls do not abort MIPROv2 (DSPy stops at 10): they are
+                # counted (failures) and the compile is judged by their share below.
+                max_errors = cfg.max_errors if cfg.max_errors is not None else (
+                    10**9 if failures is not None and max_failed_share is not None else None)
                 opt = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm or task_lm, task_model=task_lm,
                                    max_bootstrapped_demos=cfg.max_bootstrapped_demos,
                                    max_labeled_demos=cfg.max_labeled_demos, auto=cfg.auto,
                                    num_candidates=cfg.candidates, num_threads=cfg.threads,
-                                   max_errors=cfg.max_errors, seed=cfg.seed, init_temperature=cfg.init_temperature,
+                                   max_errors=max_errors, seed=cfg.seed, init_temperature=cfg.init_temperature,
                                    verbose=False)
                 kwargs: dict[str, Any] = {}
                 if cfg.auto is None:
                     kwargs.update(num_trials=cfg.trials, minibatch=len(val) > 50)
-                program = opt.compile(student, trainset=train, valset=val, seed=cfg.seed, **kwargs)
-                info.update(n_train=len(train), n_val=len(val))
+                with robust_proposals(cfg.proposal_attempts) as proposals:  # a bad proposal reply never aborts
+                    program = opt.compile(student, trainset=train, valset=val, seed=cfg.seed, **kwargs)
+                info.update(n_train=len(train), n_val=len(val), **proposals.to_dict())
                 score = getattr(program, "score", None)
                 if isinstance(score, (int, float)):
                     info["val_score"] = float(score) / 100.0  # DSPy reports percent
@@ -385,14 +409,21 @@ def compile_program(
                                        f"last error: {failures.last_error}" if failures.last_error else "")
         if problem:
             raise CompileError(problem)
+        # the program's results during the compile: items with no usable output count like failed items
+        info["program_outputs"] = failures.program_outputs - outputs_before
+        info["failed_outputs"] = failures.failed_outputs - failed_before
+        problem = failed_share_problem(info["failed_outputs"], info["program_outputs"], max_failed_share,
+                                       "program results of the compile",
+                                       f"unusable output: {failures.last_failed_output}"
+                                       if failures.last_failed_output else "")
+        if problem:
+            raise CompileError(problem)
+    if info.get("proposals"):  # instruction proposals that failed every attempt count like failed items
+        problem = failed_share_problem(info["proposal_failures"], info["proposals"], max_failed_share,
+                                       "instruction proposals of the compile")
+        if problem:
+            raise CompileError(problem)
     return _strip_run_state(program), info
-
-
-def failed_items(failures: dict) -> int:
-    """Items whose program call raised, from an evaluation's ``failures`` (its ``error:<Type>`` counts; the
-    failures a program records itself, such as an unparsed output or a failed evidence source, are not items
-    that failed)."""
-    return sum(int(v) for k, v in (failures or {}).items() if str(k).startswith("error:"))
 
 
 def failed_share_problem(failed: int, total: int, max_share: float | None, what: str, detail: str = "") -> str | None:
@@ -427,6 +458,9 @@ class FoldResult:
     compiled: dict[str, float]
     zero_shot_failures: dict[str, int] = field(default_factory=dict)
     compiled_failures: dict[str, int] = field(default_factory=dict)
+    # failed items by reason (halluscope.contract.item_failure): what --max-failed-share counts
+    zero_shot_failed: dict[str, int] = field(default_factory=dict)
+    compiled_failed: dict[str, int] = field(default_factory=dict)
     compile_info: dict = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -462,7 +496,9 @@ def mean_sd(values: Sequence[float]) -> dict[str, float]:
 
 def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, extra_inputs=(),
                      progress: bool = False, lm: dspy.LM | None = None):
-    """``(scores, failures)`` of ``program`` on ``examples`` (failed items score 0, never raise).
+    """``(scores, failures, failed)`` of ``program`` on ``examples`` (never raises): ``failures`` sums the
+    failures the items recorded, ``failed`` counts the failed items by reason (:attr:`EvalResult.failed
+    <halluscope.runner.EvalResult>`: raised, or no usable output), which is what ``max_failed_share`` counts.
 
     The program runs once per example and the predictions are scored once: every metric the gold data
     supports (:func:`halluscope.runner.run_eval` scores them), plus ``metric_name`` when it is not among them
@@ -474,7 +510,7 @@ def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, e
     scores = dict(res.scores)
     if metric_name not in scores and examples:
         scores[metric_name] = aggregate(metric_name, examples, list(res.predictions))
-    return scores, res.failures
+    return scores, res.failures, res.failed_kinds()
 
 
 def cross_validate(
@@ -514,8 +550,8 @@ def cross_validate(
         train = [ex for j, ex in enumerate(examples) if j not in held_set]
         test = [examples[j] for j in held]
         log(f"-- fold {i}/{k}: compile on {len(train)} items, score on {len(test)} held-out items")
-        zs_scores, zs_fail = evaluate_program(build(), test, metric_name, threads=cfg.threads,
-                                              extra_inputs=extra_inputs, lm=task_lm)
+        zs_scores, zs_fail, zs_failed = evaluate_program(build(), test, metric_name, threads=cfg.threads,
+                                                         extra_inputs=extra_inputs, lm=task_lm)
         try:
             compiled, info = compile_program(build(), train, metric, cfg, task_lm=task_lm, prompt_lm=prompt_lm,
                                              failures=failures, fit=fit, metric_name=metric_name,
@@ -524,12 +560,13 @@ def cross_validate(
             result.error = f"fold {i}: {e}"
             log(f"!! {result.error} — stopping; the {len(result.folds)} fold(s) done are kept")
             break
-        c_scores, c_fail = evaluate_program(compiled, test, metric_name, threads=cfg.threads,
-                                            extra_inputs=extra_inputs, lm=task_lm)
+        c_scores, c_fail, c_failed = evaluate_program(compiled, test, metric_name, threads=cfg.threads,
+                                                      extra_inputs=extra_inputs, lm=task_lm)
         fr = FoldResult(fold=i, n_train=len(train), n_heldout=len(test),
                         heldout_ids=[str(ex.get("id", j)) for j, ex in zip(held, test)],
                         zero_shot=zs_scores, compiled=c_scores, zero_shot_failures=zs_fail,
-                        compiled_failures=c_fail, compile_info=info, seconds=round(time.perf_counter() - t0, 2))
+                        compiled_failures=c_fail, zero_shot_failed=zs_failed, compiled_failed=c_failed,
+                        compile_info=info, seconds=round(time.perf_counter() - t0, 2))
         result.folds.append(fr)
         if not result.metrics:
             result.metrics = list(zs_scores)
@@ -539,15 +576,13 @@ def cross_validate(
             on_fold(fr)
         n_held = sum(f.n_heldout for f in result.folds)
         for which in ("zero_shot", "compiled"):
-            n_failed = sum(failed_items(getattr(f, f"{which}_failures")) for f in result.folds)
-            kinds = {}
+            kinds: dict[str, int] = {}  # failed items by reason, over the folds done
             for f in result.folds:
-                for k, v in getattr(f, f"{which}_failures").items():
-                    if k.startswith("error:"):
-                        kinds[k[6:]] = kinds.get(k[6:], 0) + v
-            problem = failed_share_problem(n_failed, n_held, max_failed_share,
+                for reason, count in getattr(f, f"{which}_failed").items():
+                    kinds[reason] = kinds.get(reason, 0) + count
+            problem = failed_share_problem(sum(kinds.values()), n_held, max_failed_share,
                                            f"held-out items of the {which.replace('_', '-')} program",
-                                           "raised: " + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())))
+                                           describe_failed(kinds))
             if problem:
                 result.error = f"after fold {i}: {problem}"
                 log(f"!! {result.error} — stopping")

@@ -58,7 +58,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from halluscope import paths
-from halluscope.artifacts import git_commit, write_artifact
+from halluscope.artifacts import git_commit, mark_tracked, write_artifact
 from halluscope.files import write_text_atomic
 from halluscope.lm import describe, history_since, usage_of
 from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
@@ -67,8 +67,9 @@ from halluscope.programs.registry import get
 from halluscope.files import create_unique_dir
 from halluscope.redact import redact_argv, redact_obj
 from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
-                                    compile_program, cross_validate, evaluate_program, failed_items,
-                                    failed_share_problem, slim_examples)
+                                    compile_program, cross_validate, evaluate_program, failed_share_problem,
+                                    slim_examples)
+from halluscope.contract import describe_failed
 
 paths.set_offline_defaults()
 
@@ -444,16 +445,18 @@ def stage_score_test(run: OptimizeRun) -> None:
     """``result.test``: the final and the zero-shot program on the test examples."""
     c = run.config
     test = run.test_examples
-    scores, fails = evaluate_program(run.result.final, test, c.metric, threads=run.cfg.threads,
-                                     extra_inputs=run.spec.extra_inputs, progress=True, lm=run.task_lm)
-    zs_scores, zs_fails = evaluate_program(run.build(), test, c.metric, threads=run.cfg.threads,
-                                           extra_inputs=run.spec.extra_inputs, progress=True, lm=run.task_lm)
+    scores, fails, failed = evaluate_program(run.result.final, test, c.metric, threads=run.cfg.threads,
+                                             extra_inputs=run.spec.extra_inputs, progress=True, lm=run.task_lm)
+    zs_scores, zs_fails, zs_failed = evaluate_program(run.build(), test, c.metric, threads=run.cfg.threads,
+                                                      extra_inputs=run.spec.extra_inputs, progress=True,
+                                                      lm=run.task_lm)
     run.result.test = {"path": str(c.test_path) if c.test_path is not None else None, "split": c.test_split,
                        "n": len(test), "data_hash": data_hash(test), "compiled": scores,
-                       "compiled_failures": fails, "zero_shot": zs_scores, "zero_shot_failures": zs_fails}
-    for which, f in (("compiled", fails), ("zero-shot", zs_fails)):
-        problem = failed_share_problem(failed_items(f), len(test), c.max_failed_share,
-                                       f"test items of the {which} program")
+                       "compiled_failures": fails, "zero_shot": zs_scores, "zero_shot_failures": zs_fails,
+                       "compiled_failed": failed, "zero_shot_failed": zs_failed}
+    for which, kinds in (("compiled", failed), ("zero-shot", zs_failed)):
+        problem = failed_share_problem(sum(kinds.values()), len(test), c.max_failed_share,
+                                       f"test items of the {which} program", describe_failed(kinds))
         if problem and run.result.status == FINISHED:
             run.result.status, run.result.error = FAILED, f"test: {problem}"
             run.log(f"!! {run.result.error}")
@@ -499,8 +502,12 @@ def stage_build_manifest(run: OptimizeRun) -> None:
 def stage_write_artifact(run: OptimizeRun) -> None:
     """``result.artifact``: the next version under ``compiled_dir`` (a ``CompiledDetector``)."""
     res = run.result
+    # Until the MLflow run is recorded (stage_track) the version is marked untracked: an interrupt (SIGINT) or a
+    # tracking failure after it became visible leaves it so, and ``detect --list`` shows it.
+    untracked = (f"written by an optimize run whose MLflow run was not recorded (interrupted, or tracking failed); "
+                 f"its report: {run.report_dir / 'report.json'}") if run.config.mlflow else None
     artifact = write_artifact(res.final, res.manifest, program_name=run.spec.name, lang=run.config.lang,
-                              metric=run.config.metric, root=run.config.compiled_dir)
+                              metric=run.config.metric, root=run.config.compiled_dir, untracked=untracked)
     res.artifact = artifact
     run.report["artifact"] = {"path": str(artifact.path), "version": artifact.version,
                               "content_hash": artifact.manifest["content_hash"]}
@@ -607,6 +614,8 @@ def stage_track(run: OptimizeRun) -> None:
                                         "halluscope.artifact": str(artifact.path) if artifact else "none"})
     if res.mlflow_run_id is not None:
         _track_children(run, res.mlflow_run_id, params)
+        if artifact is not None:
+            mark_tracked(artifact.path)
 
 
 # ------------------------------------------------------------------------------------------------------

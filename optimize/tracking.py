@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "default_tracking_uri",
     "resolve_tracking_uri",
+    "check_tracking_store",
+    "TrackingStoreError",
     "experiment_name",
     "redact",
     "redact_params",
@@ -68,6 +71,115 @@ def default_tracking_uri() -> str:
 def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
     """``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else the project's SQLite store."""
     return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+class TrackingStoreError(RuntimeError):
+    """The tracking store cannot be used (unreachable, not an MLflow server, unwritable); the message is one line."""
+
+
+#: Seconds :func:`check_tracking_store` waits for a tracking server (``$HALLUSCOPE_TRACKING_CHECK_TIMEOUT`` wins);
+#: a database or file store gets four times as long (a fresh SQLite store creates its tables).
+CHECK_TIMEOUT = 5.0
+
+
+def check_tracking_store(tracking_uri: str | None = None, timeout: float | None = None) -> str:
+    """Open the tracking store a run will record to and check it answers, before any work; return its URI.
+
+    A tracking server (``http(s)://``) gets one request without retries (``experiments/get-by-name``): no answer
+    within ``timeout`` seconds, a refused connection, an HTTP error other than MLflow's own "not found", or a
+    reply that is not MLflow's JSON is a :class:`TrackingStoreError`. A SQLite store must be a database file (or
+    none yet) in a writable folder, opened with ``sqlite3``. Any other store (a folder, a database URL) is opened
+    by the MLflow client on a helper thread and asked for one experiment, within four times ``timeout``. The
+    message is one line, credentials in the URI redacted."""
+    from halluscope.redact import redact_url
+
+    uri = resolve_tracking_uri(tracking_uri)
+    timeout = float(timeout if timeout is not None else os.environ.get("HALLUSCOPE_TRACKING_CHECK_TIMEOUT",
+                                                                      CHECK_TIMEOUT))
+    shown = redact_url(uri)
+    if uri.split(":", 1)[0].lower() in ("http", "https"):
+        _check_server(uri, shown, timeout)
+        return uri
+    if uri.startswith("sqlite:///"):  # opened with sqlite3 (MLflow creates its tables when the run is recorded)
+        _check_sqlite(Path(uri[len("sqlite:///"):].split("?", 1)[0]), shown, timeout)
+        return uri
+    import mlflow  # noqa: F401  (imported here, outside the time limit: about 2 s)
+
+    outcome: dict = {}
+
+    def probe():
+        try:
+            client, _ = _client(uri)
+            with _store_lock(uri):
+                client.search_experiments(max_results=1)
+            outcome["ok"] = True
+        except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
+            outcome["error"] = e
+
+    worker = threading.Thread(target=probe, daemon=True, name="halluscope-tracking-check")
+    worker.start()
+    worker.join(timeout * 4)
+    if worker.is_alive():
+        raise TrackingStoreError(f"the tracking store {shown} did not answer within {timeout * 4:g} s")
+    if "error" in outcome:
+        e = outcome["error"]
+        raise TrackingStoreError(f"cannot use the tracking store {shown}: {type(e).__name__}: "
+                                 + " ".join(redact(str(e)).split())[:300])
+    return uri
+
+
+def _check_sqlite(db: Path, shown: str, timeout: float) -> None:
+    import sqlite3
+
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(db.parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"the folder {db.parent} is not writable")
+        with contextlib.closing(sqlite3.connect(str(db), timeout=timeout)) as con:
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except (OSError, sqlite3.Error) as e:
+        raise TrackingStoreError(f"cannot use the tracking store {shown}: {type(e).__name__}: "
+                                 + " ".join(redact(str(e)).split())[:300]) from None
+
+
+def _check_server(uri: str, shown: str, timeout: float) -> None:
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/get-by-name?" + urllib.parse.urlencode(
+        {"experiment_name": "halluscope-tracking-check"})
+    parts = urllib.parse.urlsplit(url)
+    if parts.username or parts.password:  # credentials go as a header, never in the request line
+        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if parts.username or parts.password:
+        import base64
+
+        token = base64.b64encode(f"{urllib.parse.unquote(parts.username or '')}:"
+                                 f"{urllib.parse.unquote(parts.password or '')}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - the user's own server
+            status, body, kind = resp.status, resp.read(20_000), resp.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as e:
+        status, body, kind = e.code, e.read(20_000), e.headers.get("Content-Type", "") if e.headers else ""
+    except (TimeoutError, OSError) as e:  # URLError is an OSError; a socket timeout a TimeoutError
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            raise TrackingStoreError(f"the tracking server {shown} did not answer within {timeout:g} s") from None
+        raise TrackingStoreError(f"cannot reach the tracking server {shown}: "
+                                 + " ".join(redact(str(reason)).split())[:200]) from None
+    try:
+        data = json.loads(body or b"null")
+    except ValueError:
+        data = None
+    if status in (401, 403):
+        raise TrackingStoreError(f"the tracking server {shown} refused the request (HTTP {status}): set "
+                                 f"MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN")
+    if not isinstance(data, dict) or (status != 200 and "error_code" not in data):
+        raise TrackingStoreError(f"{shown} is not an MLflow tracking server (HTTP {status}, "
+                                 f"{kind.split(';')[0] or 'no content type'})")
 
 
 def experiment_name(program: str, lang: str | None) -> str:

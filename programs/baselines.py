@@ -11,14 +11,14 @@
 
 from __future__ import annotations
 
-import json
 import math
 import unicodedata
 
 import dspy
 
 from halluscope.contract import Detection, Span, to_prediction
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.literals import TextValueError, parse_text_list
+from halluscope.programs.registry import ProgramSpec, number, register
 
 __all__ = ["MarkAll", "LogitBaseline", "token_bytes", "token_logit_lists", "token_offsets"]
 
@@ -173,11 +173,11 @@ class LogitBaseline(dspy.Module):
 def token_logit_lists(tokens, logits) -> tuple[list[str], list[float | None], dict[str, int]]:
     """The generating model's tokens and logits as two lists of one length: ``(tokens, logits, failures)``.
 
-    Each may be a list or a string holding a JSON list (the official Catalan file). A logit that is not a finite
+    Each may be a list or a string holding one as JSON or as a Python repr (the official Catalan file). A logit that is not a finite
     number is None (the caller leaves its token out). Lists of different lengths are aligned on their common
     prefix (an end-of-text logit, a dropped last token), counted as ``{"logit_length_mismatch": 1}``; lists that
     differ by more than a tenth of the tokens' length (at least 2) are not the same tokens: both come back empty,
-    counted as ``{"logits_length": 1}``. A value given that is neither (a number, a string that is no JSON list)
+    counted as ``{"logits_length": 1}``. A value given that is neither (a number, a string that holds no list)
     comes back empty, counted as ``{"malformed_logits": 1}``; a missing one just comes back empty.
     """
     tok_list, logit_list = _parse_list(tokens), _parse_list(logits)
@@ -196,16 +196,17 @@ def token_logit_lists(tokens, logits) -> tuple[list[str], list[float | None], di
 
 
 def _parse_list(value) -> list | None:
-    """A token or logit list given as a list, or as a string holding a JSON list; ``[]`` when missing (None,
-    blank); None when it is something else."""
+    """A token or logit list given as a list, or as a string holding one as JSON or as a Python repr (the official
+    Catalan file: ``"['El', ' gat']"``; read by :func:`halluscope.literals.parse_text_list`, never evaluated);
+    ``[]`` when missing (None, blank); None when it is something else."""
     if value is None:
         return []
     if isinstance(value, str):
         if not value.strip():
             return []
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
+            value = parse_text_list(value)
+        except TextValueError:
             return None
     return list(value) if isinstance(value, (list, tuple)) else None
 
@@ -239,4 +240,5 @@ register(ProgramSpec(
     level="span",
     uses_lm=False,
     extra_inputs=("model_output_tokens", "model_output_logits"),
+    option_types={"shift": number()},  # any finite z-score shift
 ))

@@ -54,7 +54,7 @@ from halluscope.lm import make_lm
 from halluscope.parallel import try_map
 from halluscope.redact import error_text
 from halluscope.text import segment
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
 from halluscope.signatures.finch import (
     BreakDown,
     CorrectBlock,
@@ -700,4 +700,10 @@ register(ProgramSpec(
     default_metric="iou",
     report=report,
     endpoint_options=("samplers", "improver"),
+    option_types={
+        "samplers": free("a list of sampler LM specs or one comma-separated string"),
+        "n_samples": whole(1), "improver": text(nullable=True, what="an LM spec"),
+        "tau": number(0, 0.5, hi_open=True), "seed": whole(0), "num_threads": whole(1), "reflect_samples": whole(0),
+        **{f"{stage}_max_tokens": whole(1, nullable=True) for stage in ("sample", "variant", "judge", "correct")},
+    },
 ))

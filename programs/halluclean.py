@@ -54,7 +54,7 @@ from halluscope.tasks import task_key
 from halluscope.text import diff_spans
 from halluscope.lm import make_lm
 from halluscope.metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
-from halluscope.programs.registry import ProgramSpec, get, register
+from halluscope.programs.registry import ProgramSpec, free, get, register, text
 from halluscope.signatures.halluclean import DirectAsk as DirectAskSig
 from halluscope.signatures.halluclean import Judge, Plan, Reason, Revise, parse_verdict
 
@@ -371,6 +371,31 @@ def build_direct_routing(task: str | None = None, max_tokens: dict | None = None
     return DirectAsk(routing=True, task=task, max_tokens=max_tokens)
 
 
+def _task_problem(task, options) -> str | None:
+    try:
+        _check_task_option(task)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _budgets_problem(max_tokens, options) -> str | None:
+    """A ``max_tokens`` option: null or ``{stage: whole number >= 1}`` over the stages of DEFAULT_MAX_TOKENS."""
+    if max_tokens is None:
+        return None
+    if not isinstance(max_tokens, dict):
+        return f"expected a mapping such as {{\"reason\": 512}} or null, got {max_tokens!r}"
+    for stage, budget in max_tokens.items():
+        if stage not in DEFAULT_MAX_TOKENS:
+            return f"unknown stage {stage!r}; the stages are {', '.join(DEFAULT_MAX_TOKENS)}"
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            return f"stage {stage!r}: expected a whole number >= 1, got {budget!r}"
+    return None
+
+
+_TASK = text(nullable=True, what="a HalluClean task", check=_task_problem)
+_BUDGETS = free("per-stage token budgets {stage: whole number >= 1}", nullable=True, check=_budgets_problem)
+
 register(ProgramSpec(
     name="halluclean",
     build=HalluClean,
@@ -379,6 +404,7 @@ register(ProgramSpec(
     level="response",
     default_metric="f1",
     report=halluclean_report,
+    option_types={"task": _TASK, "max_tokens": _BUDGETS},
 ))
 
 register(ProgramSpec(
@@ -387,6 +413,7 @@ register(ProgramSpec(
     description="Direct ask baseline: one call, 'is there a hallucination? Yes/No', generic prompt for every task",
     level="response",
     default_metric="f1",
+    option_types={"max_tokens": _BUDGETS},
 ))
 
 register(ProgramSpec(
@@ -396,4 +423,5 @@ register(ProgramSpec(
                 "description and labelled input",
     level="response",
     default_metric="f1",
+    option_types={"task": _TASK, "max_tokens": _BUDGETS},
 ))

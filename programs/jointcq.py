@@ -77,7 +77,7 @@ from halluscope.programs.jointcq_align import (HALLUCINATED, LABELS, MAX_TOKENS,
                                                align_claim, claim_score, claim_spans, pair_fields, parse_label,
                                                render_snippets)
 from halluscope.programs.jointcq_filter import fit_claim_queries
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.programs.registry import ProgramSpec, number, register, whole
 from halluscope.retrieval import Retriever, make_retriever
 from halluscope.signatures.jointcq import ClaimsAndQueries, VerifyClaim, VerifyClaims
 from halluscope.text import segment
@@ -394,4 +394,7 @@ register(ProgramSpec(
     fit=fit_claim_queries,
     # "search:URL" sends $HALLUSCOPE_SEARCH_KEY to URL: an artifact may not choose it (halluscope.artifacts)
     endpoint_options=("retriever",),
+    option_types={"top_k": whole(1), "align_threshold": number(0, 1), "unverifiable_score": number(0, 0.5),
+                  "max_evidence_chars": whole(1), "num_threads": whole(1), "filter_demos": whole(0),
+                  "filter_coverage": number(0, 1)},
 ))

@@ -46,7 +46,7 @@ import halluscope.retrievers  # noqa: F401  (registers the kb/files/kg/search re
 from halluscope.contract import Detection, Evidence, Span, to_prediction
 from halluscope.programs.medico_ensemble import (combine, fit_combiner, logprob_probability, medico_report,
                                                  verdict_probability)
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.programs.registry import ProgramSpec, number, register, text, whole
 from halluscope.retrieval import ContextRetriever, Retriever
 from halluscope.retrievers.bm25 import BM25Index, Passage
 from halluscope.retrievers.files import FileRetriever
@@ -406,4 +406,9 @@ register(ProgramSpec(
     report=medico_report,
     fit=fit_combiner,
     endpoint_options=("search",),
+    option_types={"search_timeout": number(0, lo_open=True), "k": whole(1), "top_l": whole(1),
+                  "rerank": text("bm25", "lm", "none"), "rerank_pool": whole(1), "fuse": text("concat", "summary"),
+                  "max_rounds": whole(1), "delta": number(0, 1), "tau": number(0, lo_open=True),
+                  "files_max_mb": number(0, lo_open=True), "max_evidence_chars": whole(1),
+                  "retry_temperature": number(0, 2)},
 ))

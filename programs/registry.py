@@ -8,8 +8,12 @@ A program registers a :class:`ProgramSpec`; ``spec.make(**options)`` checks the 
 Build options are declared once: they are the keyword parameters of ``spec.build`` (a function, or a
 ``dspy.Module`` class whose ``__init__`` is used), each with its default. ``spec.options`` is derived from that
 signature, ``spec.option_help`` from the ``Args:`` section of its docstring, and ``spec.make`` refuses names the
-signature does not have (:class:`UnknownOptionError`) and non-finite numbers (:class:`InvalidOptionError`), so a
-typo such as ``-O reasonning=true`` is an error instead of a silently ignored option.
+signature does not have (:class:`UnknownOptionError`), so a typo such as ``-O reasonning=true`` is an error
+instead of a silently ignored option. Each option also has a type and range (:class:`OptionType`), declared in
+``ProgramSpec.option_types``; an undeclared one gets its type, without a range, from its default (every built-in
+program declares each number, ``None`` and list option: :func:`undeclared_ranges`). A value outside them (``-O
+reasoning=maybe``, ``window=-3``, ``delta=5``, a NaN) is an :class:`InvalidOptionError` naming the option and
+what it takes, before anything is built.
 
 The built-in programs are imported explicitly by ``halluscope.programs`` (the package ``__init__``), which runs
 before this module whenever it is imported; this module imports no program module.
@@ -22,17 +26,26 @@ None when unknown), optional ``reference`` (a gold correct answer, for revision 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import inspect
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dspy
 
 __all__ = [
     "ProgramSpec",
+    "OptionType",
+    "flag",
+    "whole",
+    "number",
+    "text",
+    "free",
+    "undeclared_ranges",
+    "ranged",
     "OptionError",
     "UnknownOptionError",
     "InvalidOptionError",
@@ -59,7 +72,8 @@ class UnknownOptionError(OptionError):
 
 
 class InvalidOptionError(OptionError):
-    """An option value the program cannot take (a NaN or infinite number)."""
+    """An option value outside its type and range (a NaN, ``reasoning=maybe``, ``window=-3``), named with what it
+    takes."""
 
 
 def _build_parameters(build: Callable, name: str) -> dict[str, inspect.Parameter]:
@@ -120,16 +134,159 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _non_finite(value: Any, numeric: bool) -> bool:
-    """A NaN/infinite float; for a numeric option also a string that reads as one (``"nan"``, ``"inf"``)."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if numeric and isinstance(value, str):
+_TRUE, _FALSE = frozenset({"true", "yes", "on", "1"}), frozenset({"false", "no", "off", "0"})
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _as_number(value: Any) -> float | int | None:
+    """A finite int/float, or a string that reads as one; None otherwise (NaN and infinities included)."""
+    x = value
+    if isinstance(x, str):
+        word = x.strip()
         try:
-            return not math.isfinite(float(value))
+            x = int(word) if word.lstrip("+-").isdigit() else float(word)
         except ValueError:
-            return False
-    return False
+            return None
+    return x if _is_number(x) and math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class OptionType:
+    """The type and range of one build option; :meth:`convert` returns a value as the program takes it or raises
+    ``ValueError`` saying what is allowed. Make one with :func:`flag`, :func:`whole`, :func:`number`,
+    :func:`text` or :func:`free`.
+
+    ``kind``: ``"bool"``, ``"int"``, ``"float"``, ``"str"`` or ``"any"`` (a list or mapping the program reads:
+    ``what`` says what it takes); ``lo``/``hi``: the range of a number (``lo_open``/``hi_open``: that bound
+    excluded); ``choices``: the values a text may take; ``nullable``: ``None`` (JSON ``null``) allowed;
+    ``check(value, options) -> problem or None``: a further check that sees every option (e.g. a file needed
+    only when another option is on)."""
+
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple = ()
+    nullable: bool = False
+    what: str = ""
+    check: Callable[[Any, dict], str | None] | None = None
+
+    def describe(self) -> str:
+        """What the option takes, in words: ``a whole number >= 1``, ``a finite number in [0, 1]``, ``true or false``."""
+        if self.kind == "bool":
+            out = "true or false"
+        elif self.kind in ("int", "float"):
+            out = "a whole number" if self.kind == "int" else "a finite number"
+            lo, hi = self.lo, self.hi
+            if lo is not None and hi is not None:
+                out += f" in {'(' if self.lo_open else '['}{_fmt(lo)}, {_fmt(hi)}{')' if self.hi_open else ']'}"
+            elif lo is not None:
+                out += f" {'>' if self.lo_open else '>='} {_fmt(lo)}"
+            elif hi is not None:
+                out += f" {'<' if self.hi_open else '<='} {_fmt(hi)}"
+        elif self.kind == "str":
+            out = f"one of {', '.join(repr(c) for c in self.choices)}" if self.choices else (self.what or "a text")
+        else:
+            out = self.what or "any value"
+        return out + (" or null" if self.nullable else "")
+
+    def convert(self, value: Any) -> Any:
+        """``value`` as the program takes it (``"4"`` -> 4 for a whole number, ``"false"`` -> False for a flag);
+        ``ValueError`` saying what is allowed otherwise."""
+        if value is None:
+            if self.nullable:
+                return None
+        elif self.kind == "bool":
+            if isinstance(value, bool):
+                return value
+            word = str(value).strip().lower() if isinstance(value, (str, int)) else None
+            if word in _TRUE or word in _FALSE:
+                return word in _TRUE
+        elif self.kind in ("int", "float"):
+            x = _as_number(value)
+            if x is not None and (self.kind == "float" or x == int(x)):
+                x = int(x) if self.kind == "int" else float(x)
+                below = self.lo is not None and (x < self.lo or (self.lo_open and x == self.lo))
+                above = self.hi is not None and (x > self.hi or (self.hi_open and x == self.hi))
+                if not (below or above):
+                    return x
+        elif self.kind == "str":
+            if _is_number(value):  # -O lm_model=123: the command line read a bare number as JSON
+                value = str(value)
+            if isinstance(value, str) and (not self.choices or value in self.choices):
+                return value
+        else:
+            return value
+        shown = "null" if value is None else repr(value)
+        raise ValueError(f"expected {self.describe()}, got {shown}")
+
+
+def flag() -> OptionType:
+    """``true or false``."""
+    return OptionType("bool")
+
+
+def whole(lo: int | None = None, hi: int | None = None, *, nullable: bool = False) -> OptionType:
+    """A whole number in ``[lo, hi]`` (either bound may be None)."""
+    return OptionType("int", lo=lo, hi=hi, nullable=nullable)
+
+
+def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
+           nullable: bool = False) -> OptionType:
+    """A finite number in ``[lo, hi]`` (``lo_open``/``hi_open``: that bound excluded; either may be None)."""
+    return OptionType("float", lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open, nullable=nullable)
+
+
+def text(*choices: str, nullable: bool = False, what: str = "",
+         check: Callable[[Any, dict], str | None] | None = None) -> OptionType:
+    """A text: one of ``choices`` when given (``what`` describes a free one)."""
+    return OptionType("str", choices=tuple(choices), nullable=nullable, what=what, check=check)
+
+
+def free(what: str, *, nullable: bool = False, check: Callable[[Any, dict], str | None] | None = None) -> OptionType:
+    """A value the program reads itself (a list or mapping); ``what`` says what it takes; ``check`` may refuse."""
+    return OptionType("any", nullable=nullable, what=what, check=check)
+
+
+def ranged(kind: OptionType):
+    """An argparse ``type=`` for a command-line number declared with its type and range as program options are
+    (:func:`whole`, :func:`number`): ``--threads 0`` is a usage error, "argument --threads: expected a whole
+    number >= 1, got '0'" (exit status 2)."""
+
+    def parse(text: str):
+        try:
+            return kind.convert(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = kind.describe()
+    return parse
+
+
+def _derived_type(default: Any) -> OptionType:
+    """The type an undeclared option gets from its default: ``true or false``, a text, a whole or finite number
+    (no range), or any value (a None or list default, which the program reads itself)."""
+    if isinstance(default, bool):
+        return flag()
+    if isinstance(default, str):
+        return text()
+    if isinstance(default, int):
+        return whole()
+    if isinstance(default, float):
+        return number()
+    return free("any value the program takes", nullable=default is None)
+
+
+def undeclared_ranges(spec: "ProgramSpec") -> list[str]:
+    """The options of ``spec`` whose type or range is not declared: a number, None or list default with no
+    ``option_types`` entry (a bool or str default says its type). Every built-in program declares them all
+    (tests/test_reliability_inputs.py)."""
+    return sorted(n for n, p in spec.parameters.items()
+                  if n not in spec.option_types and not isinstance(p.default, (bool, str)))
 
 
 @dataclass(frozen=True)
@@ -169,6 +326,9 @@ class ProgramSpec:
     # Optional: lm_when(options) -> bool, for a program that uses an LM only with some options (``grounded``
     # with ``lm_detectors``); :meth:`needs_lm` reads it, ``uses_lm`` stays the default-options answer.
     lm_when: Callable[[dict], bool] | None = None
+    # The type and range of each option: {option: OptionType}, see flag/whole/number/text/free. An undeclared
+    # option gets its type, without a range, from its default; declare every number, None and list option.
+    option_types: dict[str, OptionType] = field(default_factory=dict)
 
     def needs_lm(self, options: dict | None = None) -> bool:
         """Whether a module built with ``options`` calls the configured DSPy LM."""
@@ -177,7 +337,22 @@ class ProgramSpec:
         return bool(self.lm_when({**self.options, **(options or {})}))
 
     def __post_init__(self):
-        _build_parameters(self.build, self.name)  # refuses catch-alls and options without defaults
+        params = _build_parameters(self.build, self.name)  # refuses catch-alls and options without defaults
+        stray = sorted(set(self.option_types) - set(params))
+        if stray:
+            raise TypeError(f"program {self.name!r}: option_types names {stray}, which build does not take")
+        types = self.types
+        for n, p in params.items():
+            try:
+                types[n].convert(p.default)
+            except ValueError as e:
+                raise TypeError(f"program {self.name!r}: option {n!r}: its default does not fit its type ({e})") \
+                    from None
+
+    @property
+    def types(self) -> dict[str, OptionType]:
+        """``{option: OptionType}`` for every option: declared, else what its default gives (no range)."""
+        return {n: self.option_types.get(n) or _derived_type(p.default) for n, p in self.parameters.items()}
 
     @property
     def parameters(self) -> dict[str, inspect.Parameter]:
@@ -195,19 +370,28 @@ class ProgramSpec:
         return {n: doc.get(n, "") for n in self.parameters}
 
     def check_options(self, options: dict) -> dict:
-        """The defaults overlaid with ``options``, after checking every name and number.
+        """The defaults overlaid with ``options``, each converted to its type (``"4"`` -> 4, ``"false"`` -> False).
 
         Raises :class:`UnknownOptionError` for names the build function does not take and
-        :class:`InvalidOptionError` for NaN/infinite numbers.
+        :class:`InvalidOptionError` naming the option and what it takes for a value outside its type and range
+        (a NaN, ``reasoning=maybe``, ``window=-3``), or one its ``check`` refuses.
         """
         params = self.parameters
         unknown = sorted(k for k in options if k not in params)
         if unknown:
             raise UnknownOptionError(self.name, unknown, sorted(params))
+        types = self.types
+        out = self.options
         for k, v in options.items():
-            if _non_finite(v, _is_number(params[k].default)):
-                raise InvalidOptionError(f"option {k!r} of program {self.name!r} must be a finite number, not {v!r}")
-        return {**self.options, **options}
+            try:
+                out[k] = types[k].convert(v)
+            except ValueError as e:
+                raise InvalidOptionError(f"option {k!r} of program {self.name!r}: {e}") from None
+        for k, t in types.items():  # checks that see every option (a file needed only when another one is on)
+            problem = t.check(out[k], out) if t.check is not None else None
+            if problem:
+                raise InvalidOptionError(f"option {k!r} of program {self.name!r}: {problem}")
+        return out
 
     def make(self, **options) -> dspy.Module:
         """A fresh module built with checked ``options`` (the rest at their defaults)."""

@@ -6,8 +6,9 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.contract import Detection, to_prediction
+from halluscope.lm import TruncatedOutputError
 from halluscope.text import map_substrings, salvage_quotes
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.programs.registry import ProgramSpec, number, register
 from halluscope.signatures.spans import ExtractSpans, QuotedSpan
 
 __all__ = ["SpanDetector"]
@@ -47,8 +48,10 @@ class SpanDetector(dspy.Module):
                 context=(context or "") if self.use_context else "",
             )
         except AdapterParseError as e:
-            # One malformed span fails DSPy's parse of the whole list: keep the well-formed ones.
-            salvaged = salvage_quotes(getattr(e, "lm_response", None) or "", "spans")
+            # One malformed span fails DSPy's parse of the whole list: keep the well-formed ones; but an output cut
+            # at max_tokens is garbage, not a shorter list (halluscope.lm.TruncatedOutputError)
+            salvaged = None if isinstance(e, TruncatedOutputError) else salvage_quotes(
+                getattr(e, "lm_response", None) or "", "spans")
             if salvaged is None:
                 return to_prediction(Detection(answer=answer, failures={"parse": 1}), error=str(e)[:500])
             quotes, invalid = salvaged
@@ -87,4 +90,5 @@ register(ProgramSpec(
     level="span",
     default_metric="iou",
     demo_fields=gold_demo_fields,
+    option_types={"fuzzy_threshold": number(0, 1)},
 ))

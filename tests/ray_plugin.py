@@ -2,7 +2,8 @@
 
 ``crash-once:<path>`` answers kill the worker process the first time (``os._exit``, as an OOM kill would),
 leaving ``<path>`` behind as proof; ``raise`` answers raise. Every other answer gets one span over its first
-three characters. ``test-lm`` asks a scripted LM once per answer (an LM the actor has without configuring
+three characters. ``test-garbage`` answers like an LM program whose LM answered garbage: a detection that
+records a parse failure (``failures={"parse": 1}``), no exception. ``test-lm`` asks a scripted LM once per answer (an LM the actor has without configuring
 one: the gate and the LM-usage columns see its calls). They are registered only where this module is imported
 (the tests restore the registry afterwards).
 """
@@ -60,4 +61,21 @@ def build_lm() -> AskOnce:
 
 
 register(ProgramSpec(name=LM_NAME, build=build_lm, description="test: one scripted LM call per answer",
+                     uses_lm=False))
+
+
+GARBAGE_NAME = "test-garbage"
+
+
+class Garbage(dspy.Module):
+    def forward(self, answer: str = "", **_):
+        return to_prediction(Detection(answer=answer, failures={"parse": 1}))
+
+
+def build_garbage() -> Garbage:
+    """:class:`Garbage` (no options)."""
+    return Garbage()
+
+
+register(ProgramSpec(name=GARBAGE_NAME, build=build_garbage, description="test: every output unreadable",
                      uses_lm=False))

@@ -249,7 +249,7 @@ def test_optimize_failed_share_threshold_is_the_users(tmp_path, demo_env, capsys
     assert report["status"] == "FINISHED" and report["usage"]["lm_errors"] > 0
     with pytest.raises(SystemExit) as e:
         _optimize(tmp_path, _failing_lm(), "--max-failed-share", "1.5")
-    assert e.value.code == 2 and "--max-failed-share: must be between 0 and 1" in capsys.readouterr().err
+    assert e.value.code == 2 and "--max-failed-share: expected a finite number in [0, 1]" in capsys.readouterr().err
 
 
 def test_a_compile_whose_lm_calls_fail_beyond_the_share_is_a_compile_error():

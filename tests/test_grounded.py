@@ -665,7 +665,7 @@ def test_lm_scorer_item_budget_cuts_a_long_answer_and_counts_it(tmp_path):
     assert unbounded.calls == 1 and info["answer_tokens_cut"] == 0  # another key: evaluated, not a cache hit
     assert all(r["lm_missing"] == 0.0 for r in rows)
 
-    with pytest.raises(ValueError, match="lm_item_tokens must be >= 0"):
+    with pytest.raises(ValueError, match="option 'lm_item_tokens' of program 'grounded': expected a whole number >= 0, got -1"):
         get("grounded").make(lm=True, lm_item_tokens=-1)
     prog = get("grounded").make(lm=True, lm_item_tokens=400)
     prog._scorer = LMScorer(cache_dir=tmp_path / "p", backend=StubBackend(), max_item_tokens=400)
@@ -795,9 +795,9 @@ def test_detectors_option_validated_and_needs_an_lm_only_when_set():
 def test_another_detector_as_a_feature_is_fitted_saved_and_imputed_when_it_fails():
     exs = fixture_examples(16)
     with dspy.context(lm=_oracle_spans_lm(fail_on="Turku"), adapter=dspy.JSONAdapter()):
-        alone = get("grounded").make(support=False, idf=False, genlogits=False)
+        alone = get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False)
         fit_grounded(alone, exs[:12], "iou")
-        m = get("grounded").make(support=False, idf=False, genlogits=False, detectors="spans")
+        m = get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False, detectors="spans")
         info = fit_grounded(m, exs[:12], "iou")
         assert info["weights"]["det_spans"] > 1.0  # the combiner learnt to trust the oracle detector
         bad = exs[12]  # "Brocken" instead of "Zugspitze": the detector quotes it
@@ -812,10 +812,10 @@ def test_another_detector_as_a_feature_is_fitted_saved_and_imputed_when_it_fails
         # the sub-detector's state travels with the combiner (JSON), and a program without it refuses it
         state = json.loads(json.dumps(m.dump_state()))
         assert state["grounded"]["detectors"] == ["spans"] and state["detectors[0].extract"]["signature"]
-        again = get("grounded").make(support=False, idf=False, genlogits=False, detectors="spans").load_state(state)
+        again = get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False, detectors="spans").load_state(state)
         assert again(**inputs(bad)).hard_labels == p.hard_labels
         with pytest.raises(ValueError, match="features"):
-            get("grounded").make(support=False, idf=False, genlogits=False).load_state(state)
+            get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False).load_state(state)
 
 
 def test_optimize_compiles_the_fused_detectors_prompts_then_fits_the_combiner(tmp_path, monkeypatch, capsys):

@@ -239,10 +239,16 @@ def test_make_lm_local_path_errors_and_model_identity(gguf, tmp_path):
 
 
 def test_make_lm_remote_spec_and_api_base():
-    lm = make_lm("openai/some-model", api_base="http://127.0.0.1:9/v1")
+    lm = make_lm("openai/some-model", api_base="http://127.0.0.1:9/v1/")
     assert lm.model == "openai/some-model"
-    assert lm.kwargs["api_base"] == "http://127.0.0.1:9/v1"
-    assert lm.kwargs["api_key"] == "not-needed"  # the OpenAI client insists on a key even for local servers
+    # an OpenAI-compatible server gets halluscope's own client: the engine holds the URL, the model name it sends
+    # and the retries; DSPy itself does not retry (num_retries=0) and holds no api_base/api_key
+    assert isinstance(lm.engine, lmmod.OpenAICompatEngine)
+    assert (lm.engine.base_url, lm.engine.model, lm.num_retries) == ("http://127.0.0.1:9/v1", "some-model", 0)
+    assert "api_base" not in lm.kwargs and "api_key" not in lm.kwargs
+    assert lmmod.server_base(lm) == "http://127.0.0.1:9/v1"
+    other = make_lm("ollama_chat/llama3", api_base="http://127.0.0.1:11434")  # not OpenAI-compatible: DSPy's path
+    assert other.kwargs["api_base"] == "http://127.0.0.1:11434"
 
 
 def test_configure_picks_adapter_and_cache_folder_per_server(gguf, tmp_path, monkeypatch):
@@ -252,7 +258,7 @@ def test_configure_picks_adapter_and_cache_folder_per_server(gguf, tmp_path, mon
     configure("openai/x", cache_dir=tmp_path / "c2", api_base="http://127.0.0.1:9/v1")
     assert type(dspy.settings.adapter) is SchemaJSONAdapter  # a server gets each stage's schema and budget
     configure("openai/x", cache_dir=tmp_path / "c2", api_base="http://127.0.0.1:9/v1", adapter="chat")
-    assert type(dspy.settings.adapter) is dspy.ChatAdapter
+    assert type(dspy.settings.adapter) is lmmod.GuardedChatAdapter  # DSPy's chat adapter, refusing cut output
     made = [p.name for p in (tmp_path / "c2").iterdir()]
     assert len(made) == 1 and made[0].startswith("server-")
     with pytest.raises(ValueError, match="adapter"):

@@ -334,7 +334,7 @@ def test_lm_rerank_orders_the_pool_and_falls_back_to_bm25_when_unparseable():
     pred = run(get("medico").make(rerank="lm", correct=False), lm, context=context)
     assert pred.failures == {"rerank": 1}
     assert [e.text for e in pred.detection.evidence] == [e.text for e in bm25.detection.evidence]
-    with pytest.raises(ValueError, match="'bm25', 'lm' or 'none'"):
+    with pytest.raises(ValueError, match="expected one of 'bm25', 'lm', 'none'"):
         get("medico").make(rerank="cross-encoder")
 
 

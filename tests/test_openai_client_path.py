@@ -126,20 +126,21 @@ def test_schema_adapter_sends_the_bounded_schema_and_each_stages_budget(home):
     assert schema["$defs"]["QuotedSpan"]["properties"]["text"]["maxLength"] == 134
     assert first["max_tokens"] == 300 and second["max_tokens"] == 64  # the LM's budget, then the stage's own
     assert second["response_format"]["json_schema"]["schema"]["required"] == ["summary"]
-    assert lm.kwargs["api_base"] == base
+    assert lm.engine.base_url == base
 
 
-def test_without_the_schema_a_free_text_server_costs_two_calls_and_fails(home):
-    """What users saw before: the chat adapter's answer does not parse, DSPy retries through JSON, and the
-    item fails. With the schema (the default for --api-base) it is one call that parses."""
+def test_without_the_schema_a_free_text_server_costs_two_calls(home):
+    """With --response-schema off the chat adapter's free-text answer does not parse; DSPy's JSON fallback
+    then asks the server for the signature's schema (the engine advertises structured output), so the item
+    parses at the cost of two calls. With the schema (the default for --api-base) it is one call."""
     app = create_openai_app(SchemaBackend())  # free text when no schema is sent
     with running(app) as base:
         configure("openai/stand-in", api_base=base, response_schema=False)
         det = detect(get("spans").make(), "Canberra is the capital.", lang="en")
-        assert det.failures == {"parse": 1} and det.spans == []
-        assert len(app.state.requests) == 2
-        assert all("response_format" not in r or r["response_format"].get("type") != "json_schema"
-                   for r in app.state.requests)
+        assert det.failures == {} and det.spans == []
+        first, second = app.state.requests
+        assert "response_format" not in first and first["max_tokens"] == 512  # max_tokens even without a schema
+        assert second["response_format"]["type"] == "json_schema"
         configure("openai/stand-in", api_base=base)
         det = detect(get("spans").make(), "Canberra is the capital.", lang="en")
         assert det.failures == {} and len(app.state.requests) == 3
@@ -179,6 +180,35 @@ def test_evaluate_through_a_server_one_call_per_item_cached_per_server(home):
     assert sorted(p.name for p in (home / ".cache" / "dspy").iterdir() if p.name.startswith("server-")) == sorted(
         {f"server-{__import__('hashlib').sha256(b.encode()).hexdigest()[:12]}" for b in (base_one, base_two)})
     assert assert_no_secret(home) > 5
+
+
+@pytest.mark.parametrize("where", ["userinfo", "query"])
+def test_credentials_in_the_api_base_are_sent_as_a_header_and_written_nowhere(home, capsys, where):
+    """#24: ``--api-base http://user:pw@host/v1`` and ``?api_key=`` work (the credential travels as an
+    Authorization header) and the credential appears in no output, log line, cache entry or MLflow record."""
+    seen = []
+
+    class Auth:  # records the Authorization header of each request
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] == "http" and scope["path"].endswith("/chat/completions"):
+                seen.append(dict(scope["headers"]).get(b"authorization", b"").decode())
+            await self.app(scope, receive, send)
+
+    app = create_openai_app(SchemaBackend(first_word_of_answer))
+    with running(Auth(app)) as base:
+        host = base.split("://", 1)[1]
+        url = f"http://alice:{SECRET}@{host}" if where == "userinfo" else f"{base}?api_key={SECRET}"
+        rc = cli_main(["evaluate", "--program", "spans", "--lang", "en", "--limit", "2", "--lm", "openai/stand-in",
+                       "--api-base", url, "--no-progress"])
+        assert rc == 0
+    out = capsys.readouterr()
+    assert seen and all(h.startswith("Basic " if where == "userinfo" else "Bearer ") for h in seen)
+    assert SECRET in (__import__("base64").b64decode(seen[0][6:]).decode() if where == "userinfo" else seen[0])
+    assert SECRET not in out.out + out.err
+    assert assert_no_secret(home) > 5  # outputs, MLflow store, LM cache
 
 
 def test_retries_recover_from_server_errors_and_timeouts_fail_the_item_fast(home):
@@ -261,8 +291,54 @@ def test_serve_a_compiled_detector_whose_lm_is_a_server(home):
                            json={"answer": "Sydney is the capital of Australia.", "question": "Capital?"})
             assert r.status_code == 200, r.text
             assert [(s["start"], s["end"]) for s in r.json()["spans"]] == [(0, 6)]
-            assert len(item_calls(lm_app)) == 1
-            assert item_calls(lm_app)[0]["response_format"]["type"] == "json_schema"
+            assert len(item_calls(lm_app)) == 2  # serve's start-up check (one probe answer), then the request
+            assert item_calls(lm_app)[1]["response_format"]["type"] == "json_schema"
         finally:
             proc.terminate()
             proc.communicate(timeout=20)
+
+
+@pytest.mark.embedded
+def test_every_lm_program_through_llama_cpp_pythons_own_server(home):
+    """llama-cpp-python's server (the one the README names) on the embedded GGUF: it refuses ``json_schema``
+    (HTTP 500 naming response_format), the client falls back to ``json_object`` + schema once and remembers it,
+    max_tokens is honoured, and every LM program runs its 2 items with no HTTP failure."""
+    import subprocess
+    import sys
+
+    from halluscope.lm import smollm2_path
+    from halluscope.lm_server import reset_server_capabilities, server_capabilities
+
+    reset_server_capabilities()
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--host",
+                             "127.0.0.1", "--port", str(port), "--n_ctx", "8192"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        for _ in range(600):
+            try:
+                httpx.get(f"{base}/models", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, "llama_cpp.server did not start"
+                time.sleep(0.2)
+        runs = {"spans": ["--lang", "en"], "halluclean": ["--task", "qa"], "direct": ["--task", "qa"],
+                "finch": ["--lang", "en", "-O", "n_samples=1"],
+                "medico": ["--task", "qa", "-O", "correct=false", "-O", "sources=context"],
+                "jointcq": ["--lang", "en", "-O", "retriever=context"]}
+        for program, data in runs.items():
+            rc = cli_main(["evaluate", "--program", program, *data, "--limit", "2", "--lm", "openai/smollm2",
+                           "--api-base", base, "--max-tokens", "64", "--no-progress", "--no-mlflow",
+                           "--max-failed-share", "1"])
+            assert rc == 0, program
+            (summary,) = Path("outputs").glob(f"{program}-*/{program}.summary.json")
+            s = json.loads(summary.read_text())["summary"]
+            assert s["n"] == 2 and s["lm_calls"] >= 2, (program, s)
+            assert not any(k.startswith("failures_error") for k in s), (program, s)  # no HTTP failure
+            assert s["lm_output_tokens"] <= 64 * s["lm_calls"], (program, s)  # max_tokens honoured
+        caps = server_capabilities()
+        assert caps == {f"{base} smollm2": {"format": "json_object_schema", "max_completion_tokens": False}}
+    finally:
+        proc.terminate()
+        proc.wait(30)

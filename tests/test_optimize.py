@@ -266,7 +266,7 @@ def test_signature_mismatch_is_refused(tmp_path, spans_program, monkeypatch):
 
     import dataclasses
 
-    monkeypatch.setitem(registry.REGISTRY, "spans", dataclasses.replace(spec, build=renamed))
+    monkeypatch.setitem(registry.REGISTRY, "spans", dataclasses.replace(spec, build=renamed, option_types={}))
     with pytest.raises(A.ArtifactMismatchError, match="reference"):
         A.load_compiled("spans", lang="de", metric="iou", root=good)
 

@@ -164,7 +164,8 @@ def test_raw_build_no_longer_swallows_typos():
     ("finch", "judge_max_tokens", float("nan")),  # default None, but a NaN is never a valid option
 ])
 def test_non_finite_numbers_are_refused_naming_the_option(name, option, value):
-    with pytest.raises(InvalidOptionError, match=f"option '{option}' of program '{name}' must be a finite number"):
+    with pytest.raises(InvalidOptionError, match=f"option '{option}' of program '{name}': expected a (finite|whole) "
+                                                 f"number"):
         get(name).make(**{option: value})
 
 
@@ -225,7 +226,7 @@ EVAL_ARGS = ["evaluate", "--program", "spans", "--lang", "de", "--no-progress", 
     ("nonsense=1", ["unknown option 'nonsense' for program 'spans'",
                     "valid options: fuzzy_threshold, reasoning, use_context"]),
     ("novalue", ["'novalue' is not KEY=VALUE", "valid options: fuzzy_threshold, reasoning, use_context"]),
-    ("fuzzy_threshold=NaN", ["option 'fuzzy_threshold' of program 'spans' must be a finite number"]),
+    ("fuzzy_threshold=NaN", ["option 'fuzzy_threshold' of program 'spans': expected a finite number in [0, 1]"]),
 ])
 def test_evaluate_cli_bad_option_exits_2(option, needles, no_data_dir, capsys):
     from halluscope.cli import main
@@ -249,18 +250,20 @@ def test_evaluate_cli_bad_option_value_exits_2(no_data_dir, capsys):
     assert "unknown task 'poetry'" in capsys.readouterr().err
 
 
-def test_evaluate_cli_good_option_still_runs(no_data_dir):
+def test_evaluate_cli_good_option_still_runs(no_data_dir, capsys):
     from halluscope.cli import main
 
-    with pytest.raises(FileNotFoundError):  # the options passed: it went on to load the (missing) data
-        main([*EVAL_ARGS, "--data-dir", no_data_dir, "-O", "reasoning=true"])
+    # the options passed: it went on to load the (missing) data, a one-line input error (exit 2)
+    assert main([*EVAL_ARGS, "--data-dir", no_data_dir, "-O", "reasoning=true"]) == 2
+    assert "no such Mu-SHROOM file or directory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option, needles", [
     ("nonsense=1", ["unknown option 'nonsense' for program 'spans'",
                     "valid options: fuzzy_threshold, reasoning, use_context"]),
     ("novalue", ["'novalue' is not KEY=VALUE"]),
-    ("fuzzy_threshold=Infinity", ["option 'fuzzy_threshold' of program 'spans' must be a finite number"]),
+    ("fuzzy_threshold=Infinity", ["option 'fuzzy_threshold' of program 'spans': expected a finite number in [0, 1], "
+                                  "got inf"]),
 ])
 def test_optimize_cli_bad_option_exits_2(option, needles, no_data_dir, capsys):
     from halluscope.cli.optimize import main

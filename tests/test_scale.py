@@ -340,3 +340,39 @@ def test_cli_detect_and_evaluate_with_the_ray_engine(ray_session, tmp_path, caps
                    extra_inputs=registry.get("logits").extra_inputs).summary()
     for k in ("n", "iou", "corr", "lm_calls"):
         assert summary[k] == ref[k], k
+
+
+def test_ray_jobs_fail_when_every_row_has_unusable_output(plugin, tmp_path, capsys, monkeypatch):
+    """Issues #20/#24: a detection that records a parse failure (no exception) is a failed row; detect and
+    evaluate on Ray exit 1 with the reason in one line when more than --max-failed-share of the rows failed."""
+    from halluscope.cli import main
+    from halluscope.loaders.demo import write_demo_data
+
+    root = tmp_path / "compiled"
+    write_artifact(registry.get(plugin.GARBAGE_NAME).make(), {"source": "test"}, program_name=plugin.GARBAGE_NAME,
+                   lang="en", metric="iou", root=root)
+    src = _jsonl(tmp_path / "in.jsonl", _rows(4))
+    out = tmp_path / "out.jsonl"
+    rc = main(["detect", "--program", plugin.GARBAGE_NAME, "--lang", "en", "--compiled-dir", str(root),
+               "--input", str(src), "--output", str(out), "--engine", "ray", "--workers", "2", "--batch-size", "2",
+               "--import", "tests.ray_plugin", "--no-progress", "--max-failed-share", "0.5"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "RUN FAILED: 4 of 4 rows failed (unusable output: parse x4; more than --max-failed-share 0.5)" in err
+    got = read_output(out)
+    assert [r["ok"] for r in got] == [False] * 4 and all(r["error"] == "unusable output: parse" for r in got)
+
+    monkeypatch.delenv("HALLUSCOPE_DATA_DIR", raising=False)
+    data = write_demo_data(tmp_path / "demo")
+    rc = main(["evaluate", "--program", plugin.GARBAGE_NAME, "--lang", "de", "--data-dir", str(data),
+               "--engine", "ray", "--workers", "2", "--batch-size", "2", "--import", "tests.ray_plugin",
+               "--out-dir", str(tmp_path / "ev"), "--no-progress", "--no-mlflow"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "RUN FAILED" in err and "unusable output: parse x" in err
+    # the compiled artifact itself (--artifact PATH): each actor loads it by path and content hash
+    version = root / plugin.GARBAGE_NAME / "en" / "iou" / "v0001"
+    rc = main(["evaluate", "--artifact", str(version), "--lang", "de", "--data-dir", str(data), "--engine", "ray",
+               "--workers", "2", "--batch-size", "2", "--import", "tests.ray_plugin", "--out-dir",
+               str(tmp_path / "ev2"), "--no-progress", "--no-mlflow"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "scoring the compiled artifact" in err and "unusable output: parse x" in err

@@ -11,10 +11,27 @@ program's compiled state (plain JSON through ``dump_state``/``load_state``); ``f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from halluscope.programs.grounded.detector import DEFAULT_WEIGHTS, GroundedDetector, fit_grounded
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
 
 __all__ = ["GroundedDetector", "fit_grounded", "DEFAULT_WEIGHTS"]
+
+
+def _lm_model_problem(lm_model, options) -> str | None:
+    """With the LM signal on, a named GGUF file must exist (else every item would fail as ``lm_missing``)."""
+    if options.get("lm") and lm_model and not Path(lm_model).expanduser().is_file():
+        return f"no GGUF file {lm_model!r} (the LM signal is on: -O lm=true); give an existing .gguf file, or \"\" " \
+               f"for the embedded SmolLM2-135M-Instruct"
+    return None
+
+
+def _rules_problem(rules, options) -> str | None:
+    if rules not in (True, False, "all", "numbers", "true", "false"):
+        return f"rules takes true, false, \"all\" or \"numbers\", not {rules!r}"
+    return None
+
 
 register(ProgramSpec(
     name="grounded",
@@ -26,4 +43,8 @@ register(ProgramSpec(
     extra_inputs=("model_output_tokens", "model_output_logits"),
     fit=fit_grounded,
     lm_when=lambda options: bool(str(options.get("detectors") or "").strip()),
+    option_types={"lm_model": text(what="a GGUF file path, or \"\" for the embedded model", check=_lm_model_problem),
+                  "lm_evidence_tokens": whole(0), "lm_item_tokens": whole(0), "window": whole(0),
+                  "l2": number(0, lo_open=True), "aggregate": text("max", "top3"),
+                  "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))

@@ -115,7 +115,7 @@ class GroundedDetector(dspy.Module):
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
                  window: int = 2,
                  fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
-                 numbers: bool = True, align: bool = True, encoder: bool = True, rules: bool = True,
+                 numbers: bool = True, align: bool = True, encoder: bool = False, rules: bool | str = False,
                  combiner: str = "logreg", head: str = "logreg", head_l2: float = 10.0, response_data: str = "",
                  response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto"):
         super().__init__()
@@ -134,7 +134,11 @@ class GroundedDetector(dspy.Module):
         self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
         self.lm_item_tokens = int(lm_item_tokens)
         self.window, self.fuzzy, self.l2, self.aggregate = int(window), bool(fuzzy), float(l2), aggregate
+        rules = {"true": True, "false": False}.get(rules, rules) if isinstance(rules, str) else rules
+        if rules not in (True, False, "all", "numbers"):
+            raise ValueError(f"rules must be true, false, 'all' or 'numbers', not {rules!r}")
         self.use_numbers, self.use_align, self.use_rules = bool(numbers), bool(align), bool(rules)
+        self.rules_mode = "all" if rules is True else rules
         self.use_encoder = bool(encoder) and self.use_align
         self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
                                       tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder)
@@ -278,7 +282,7 @@ class GroundedDetector(dspy.Module):
             probs = np.where(bad, 0.0, probs)
         scaled = [rescale(float(p), self.threshold, self.floor) for p in probs]
         if self.use_rules:
-            scaled = apply_rules(scaled, feats.X, self.features)
+            scaled = apply_rules(scaled, feats.X, self.features, sentences=self.rules_mode != "numbers")
         spans_u = [(u.start, u.end) for u in feats.units]
         cp = char_probs(len(answer), spans_u, scaled)
         spans, i, n = [], 0, len(cp)
@@ -388,22 +392,25 @@ class GroundedDetector(dspy.Module):
         return self
 
 
-def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin: float = 0.02) -> list[float]:
-    """The #19 rules on rescaled unit probabilities (threshold = 0.5): a unit fully supported in its aligned
-    evidence sentence (``unsup`` = 0, ``al_verb`` = 1, no ``al_subst``, not itself a mismatched negation cue) goes
-    below 0.5 (at most
-    ``0.5 - margin``); a substitution in the same slot or a negation cue missing from the aligned sentence goes
-    above it (at least ``0.5 + margin``). A no-op when the features are not there (an older artifact)."""
-    need = ("unsup", "al_verb", "al_subst", "al_neg")
+def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin: float = 0.02,
+                sentences: bool = True) -> list[float]:
+    """The #19 rules on rescaled unit probabilities (threshold = 0.5). A unit is *supported* when it is in the
+    evidence (``unsup`` = 0), verbatim in its aligned evidence sentence (``al_verb`` = 1) and not a substitution;
+    supported numbers and every unit of a sentence whose units are all supported go below 0.5 (at most
+    ``0.5 - margin``): a verbatim number is not flagged, an answer whose every unit is supported is labelled
+    correct. A substitution in the same slot or a negation cue missing from the aligned sentence goes above it
+    (at least ``0.5 + margin``). A no-op when the features are not there (an older artifact)."""
+    need = ("unsup", "al_verb", "al_subst", "al_neg", "sent_unsup", "is_num")
     if not all(n in features for n in need) or not len(X):
         return scaled
     j = {n: features.index(n) for n in need}
     out = []
     for s, row in zip(scaled, X):
         conflict = row[j["al_subst"]] >= 1.0 or row[j["al_neg"]] >= 1.0
+        supported = row[j["unsup"]] <= 0.0 and row[j["al_verb"]] >= 1.0 and row[j["al_subst"]] <= 0.0
         if conflict:
             s = max(s, 0.5 + margin)
-        elif row[j["unsup"]] <= 0.0 and row[j["al_verb"]] >= 1.0 and row[j["al_subst"]] <= 0.0:
+        elif supported and (row[j["is_num"]] >= 1.0 or (sentences and row[j["sent_unsup"]] <= 0.0)):
             s = min(s, 0.5 - margin)
         out.append(s)
     return out

@@ -8,10 +8,10 @@ model's average token). A unit gets
 * ``gen_first``: the score of the token where the unit starts (where the model chose the word),
 
 both clipped to [-4, 4]. The lists are read as the ``logits`` baseline reads them
-(:func:`halluscope.programs.baselines.token_logit_lists`): a list or a string holding a JSON list (the official
-Catalan file); lists of different lengths aligned on their common prefix (``"logit_length_mismatch"``);
+(:func:`halluscope.programs.baselines.token_logit_lists`): a list or a string holding one as JSON or as a Python
+repr (the official Catalan file); lists of different lengths aligned on their common prefix (``"logit_length_mismatch"``);
 a logit that is not a finite number leaves its token out (``"nonfinite_logits"``, how many). When the data
-carries no logits (``"no_logits"``), tokens or logits that are neither lists nor JSON lists
+carries no logits (``"no_logits"``), tokens or logits that are neither lists nor strings holding lists
 (``"malformed_logits"``), lists too different in length to be the same tokens (``"logits_length"``), or no
 token can be aligned (``"unaligned_tokens"``), every unit gets 0 and ``gen_missing`` = 1, and the caller counts
 the failure. Units that no aligned token covers (tokens past a truncated answer) get the same fallback and are

@@ -64,8 +64,16 @@ __all__ = [
     "verify_artifact",
     "git_commit",
     "selection_score",
+    "zero_shot_score",
+    "below_zero_shot",
+    "comparison_key",
+    "Ranked",
+    "rank_versions",
     "best_version",
     "is_demo",
+    "UNTRACKED_FILE",
+    "untracked_reason",
+    "mark_tracked",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,6 +82,10 @@ ARTIFACT_FORMAT = "halluscope-compiled/1"
 MODEL_URI_PREFIX = "models:/"  # an MLflow registered model (see halluscope.model_registry)
 PROGRAM_FILE = "program.json"
 MANIFEST_FILE = "manifest.json"
+# Beside the two files of a version made by a tracked run until its MLflow run is recorded (then removed): a
+# version that still has it (the run was interrupted after the artifact became visible, or tracking failed) is
+# listed as untracked. Not part of the content hash.
+UNTRACKED_FILE = "UNTRACKED"
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
 
 
@@ -291,12 +303,15 @@ def write_artifact(
     lang: str,
     metric: str,
     root: str | os.PathLike | None = None,
+    untracked: str | None = None,
 ) -> CompiledDetector:
     """Write ``program``'s state and ``manifest`` as the next version; return it as a :class:`CompiledDetector`.
 
     ``manifest`` is completed here with ``format``, ``program``, ``lang``, ``metric``, ``version``,
     ``predictors`` (signature field names), ``program_file``, ``program_sha256``, ``created_at`` (if absent)
-    and ``content_hash``. The caller's dict is not modified.
+    and ``content_hash``. The caller's dict is not modified. ``untracked`` (a reason) writes
+    :data:`UNTRACKED_FILE` into the version before it becomes visible; :func:`mark_tracked` removes it once the
+    run that made it is recorded.
     """
     base = artifact_dir(program_name, lang, metric, root)
     base.mkdir(parents=True, exist_ok=True)
@@ -310,6 +325,8 @@ def write_artifact(
     tmp.mkdir()
     try:
         _write_file(tmp / PROGRAM_FILE, data)
+        if untracked:
+            _write_file(tmp / UNTRACKED_FILE, (untracked.strip() + "\n").encode())
         version = 0
         for _ in range(1000):
             listed = max((v.version for v in list_versions(program_name, lang, metric, root=root,
@@ -337,6 +354,23 @@ def write_artifact(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def untracked_reason(path: str | os.PathLike) -> str | None:
+    """Why the version folder ``path`` has no MLflow run (the text of its :data:`UNTRACKED_FILE`), or None."""
+    try:
+        text = (Path(path) / UNTRACKED_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return text or "no MLflow run recorded"
+
+
+def mark_tracked(path: str | os.PathLike) -> None:
+    """The run that made the version at ``path`` is recorded in MLflow: remove its :data:`UNTRACKED_FILE`."""
+    try:
+        (Path(path) / UNTRACKED_FILE).unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _fsync_dir(path: Path) -> None:
@@ -394,17 +428,128 @@ def is_demo(manifest: dict | None) -> bool:
     return str((manifest or {}).get("source", "")).startswith("demo")
 
 
-def best_version(versions: list[VersionInfo]) -> VersionInfo | None:
-    """The version :func:`load_compiled` serves by default.
-
-    Versions compiled on real data always beat demo-data versions (a demo score is not comparable); among
-    those, the highest selection score wins, the newest on ties; versions without a score (no
-    cross-validation) are chosen only when none has one, the newest first.
-    """
-    if not versions:
+def zero_shot_score(manifest: dict | None) -> float | None:
+    """The cross-validated zero-shot mean of the manifest's metric (the unfitted program on the same folds)."""
+    try:
+        v = (manifest or {})["cv"]["mean"]["zero_shot"][manifest["metric"]]["mean"]
+    except (KeyError, TypeError):
         return None
-    return max(versions, key=lambda v: (not is_demo(v.manifest), v.score is not None,
-                                        v.score if v.score is not None else 0.0, v.version))
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def below_zero_shot(manifest: dict | None) -> bool:
+    """Whether the compile made the program worse: its cross-validated compiled score is below the zero-shot one."""
+    compiled, zero = selection_score(manifest or {}), zero_shot_score(manifest)
+    return compiled is not None and zero is not None and compiled < zero
+
+
+def comparison_key(manifest: dict | None) -> tuple:
+    """What makes two versions' scores comparable: the data they were compiled on (``data.data_hash``; the demo
+    set is never comparable with real data, even in manifests without a hash) and the fold scheme (``cv.k``,
+    ``cv.seed``; 1 fold = no cross-validation)."""
+    m = manifest or {}
+    cv = m.get("cv") or {}
+    return ((m.get("data") or {}).get("data_hash"), int(cv.get("k") or 1), cv.get("seed"), is_demo(m))
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One version as :func:`rank_versions` judged it: whether it is the one served by default, and why (not)."""
+
+    info: VersionInfo
+    best: bool
+    why: str
+    below_zero_shot: bool = False
+    untracked: str | None = None  # why the version has no MLflow run (see UNTRACKED_FILE), or None
+
+
+def _n_items(m: dict) -> int:
+    return int((m.get("data") or {}).get("n") or 0)
+
+
+def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> list[Ranked]:
+    """Every version (in the order given) with whether it is the best, and why it is or is not.
+
+    The honest choice (:func:`best_version`): scores compete only among versions compiled on the same data with
+    the same fold scheme (:func:`comparison_key`), so first a group of comparable versions is chosen, preferring
+    real data to the demo set, then more items, then more folds, then the group that was there first (a new run
+    on other data never displaces a version silently: ``detect --list`` says why it is not served; pin it with
+    ``--version``). Within the group the highest cross-validated compiled score wins, the newest on ties, except
+    that a version whose compiled score is below its zero-shot score (:func:`below_zero_shot`: the compile made
+    it worse) loses to any that is not; when every version of the group is below, the best of them is served and
+    marked so (:func:`load_compiled` warns)."""
+    readable = [v for v in versions if v.manifest is not None]
+    groups: dict[tuple, list[VersionInfo]] = {}
+    for v in readable:
+        groups.setdefault(comparison_key(v.manifest), []).append(v)
+
+    def group_rank(members: list[VersionInfo]) -> tuple:
+        m = members[0].manifest
+        return (not is_demo(m), _n_items(m), comparison_key(m)[1], -min(v.version for v in members))
+
+    def member_rank(v: VersionInfo) -> tuple:
+        return (not below_zero_shot(v.manifest), v.score is not None, v.score if v.score is not None else 0.0,
+                v.version)
+
+    best = None
+    if groups:
+        chosen_group = max(groups.values(), key=group_rank)
+        best = max(chosen_group, key=member_rank)
+    out = []
+    for v in versions:
+        untracked = untracked_reason(v.path)
+        if v.manifest is None:
+            out.append(Ranked(v, False, "unreadable manifest: never served", untracked=untracked))
+            continue
+        below = below_zero_shot(v.manifest)
+        why = _why(v, best, metric or v.manifest.get("metric") or "score", len(groups[comparison_key(v.manifest)]))
+        out.append(Ranked(v, best is not None and v.version == best.version, why, below, untracked))
+    return out
+
+
+def _fmt_score(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def _why(v: VersionInfo, best: VersionInfo, metric: str, n_comparable: int) -> str:
+    m, b = v.manifest, best.manifest
+    k, bk = comparison_key(m)[1], comparison_key(b)[1]
+    n, bn = _n_items(m), _n_items(b)
+    data = "demo" if is_demo(m) else "real"
+    below = (f"; BELOW ZERO-SHOT: compiled {metric} {_fmt_score(v.score)} < zero-shot "
+             f"{_fmt_score(zero_shot_score(m))}, the unfitted program scored higher" if below_zero_shot(m) else "")
+    if v.version == best.version:
+        how = ("no other version on the same data and folds" if n_comparable == 1 else
+               f"the highest cv {metric} of {n_comparable} comparable versions" if v.score is not None else
+               f"the newest of {n_comparable} comparable versions without a cv score")
+        return f"served by default: {data} data, {n} items, {k}-fold cv, {how}{below}"
+    if comparison_key(m) != comparison_key(b):
+        if is_demo(m) and not is_demo(b):
+            return f"not served: demo data never displaces a real-data version (v{best.version:04d}){below}"
+        if n != bn:
+            return (f"not served: compiled on {n} items, v{best.version:04d} on {bn}; scores on other data are not "
+                    f"comparable{below}")
+        if k != bk:
+            return (f"not served: {k}-fold cv, v{best.version:04d} {bk}-fold; scores under other folds are not "
+                    f"comparable{below}")
+        return (f"not served: other data or folds than v{best.version:04d}, which came first; scores are not "
+                f"comparable (pin it with --version {v.version}){below}")
+    if below_zero_shot(m) and not below_zero_shot(b):
+        return f"not served{below}"
+    if v.score is None:
+        return f"not served: no cv score (v{best.version:04d} has {_fmt_score(best.score)}){below}"
+    if best.score is not None and v.score < best.score:
+        return (f"not served: lower cv {metric} ({_fmt_score(v.score)} < {_fmt_score(best.score)}) on the same data "
+                f"and folds{below}")
+    return f"not served: same cv {metric} as v{best.version:04d}, which is newer{below}"
+
+
+def best_version(versions: list[VersionInfo]) -> VersionInfo | None:
+    """The version :func:`load_compiled` serves by default (the honest choice of :func:`rank_versions`)."""
+    for r in rank_versions(versions):
+        if r.best:
+            return r.info
+    return None
 
 
 def verify_artifact(path: str | os.PathLike) -> tuple[dict, bytes]:
@@ -526,6 +671,10 @@ def load_compiled(
                 f"no compiled {program!r} for lang={lang!r}, metric={metric!r} under {base}; "
                 f"run: python optimize.py --program {program} {'--task' if lang in HALLUCLEAN_TASKS else '--lang'} "
                 f"{lang} --metric {metric}")
+        if below_zero_shot(chosen.manifest):
+            logger.warning("%s: served by default, but its cross-validated compiled %s (%.4f) is below its zero-shot "
+                           "score (%.4f): the unfitted program scored higher on the same folds (recompile, or pin "
+                           "another version)", chosen.path, metric, chosen.score, zero_shot_score(chosen.manifest))
     return load_artifact_dir(chosen.path, expect={"program": program, "lang": lang, "metric": metric,
                                                   "version": chosen.version}, trust_endpoints=trust_endpoints)
 

@@ -39,6 +39,12 @@ __all__ = [
     "soft_labels_from_spans",
     "hard_labels_from_soft",
     "to_prediction",
+    "OUTPUT_FAILURE_KEYS",
+    "ITEM_FAILURE_KINDS",
+    "failure_reason",
+    "item_failure",
+    "failed_kinds",
+    "describe_failed",
 ]
 
 
@@ -251,3 +257,76 @@ def to_prediction(detection: Detection, **extra: Any) -> dspy.Prediction:
         failures=dict(detection.failures),
         **extra,
     )
+
+
+# ------------------------------------------------------------------------------------------------------
+# Failed items: the one definition every command counts toward --max-failed-share
+# ------------------------------------------------------------------------------------------------------
+
+#: ``failures`` keys a program records when the LM's answer for the item could not be used: its output did not
+#: parse (``parse``; jointcq's claims: ``generate_parse``), was cut at ``max_tokens`` (``truncated``, added by
+#: :func:`halluscope.runner.run_eval` from the LM layer), or gave no usable verdict (``verdict``). Such an item
+#: returned a prediction, but it is garbage, never success: it counts as a failed item (``--max-failed-share``).
+OUTPUT_FAILURE_KEYS = ("parse", "truncated", "generate_parse", "verdict")
+
+#: Failure kinds (a ``failures`` key, or its part before ``":"``) that make an item a *failed item*: it has no
+#: usable prediction. :data:`OUTPUT_FAILURE_KEYS`, plus ``error`` (how the runners record a program that raised:
+#: ``error:<ExceptionType>``) and ``lm_error`` (an LM call that failed, e.g. grounded's LM scorer). Every other
+#: kind (a quote not found in the answer, a failed evidence source, one claim's unreadable verification, a neutral
+#: fallback feature) is counted in ``failures`` but leaves a usable prediction.
+ITEM_FAILURE_KINDS = frozenset({*OUTPUT_FAILURE_KEYS, "error", "lm_error"})
+
+
+def failure_reason(failures: Any) -> str | None:
+    """Why an item whose prediction records ``failures`` (a ``{kind: count}`` dict, e.g. ``Detection.failures``)
+    is a failed item: a key whose kind is in :data:`ITEM_FAILURE_KINDS` with a non-zero count (the
+    :data:`OUTPUT_FAILURE_KEYS` first, in their order, then the others sorted); ``None`` when the prediction is
+    usable. ``failure_reason({"parse": 1}) == "parse"``, ``failure_reason({"unmatched": 2}) is None``."""
+    if not isinstance(failures, dict):
+        return None
+
+    def counted(key) -> bool:
+        try:
+            return bool(float(failures[key]))
+        except (TypeError, ValueError):
+            return True
+
+    for key in OUTPUT_FAILURE_KEYS:
+        if key in failures and counted(key):
+            return key
+    for key in sorted(failures, key=str):
+        if str(key).split(":", 1)[0] in ITEM_FAILURE_KINDS and counted(key):
+            return str(key)
+    return None
+
+
+def item_failure(prediction: Any) -> str | None:
+    """Why an item failed, or None when it did not: ``"error"`` for no prediction (the program raised), else
+    :func:`failure_reason` of its ``failures`` (a prediction's, or a :class:`Detection`'s)."""
+    if prediction is None:
+        return "error"
+    if isinstance(prediction, Detection):
+        return failure_reason(prediction.failures)
+    failures = prediction.get("failures") if hasattr(prediction, "get") else getattr(prediction, "failures", None)
+    return failure_reason(failures)
+
+
+def failed_kinds(reasons: Any) -> dict[str, int]:
+    """``{reason: items}`` over per-item reasons (``None`` = the item did not fail)."""
+    out: dict[str, int] = {}
+    for r in reasons:
+        if r is not None:
+            out[str(r)] = out.get(str(r), 0) + 1
+    return out
+
+
+def describe_failed(kinds: dict[str, int]) -> str:
+    """One phrase naming why items failed: ``raised: RuntimeError x3; unusable output: parse x2``."""
+    raised = {k.split(":", 1)[1] if ":" in k else k: v for k, v in kinds.items() if k.split(":", 1)[0] == "error"}
+    other = {k: v for k, v in kinds.items() if k.split(":", 1)[0] != "error"}
+    parts = []
+    if raised:
+        parts.append("raised: " + ", ".join(f"{k} x{v}" for k, v in sorted(raised.items())))
+    if other:
+        parts.append("unusable output: " + ", ".join(f"{k} x{v}" for k, v in sorted(other.items())))
+    return "; ".join(parts)

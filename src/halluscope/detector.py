@@ -11,7 +11,8 @@ Python::
 Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``question`` (or ``model_input``),
 ``context``, ``lang`` and ``id`` are optional. Each output row is ``{"id", "ok", ...Detection.to_dict()}``
 (``spans``, ``soft_labels``, ``hard_labels``, ``label``, ``score``, ...); a failed item is
-``{"id", "ok": false, "error"}`` and is counted.
+``{"id", "ok": false, "error"}`` and is counted; so is a detection without usable output
+(:func:`halluscope.contract.item_failure`), written with its contract fields and ``"ok": false``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Iterable
 
 import dspy
 
-from halluscope.contract import Detection
+from halluscope.contract import Detection, describe_failed, failed_kinds, failure_reason
 from halluscope.files import read_jsonl, write_text_atomic
 from halluscope.parallel import map_items
 from halluscope.redact import redact
@@ -130,14 +131,21 @@ def detect_jsonl(
             extra = {k: row.get(k) for k in extra_inputs}
             det = detect(detector, row["answer"], question=row["question"], context=row["context"],
                          lang=row["lang"] or default_lang, task=row.get("task") or task, **extra)
+            reason = failure_reason(det.failures)
+            if reason:  # written, but a failed item: its LM output was unusable (unreadable, truncated, LM error)
+                return {"id": row["id"], "ok": False, "error": f"unusable output: {reason}", "_failed": reason,
+                        **det.to_dict()}
             return {"id": row["id"], "ok": True, **det.to_dict()}
         except Exception as e:  # one bad item never stops the file
-            return {"id": row["id"], "ok": False, "error": redact(f"{type(e).__name__}: {str(e)[:300]}")}
+            return {"id": row["id"], "ok": False, "error": redact(f"{type(e).__name__}: {str(e)[:300]}"),
+                    "_failed": f"error:{type(e).__name__}"}
 
     t0 = time.perf_counter()
     results = map_items(one, rows, threads=threads, progress=progress, desc="detect", unit="answer")
+    reasons = [r.pop("_failed", None) for r in results]
     out = write_text_atomic(out_path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in results))
     ok = [r for r in results if r.get("ok")]
+    kinds = failed_kinds(reasons)
     return {"items": len(results), "ok": len(ok), "failed": len(results) - len(ok),
             "with_spans": sum(1 for r in ok if r.get("spans")), "seconds": round(time.perf_counter() - t0, 2),
-            "output": str(out)}
+            "output": str(out), "failed_kinds": kinds, "failed_why": describe_failed(kinds)}

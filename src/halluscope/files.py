@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["read_jsonl", "write_text_atomic", "create_unique_dir"]
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+__all__ = ["read_jsonl", "iter_jsonl", "write_text_atomic", "create_unique_dir", "file_lock"]
 
 
 def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
@@ -15,7 +21,11 @@ def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
 
     A line that is not UTF-8, not JSON, or not a JSON object raises ``ValueError`` naming the file and the line.
     """
-    out: list[tuple[int, dict]] = []
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: str | os.PathLike):
+    """:func:`read_jsonl` one line at a time (a large file is never held whole)."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -33,8 +43,7 @@ def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
                 raise ValueError(f"{path}: line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(rec, dict):
                 raise ValueError(f"{path}: line {lineno}: expected a JSON object, got {type(rec).__name__}")
-            out.append((lineno, rec))
-    return out
+            yield lineno, rec
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -71,3 +80,20 @@ def create_unique_dir(root: str | Path, name: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"could not create a new folder {name}-N under {root}")
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path):
+    """An exclusive inter-process lock on the file ``path`` (created, with its folder) for the ``with`` block:
+    processes that take the same lock run the block one at a time. Where ``fcntl`` is missing (Windows) it does
+    not lock."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(f, fcntl.LOCK_UN)

@@ -21,6 +21,7 @@ and :func:`configure` gives a model served from an ``api_base`` its own cache fo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -28,16 +29,20 @@ import logging
 import math
 import os
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import dspy
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
+from dspy.clients.cache import Cache
 from dspy.lm15 import Message, Response, TokenLogprob, TopLogprob, Usage, response_to_events
+from dspy.utils.exceptions import AdapterParseError
 
 from halluscope import paths
+from halluscope.lm_server import SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials
 from halluscope.redact import redact, redact_url, register_secret
 
 logger = logging.getLogger(__name__)
@@ -55,6 +60,14 @@ __all__ = [
     "usage_of",
     "history_since",
     "SchemaJSONAdapter",
+    "GuardedJSONAdapter",
+    "GuardedChatAdapter",
+    "TruncatedOutputError",
+    "json_truncated",
+    "ReplyCache",
+    "evict_last_reply",
+    "item_scope",
+    "OpenAICompatEngine",
 ]
 
 DEFAULT_LM = "local"
@@ -175,8 +188,9 @@ class EngineStats:
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    truncated: int = 0
+    truncated: int = 0  # prompts cut in the middle to fit the context
     errors: int = 0
+    cut_generations: int = 0  # generations cut at max_tokens (finish_reason=length)
 
 
 class LlamaCppEngine:
@@ -270,6 +284,7 @@ class LlamaCppEngine:
 
     # -- the engine protocol ----------------------------------------------------------------------
     def complete(self, request) -> Response:
+        note_finish(None)
         cfg = request.config
         messages: list[dict] = []
         if request.system is not None:
@@ -316,6 +331,10 @@ class LlamaCppEngine:
         finish = choice.get("finish_reason") or "stop"
         if finish not in ("stop", "length", "tool_call", "content_filter", "error"):
             finish = "stop"
+        if finish == "length":
+            with self._lock:
+                self.stats.cut_generations += 1
+        note_finish(finish)  # the adapter refuses a generation cut at max_tokens (TruncatedOutputError)
         return Response(
             id=out.get("id"),
             model=self.model_path.name,
@@ -385,8 +404,23 @@ def make_lm(
         model = f"llamacpp/{path.stem}@{file_sha256(path)[:12]}-ctx{n_ctx}"
         return dspy.LM(model, engine=engine, temperature=temperature, max_tokens=max_tokens, cache=cache, **kwargs)
     paths.set_offline_defaults()
+    if api_base and spec.startswith(SERVER_PREFIXES):  # an OpenAI-compatible server: halluscope's own client
+        engine = OpenAICompatEngine(api_base, spec.split("/", 1)[1], api_key=api_key,
+                                    timeout=float(kwargs.pop("timeout", None) or 120.0),
+                                    retries=int(3 if kwargs.get("num_retries") is None else kwargs["num_retries"]),
+                                    backoff=float(kwargs.pop("backoff", 1.0)))
+        kwargs.pop("num_retries", None)
+        # the engine retries (with backoff, and a weaker response format when one is refused), DSPy does not
+        return dspy.LM(spec, engine=engine, temperature=temperature, max_tokens=max_tokens, cache=cache,
+                       num_retries=0, **kwargs)
     extra: dict[str, Any] = {}
     if api_base:
+        url = split_url_credentials(api_base)  # registers any credential in it as a secret
+        if url.headers:
+            raise ValueError(
+                f"credentials in --api-base ({redact_url(api_base)}) are supported for OpenAI-compatible servers "
+                f"({', '.join(p + 'NAME' for p in SERVER_PREFIXES)}) only; for {spec.split('/', 1)[0]}/ pass the "
+                "key with --api-key and a base URL without credentials")
         extra["api_base"] = api_base
         if spec.startswith("openai/") and not api_key:
             api_key = "not-needed"  # OpenAI-compatible local servers ignore it, the client insists on one
@@ -396,7 +430,177 @@ def make_lm(
     return dspy.LM(spec, temperature=temperature, max_tokens=max_tokens, cache=cache, **extra, **kwargs)
 
 
-class SchemaJSONAdapter(dspy.JSONAdapter):
+def server_base(lm: Any) -> str | None:
+    """The base URL (without credentials) of the server an LM calls, or None for an in-process or hosted one."""
+    engine = getattr(lm, "engine", None)
+    if isinstance(engine, OpenAICompatEngine):
+        return engine.base_url
+    base = (getattr(lm, "kwargs", None) or {}).get("api_base")
+    return split_url_credentials(base).base if base else None
+
+
+# -- garbage is never success ----------------------------------------------------------------------
+
+
+class TruncatedOutputError(AdapterParseError):
+    """The LM's output was cut at ``max_tokens`` (``finish_reason=length``) or is JSON that stops mid-value:
+    a parse failure of that call, whatever a lenient parser could make of it."""
+
+
+def json_truncated(text: str) -> bool:
+    """Whether the first JSON object or array in ``text`` is cut off: the text ends inside a string or with a
+    bracket still open (``{"spans": [``, a list cut mid-object). Text with no JSON in it is not truncated.
+
+    >>> json_truncated('{"spans": [')
+    True
+    >>> json_truncated('Here it is: {"spans": [{"text": "Paris"}]} done')
+    False
+    """
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=-1)
+    if start < 0:
+        return False
+    depth, in_str, esc = 0, False, False
+    for ch in text[start:]:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth <= 0:
+                return False
+    return True
+
+
+_ITEM = threading.local()
+
+
+@contextlib.contextmanager
+def item_scope() -> Iterator[Counter]:
+    """Collect what the LM layer notices while this thread runs one item (``"truncated"``: a generation cut at
+    ``max_tokens`` that was made a parse failure). :func:`halluscope.runner.run_eval` opens one per item and adds
+    the counts to the item's ``failures``."""
+    prev = getattr(_ITEM, "ledger", None)
+    _ITEM.ledger = ledger = Counter()
+    try:
+        yield ledger
+    finally:
+        _ITEM.ledger = prev
+
+
+def _note_item(event: str) -> None:
+    ledger = getattr(_ITEM, "ledger", None)
+    if ledger is not None:
+        ledger[event] += 1
+
+
+class ReplyCache(Cache):
+    """DSPy's LM cache that remembers, per thread, the key of the last reply it stored or served, so that a reply
+    which turns out to be garbage (it did not parse, or was cut at ``max_tokens``) is evicted
+    (:func:`evict_last_reply`) and not replayed after the server is fixed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._last = threading.local()
+
+    def _remember(self, request, ignored) -> None:
+        try:
+            self._last.key = self.cache_key(request, ignored)
+        except Exception:  # noqa: BLE001 - an unhashable request is not cached either
+            self._last.key = None
+
+    def get(self, request, ignored_args_for_cache_key=None):
+        value = super().get(request, ignored_args_for_cache_key)
+        self._remember(request, ignored_args_for_cache_key) if value is not None else None
+        return value
+
+    def put(self, request, value, ignored_args_for_cache_key=None, enable_memory_cache=True):
+        super().put(request, value, ignored_args_for_cache_key, enable_memory_cache)
+        self._remember(request, ignored_args_for_cache_key)
+
+    def forget_last(self) -> bool:
+        key = getattr(self._last, "key", None)
+        self._last.key = None
+        if key is None:
+            return False
+        with self._lock:
+            self.memory_cache.pop(key, None)
+        try:
+            if hasattr(self.disk_cache, "delete"):
+                self.disk_cache.delete(key)
+            else:
+                self.disk_cache.pop(key, None)
+        except Exception:  # noqa: BLE001 - a locked disk cache: the entry stays, the failure is still counted
+            logger.debug("could not evict a cached LM reply", exc_info=True)
+        return True
+
+
+def evict_last_reply() -> bool:
+    """Drop the LM reply this thread last stored in or read from DSPy's cache (when it is a :class:`ReplyCache`,
+    as :func:`configure` sets up). The adapters call it when a reply does not parse."""
+    cache = getattr(dspy, "cache", None)
+    return cache.forget_last() if isinstance(cache, ReplyCache) else False
+
+
+class _Guarded:
+    """Adapter mixin: a generation cut at ``max_tokens`` or JSON that stops mid-value is a parse failure
+    (:class:`TruncatedOutputError`), and a reply that fails to parse is evicted from the cache."""
+
+    def __call__(self, lm, lm_kwargs, signature, demos, inputs):
+        note_finish(None)  # a cache hit does not reach the engine: no stale finish reason from an earlier call
+        depth = getattr(_ITEM, "adapter_depth", 0)  # the chat adapter's JSON fallback runs inside its call
+        _ITEM.adapter_depth = depth + 1
+        try:
+            return super().__call__(lm, lm_kwargs, signature, demos, inputs)
+        except TruncatedOutputError:
+            if depth == 0:  # counted once, and only when no fallback recovered the call
+                _note_item("truncated")
+            raise
+        finally:
+            _ITEM.adapter_depth = depth
+
+    def _call_postprocess(self, processed_signature, original_signature, outputs, lm, lm_kwargs):
+        try:
+            if last_finish() == "length":
+                note_finish(None)
+                text = outputs[0].get("text") if outputs and isinstance(outputs[0], dict) else (outputs or [""])[0]
+                raise TruncatedOutputError(adapter_name=type(self).__name__, signature=original_signature,
+                                           lm_response=str(text or ""),
+                                           message="the generation was cut at max_tokens (finish_reason=length)")
+            return super()._call_postprocess(processed_signature, original_signature, outputs, lm, lm_kwargs)
+        except AdapterParseError:
+            evict_last_reply()
+            raise
+
+    def _make_json_adapter_fallback(self):
+        return GuardedJSONAdapter()
+
+
+class _GuardedJSON(_Guarded):
+    def parse(self, signature, completion: str):
+        if json_truncated(completion or ""):
+            raise TruncatedOutputError(adapter_name=type(self).__name__, signature=signature,
+                                       lm_response=completion, message="the JSON output stops mid-value (truncated)")
+        return super().parse(signature, completion)
+
+
+class GuardedJSONAdapter(_GuardedJSON, dspy.JSONAdapter):
+    """DSPy's JSON adapter that never reads truncated output as a result (see :class:`_Guarded`)."""
+
+
+class GuardedChatAdapter(_Guarded, dspy.ChatAdapter):
+    """DSPy's chat adapter that never reads a generation cut at ``max_tokens`` as a result; its JSON fallback is
+    a :class:`GuardedJSONAdapter`."""
+
+
+class SchemaJSONAdapter(_GuardedJSON, dspy.JSONAdapter):
     """DSPy's JSON adapter that always sends the signature's JSON schema as ``response_format`` and the output
     budget as ``max_tokens``: for OpenAI-compatible servers (vLLM, llama.cpp's server, Ollama) whose model DSPy
     does not know, so it would send neither a schema nor a ``max_tokens`` they honour.
@@ -426,7 +630,7 @@ fits the call's ``max_tokens``: :func:`schema_bounds`); ``None`` leaves it as is
                 schema = limit_schema(schema, items, chars)
             lm_kwargs["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": model.__name__, "schema": schema, "strict": True}}
-        if budget:
+        if budget and not isinstance(getattr(lm, "engine", None), OpenAICompatEngine):  # LiteLLM's path
             lm_kwargs["extra_body"] = {**(lm_kwargs.get("extra_body") or {}), "max_tokens": int(budget)}
 
 
@@ -447,13 +651,16 @@ def configure(
     (:class:`SchemaJSONAdapter`).
     """
     cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
-    api_base = lm_kwargs.get("api_base") if isinstance(lm, str) else getattr(lm, "kwargs", {}).get("api_base")
+    if isinstance(lm, str):
+        lm = make_lm(lm, **lm_kwargs)
+    api_base = server_base(lm)  # without credentials
     if api_base:  # DSPy's cache key ignores api_base: one folder per server
         cache_dir = cache_dir / f"server-{hashlib.sha256(api_base.encode()).hexdigest()[:12]}"
     cache_dir.mkdir(parents=True, exist_ok=True)
-    dspy.configure_cache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(cache_dir))
-    if isinstance(lm, str):
-        lm = make_lm(lm, **lm_kwargs)
+    cache = ReplyCache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(cache_dir),
+                       disk_size_limit_bytes=int(os.environ.get("DSPY_CACHE_LIMIT", 3e10)))
+    with dspy._cache_lock:  # what dspy.configure_cache does, with a cache that can evict a garbage reply
+        dspy.cache = cache
     if adapter not in (None, "json", "chat"):
         raise ValueError(f"adapter must be 'json' or 'chat', not {adapter!r}")
     if response_schema is None:
@@ -465,7 +672,7 @@ def configure(
         return lm
     if adapter is None:
         adapter = "json" if isinstance(lm.engine, LlamaCppEngine) else "chat"
-    dspy.configure(lm=lm, adapter=dspy.JSONAdapter() if adapter == "json" else dspy.ChatAdapter())
+    dspy.configure(lm=lm, adapter=GuardedJSONAdapter() if adapter == "json" else GuardedChatAdapter())
     return lm
 
 
@@ -530,6 +737,9 @@ def check_lm(lm: dspy.BaseLM, *, timeout: float = 60.0) -> None:
         if isinstance(engine, LlamaCppEngine):
             engine.llm  # noqa: B018 - loads the model file: a missing or corrupt GGUF fails here
             return
+        if isinstance(engine, OpenAICompatEngine):
+            engine.check(timeout)
+            return
         if engine is not None and not isinstance(engine, str):
             return  # another in-process engine (e.g. halluscope.testing.ScriptedEngine)
         probe = lm.copy(cache=False, num_retries=0, timeout=timeout)
@@ -540,5 +750,5 @@ def check_lm(lm: dspy.BaseLM, *, timeout: float = 60.0) -> None:
 
 def describe(lm: dspy.LM) -> str:
     """A loggable identity of an LM (model string + server), never its API key."""
-    base = lm.kwargs.get("api_base")
+    base = server_base(lm)
     return json.dumps({"model": redact_url(lm.model), **({"api_base": redact_url(base)} if base else {})})

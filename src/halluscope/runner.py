@@ -2,7 +2,10 @@
 
 :func:`run_eval` never stops on a bad example: an exception inside the program becomes a ``None``
 prediction counted under ``failures["error:<ExceptionType>"]``, and the failures a program records in its
-prediction (``parse``, ``unmatched``, ...) are summed. Failed examples score 0 on every metric.
+prediction (``parse``, ``unmatched``, ...) are summed. An item is a *failed item* (``EvalResult.failed``, what
+``--max-failed-share`` counts) when its program raised or its prediction records a failure that leaves no usable
+prediction (:func:`halluscope.contract.item_failure`: an unreadable or truncated LM output, an LM error). Items
+that raised are scored as the empty prediction; the others as the prediction they returned.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from typing import Any, Sequence
 
 import dspy
 
-from halluscope.lm import LMUsage, history_since, usage_of
+from halluscope.contract import describe_failed, failed_kinds, failure_reason, item_failure
+from halluscope.lm import LMUsage, history_since, item_scope, usage_of
 from halluscope.parallel import map_items
 from halluscope.redact import redact
 from halluscope.metrics.adapters import RESPONSE_METRICS, SPAN_METRICS, aggregate
@@ -36,6 +40,30 @@ class EvalResult:
     predictions: list[Any] = field(repr=False, default_factory=list)
     errors: list[str] = field(repr=False, default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
+    # per item, as the runner saw it: why it is a failed item (``error:<ExceptionType>``, ``parse``, ...) or None
+    failed: list[str | None] = field(repr=False, default_factory=list)
+
+    @property
+    def item_failures(self) -> list[str | None]:
+        """Per item, why it failed (``"error:<Type>"``/``"error"``: the program raised; ``"parse"``,
+        ``"truncated"``, ...: its LM output was unusable, :func:`halluscope.contract.item_failure`), or None."""
+        if len(self.failed) == len(self.predictions):
+            return list(self.failed)
+        return [item_failure(p) for p in self.predictions]
+
+    @property
+    def failed_items(self) -> int:
+        """Items that failed: the program raised, or its LM output did not parse / was truncated / gave no
+        verdict / its LM call failed. This, not only the raised ones, is what ``--max-failed-share`` counts."""
+        return sum(r is not None for r in self.item_failures)
+
+    def failed_kinds(self) -> dict[str, int]:
+        """``{reason: items}`` of the failed items."""
+        return failed_kinds(self.item_failures)
+
+    def describe_failed(self) -> str:
+        """``raised: RuntimeError x2; unusable output: parse x3``."""
+        return describe_failed(self.failed_kinds())
 
     def summary(self) -> dict[str, Any]:
         """Flat numbers for printing and MLflow: scores, failures, LM usage, per-item rates."""
@@ -43,6 +71,7 @@ class EvalResult:
         out.update({f"failures_{k}": v for k, v in sorted(self.failures.items())})
         out.update(self.usage.to_dict())
         out["n"] = self.n
+        out["failed_items"] = self.failed_items
         out["seconds"] = round(self.seconds, 3)
         out["seconds_per_item"] = round(self.seconds / self.n, 3) if self.n else 0.0
         out["lm_calls_per_item"] = round(self.usage.calls / self.n, 3) if self.n else 0.0
@@ -111,12 +140,16 @@ def run_eval(
     def one(ex):
         kwargs = dict(ex.inputs())
         kwargs.update({k: ex.get(k) for k in extra_inputs})
-        try:
-            return program(**kwargs)
-        except Exception as e:  # the run goes on; this example is a counted failure
-            with lock:
-                errors.append(redact(f"{ex.get('id', '?')}: {type(e).__name__}: {str(e)[:300]}"))
-            return _Failure(type(e).__name__)
+        with item_scope() as noticed:  # what the LM layer saw during this item (generations cut at max_tokens)
+            try:
+                pred = program(**kwargs)
+            except Exception as e:  # the run goes on; this example is a counted failure
+                with lock:
+                    errors.append(redact(f"{ex.get('id', '?')}: {type(e).__name__}: {one_line(str(e))[:300]}"))
+                return _Failure(type(e).__name__)
+        if noticed and pred is not None:
+            _add_failures(pred, noticed)
+        return pred
 
     t0 = time.perf_counter()
     raw = map_items(one, examples, threads=threads, progress=progress, desc="evaluate", unit="item")
@@ -124,19 +157,24 @@ def run_eval(
 
     failures: dict[str, int] = {}
     predictions: list[Any] = []
+    failed: list[str | None] = []
     for p in raw:
         if isinstance(p, _Failure) or p is None:
             key = f"error:{p.kind}" if isinstance(p, _Failure) else "error:None"
             failures[key] = failures.get(key, 0) + 1
             predictions.append(None)
+            failed.append(key)
             continue
-        for k, v in (p.get("failures") or {}).items():
+        own = p.get("failures") or {}
+        for k, v in own.items():
             failures[k] = failures.get(k, 0) + int(v)
         predictions.append(p)
+        failed.append(failure_reason(own))
 
     entries = history_since(started)
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
-                        usage=usage_of(entries), seconds=seconds, predictions=predictions, errors=errors)
+                        usage=usage_of(entries), seconds=seconds, predictions=predictions, errors=errors,
+                        failed=failed)
     if report is not None:
         try:
             result.report = dict(report(examples, predictions) or {})
@@ -148,4 +186,23 @@ def run_eval(
 @dataclass
 class _Failure:
     kind: str
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (an error message with a server's multi-line body or a traceback in it)."""
+    return " ".join(str(text).split())
+
+
+def _add_failures(pred, counts) -> None:
+    """Add ``counts`` to a prediction's ``failures`` (and its detection's, which is what gets written)."""
+    failures = dict(pred.get("failures") or {}) if hasattr(pred, "get") else {}
+    for k, v in counts.items():
+        failures[k] = failures.get(k, 0) + int(v)
+    try:
+        pred.failures = failures
+        det = pred.get("detection") if hasattr(pred, "get") else None
+        if det is not None and hasattr(det, "failures"):
+            det.failures = dict(failures)
+    except (AttributeError, TypeError):  # a prediction that cannot take it: the counts are still in the run's
+        pass
 

@@ -19,7 +19,8 @@ How a detection job runs (:func:`detect_ray`)
 * Results come back to the driver in input order (``preserve_order``); each batch is written at once as an
   atomic Parquet part under ``<output>.parts/``, with the contract's fields flattened into columns
   (:data:`OUTPUT_COLUMNS`; spans, labels, units, evidence and failures as JSON strings). A row that fails
-  (missing answer, malformed line, program error) is written with ``ok=false`` and its ``error``.
+  (missing answer, malformed line, program error, or a detection without usable output:
+  :func:`halluscope.contract.item_failure`) is written with ``ok=false`` and its ``error``.
 * At the end the parts are merged, in input order, into ``--output`` (``.parquet``: the flat columns;
   ``.jsonl``: the in-process engine's nested rows plus the LM columns).
 
@@ -47,8 +48,8 @@ from typing import Any, Callable, Sequence
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from halluscope.artifacts import ArtifactIntegrityError, load_compiled
-from halluscope.contract import Detection, to_prediction
+from halluscope.artifacts import ArtifactIntegrityError, load_artifact_dir, load_compiled
+from halluscope.contract import Detection, failure_reason, to_prediction
 from halluscope.detector import CompiledDetector, detect
 from halluscope.files import write_text_atomic
 from halluscope.lm import LMUsage, configure, history_since, usage_of
@@ -318,6 +319,9 @@ class DetectWorker:
                          context=rec.get("context") or "", lang=(rec.get("lang") or "").lower() or self.lang,
                          task=self.task, **extra)
             out = {**base, "ok": True, **flatten_detection(det.to_dict())}
+            reason = failure_reason(det.failures)
+            if reason:  # a detection without usable output (unreadable, truncated, LM error) is a failed row
+                out.update(ok=False, error=f"unusable output: {reason}")
         except Exception as e:  # one bad row never stops the job: it is written with its error
             out = {**base, "ok": False, "error": error_text(e)}
         usage = usage_of(history_since(started))
@@ -564,7 +568,7 @@ def detect_ray(
 
     run = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
     stats = {"rows": 0, "skipped": 0, "ok": 0, "failed": 0, "lm_calls": 0, "lm_input_tokens": 0,
-             "lm_output_tokens": 0}
+             "lm_output_tokens": 0, "failed_kinds": {}}
     t0 = time.perf_counter()
     pos = seq = 0
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
@@ -585,6 +589,10 @@ def detect_ray(
         ok = sum(bool(x) for x in table["ok"].to_pylist())
         stats["ok"] += ok
         stats["failed"] += table.num_rows - ok
+        for good, err in zip(table["ok"].to_pylist(), table["error"].to_pylist()):
+            if not good:
+                kind = error_kind(err)
+                stats["failed_kinds"][kind] = stats["failed_kinds"].get(kind, 0) + 1
         for k in ("lm_calls", "lm_input_tokens", "lm_output_tokens"):
             stats[k] += sum(table[k].to_pylist())
         if on_batch is not None:
@@ -599,6 +607,16 @@ def detect_ray(
                  output=str(out_path), parts=str(parts), output_rows=merged,
                  output_failed=merged - merged_ok)
     return stats
+
+
+def error_kind(error: str | None) -> str:
+    """The failure kind of a failed row's ``error``: ``parse`` for ``unusable output: parse``, ``error:ValueError``
+    for ``ValueError: ...`` (as :func:`halluscope.contract.describe_failed` names them)."""
+    text = str(error or "")
+    if text.startswith("unusable output: "):
+        return text[len("unusable output: "):]
+    head = text.split(":", 1)[0].strip()
+    return f"error:{head}" if head.isidentifier() else "error:unknown"
 
 
 def _merged_table(parts: Path):
@@ -670,9 +688,18 @@ class EvalWorker:
     (never a pickled module), configures its own LM once, and runs it on batches of examples (JSON rows)."""
 
     def __init__(self, program: str, options: dict, lm: LMConfig | None = None, imports: Sequence[str] = (),
-                 gate=None, n_threads: int | None = None, extra_inputs: Sequence[str] = ()):
+                 gate=None, n_threads: int | None = None, extra_inputs: Sequence[str] = (),
+                 artifact: tuple[str, str] | None = None, trust_endpoints: bool = False):
         _import_plugins(imports)
-        self.program = get(program).make(**options)
+        if artifact is not None:  # a compiled artifact, by path and content hash (verified as detect verifies it)
+            path, content_hash = artifact
+            detector = load_artifact_dir(path, trust_endpoints=trust_endpoints)
+            if detector.content_hash != content_hash:
+                raise ArtifactIntegrityError(f"{path} now hashes to {detector.content_hash[:16]}…, but the job was "
+                                             f"started with {content_hash[:16]}…; refusing to use it")
+            self.program = detector.program
+        else:
+            self.program = get(program).make(**options)
         self.extra_inputs = tuple(extra_inputs)
         if lm is not None:
             lm.configure(n_threads=n_threads)
@@ -705,9 +732,11 @@ class EvalWorker:
 
 
 def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], *, opts: RayOptions,
-                 lm: LMConfig | None = None) -> EvalResult:
+                 lm: LMConfig | None = None, artifact: tuple[str, str] | None = None,
+                 trust_endpoints: bool = False) -> EvalResult:
     """:func:`halluscope.runner.run_eval` on a pool of Ray actors: the same :class:`EvalResult` (scores,
-    failures, LM usage summed over the actors, predictions in example order)."""
+    failures, LM usage summed over the actors, predictions in example order). ``artifact`` = ``(version folder,
+    content hash)`` runs that compiled artifact instead of the program built from ``options``."""
     spec = get(program)
     examples = list(examples)
     ray = init_ray(opts)
@@ -720,7 +749,8 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
         num_cpus=actor_cpus(ray, opts),
         fn_constructor_kwargs={"program": program, "options": options, "lm": lm, "imports": opts.imports,
                                "gate": gate, "n_threads": max(1, int(opts.cpus_per_worker)),
-                               "extra_inputs": spec.extra_inputs})
+                               "extra_inputs": spec.extra_inputs, "artifact": artifact,
+                               "trust_endpoints": bool(trust_endpoints)})
     t0 = time.perf_counter()
     out = sorted((r for b in ds.iter_batches(batch_size=None, batch_format="pyarrow") for r in b.to_pylist()),
                  key=lambda r: r["_pos"])
@@ -730,6 +760,7 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
     failures: dict[str, int] = {}
     predictions: list[Any] = []
     errors: list[str] = []
+    failed: list[str | None] = []  # per item, as run_eval: why it is a failed item (item_failure)
     usage = LMUsage()
     for ex, r in zip(examples, out):
         usage.calls += r["lm_calls"]
@@ -741,6 +772,7 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
             failures[f"error:{kind}"] = failures.get(f"error:{kind}", 0) + 1
             errors.append(f"{ex.get('id', '?')}: {r['error']}")
             predictions.append(None)
+            failed.append(f"error:{kind}")
             continue
         p = json.loads(r["prediction"])
         pred = to_prediction(Detection.from_dict(p["detection"]), **{
@@ -749,8 +781,9 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
         for k, v in (pred.get("failures") or {}).items():
             failures[k] = failures.get(k, 0) + int(v)
         predictions.append(pred)
+        failed.append(failure_reason(pred.get("failures")))
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
-                        usage=usage, seconds=seconds, predictions=predictions, errors=errors)
+                        usage=usage, seconds=seconds, predictions=predictions, errors=errors, failed=failed)
     if spec.report is not None:
         try:
             result.report = dict(spec.report(examples, predictions) or {})

@@ -10,7 +10,9 @@ callback (:class:`SignatureTap`, ``on_adapter_format_start``) that :func:`script
 
 A responder is either a callable ``responder(call: Call) -> dict`` or a dict ``{output_field: value}``
 where a value may itself be a callable ``value(call) -> value``. Outputs it does not name get a
-type-appropriate default ("" for text, [] for lists, ...), so scripts stay short.
+type-appropriate default ("" for text, [] for lists, ...), so scripts stay short. A callable responder may
+instead return a ``str``: the engine answers with that text verbatim (garbage, truncated JSON), not in the
+adapter's format.
 """
 
 from __future__ import annotations
@@ -114,8 +116,11 @@ class ScriptedEngine:
             values = self.responder(call)
         else:
             values = {k: (v(call) if callable(v) else v) for k, v in self.responder.items()}
-        values = {k: values[k] if k in values else _default(f.annotation) for k, f in fields.items()}
-        text = adapter.format_assistant_message_content(signature, values)
+        if isinstance(values, str):  # verbatim text: what a broken model or server answers
+            text = values
+        else:
+            values = {k: values[k] if k in values else _default(f.annotation) for k, f in fields.items()}
+            text = adapter.format_assistant_message_content(signature, values)
         return Response(id=None, model="scripted", message=Message.assistant(text), finish_reason="stop",
                         usage=Usage(input_tokens=len(system + user) // 4, output_tokens=len(text) // 4,
                                     total_tokens=(len(system + user) + len(text)) // 4))

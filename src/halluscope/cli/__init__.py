@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from halluscope.cli import compare, detect, evaluate
-from halluscope.cli.common import setup_logging
+from halluscope.cli.common import add_debug_arg, run_command, setup_logging
 from halluscope.cli import index as index_cmd
 from halluscope.cli import optimize as optimize_cmd
 from halluscope.cli import serve as serve_cmd
@@ -37,13 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_parser(sub)
     ui_cmd.add_parser(sub)
     register_cmd.add_parser(sub)
+    for command in sub.choices.values():  # every command: --debug (optimize's arguments have it already)
+        if not any("--debug" in a.option_strings for a in command._actions):
+            add_debug_arg(command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    return run_command(args)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 from typing import NoReturn
@@ -18,7 +17,7 @@ from halluscope.lm import LMCheckError, check_lm, configure  # noqa: E402
 from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_names, get_dataset
 from halluscope.loaders.generic import FIELDS, parse_column_mapping
 from halluscope.loaders.mushroom import CONTEXT_VARIANTS
-from halluscope.programs.registry import OptionError
+from halluscope.programs.registry import OptionError, number, ranged, whole
 
 
 
@@ -49,24 +48,45 @@ def parse_options(pairs: list[str] | None, spec=None) -> dict:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+#: The command-line numbers every command shares, with their ranges.
+POSITIVE_INT = ranged(whole(1))
+COUNT = ranged(whole(0))
+SECONDS = ranged(number(0, lo_open=True))
+SHARE = ranged(number(0, 1))
+PORT = ranged(whole(0, 65535))
 
 
-def _finite_nonnegative(text: str) -> float:
+def add_max_failed_share(p, default: float, what: str) -> None:
+    """``--max-failed-share``: the command fails (exit 1, the reason in one line) when more than this share of
+    its items failed: raised, or returned no usable output (:func:`halluscope.contract.item_failure`)."""
+    p.add_argument("--max-failed-share", type=SHARE, default=default,
+                   help=f"{what} FAILS (exit 1, the reason in one line) when more than this share of the items failed "
+                        f"(raised, or an LM output that could not be read, was cut or failed) (default {default:g})")
+
+
+def failed_share_line(n_failed: int, total: int, max_share: float, why: str, what: str = "items") -> str | None:
+    """``RUN FAILED: 3 of 4 items failed (unusable output: parse x3; more than --max-failed-share 0.5)``, or None
+    when at most ``max_share`` of ``total`` failed."""
+    if not total or n_failed / total <= max_share:
+        return None
+    return (f"RUN FAILED: {n_failed} of {total} {what} failed ({why + '; ' if why else ''}more than "
+            f"--max-failed-share {max_share:g})")
+
+
+def check_tracking(args, command: str) -> None:
+    """Before any work: when the run will record to MLflow (no ``--no-mlflow``, or ``--trace``), open the
+    tracking store (``--tracking-uri``, ``$MLFLOW_TRACKING_URI`` or the project's) and check that it answers; a bad
+    or hanging store is one line and exit status 2 within a few seconds, not a warning after the work."""
+    if getattr(args, "no_mlflow", True) and not getattr(args, "trace", False):
+        return
+    from halluscope.optimize.tracking import TrackingStoreError, check_tracking_store  # mlflow: only when tracking
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+        check_tracking_store(getattr(args, "tracking_uri", None))
+    except TrackingStoreError as e:
+        hint = " (--no-mlflow runs without tracking)" if hasattr(args, "no_mlflow") else ""
+        print(f"halluscope {command}: error: argument --tracking-uri: {e}; nothing was run{hint}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def add_lm_args(p: argparse.ArgumentParser) -> None:
@@ -77,16 +97,16 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-base", default=os.environ.get("HALLUSCOPE_API_BASE"),
                    help="base URL of an OpenAI-compatible server (vLLM, Ollama, llama.cpp server)")
     g.add_argument("--api-key", default=None, help="API key (default: the provider's usual environment variable)")
-    g.add_argument("--max-tokens", type=_positive_int, default=512, help="max tokens per LM call (default 512)")
-    g.add_argument("--temperature", type=_finite_nonnegative, default=0.0)
+    g.add_argument("--max-tokens", type=POSITIVE_INT, default=512, help="max tokens per LM call (default 512)")
+    g.add_argument("--temperature", type=ranged(number(0)), default=0.0)
     g.add_argument("--adapter", choices=["json", "chat"], default=None,
                    help="DSPy adapter (default: json for the embedded model, chat otherwise)")
     g.add_argument("--cache-dir", default=None, help="DSPy disk cache folder (default .cache/dspy or $HALLUSCOPE_CACHE_DIR)")
     g.add_argument("--response-schema", choices=["auto", "on", "off"], default="auto",
                    help="send each stage's JSON schema and output budget to the server (response_format, max_tokens); "
                         "auto: on with --api-base unless --adapter chat")
-    g.add_argument("--lm-timeout", type=float, default=None, help="seconds per LM request to a server")
-    g.add_argument("--lm-retries", type=int, default=None, help="retries of a failed LM request (DSPy's default: 3)")
+    g.add_argument("--lm-timeout", type=SECONDS, default=None, help="seconds per LM request to a server")
+    g.add_argument("--lm-retries", type=COUNT, default=None, help="retries of a failed LM request (DSPy's default: 3)")
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -119,7 +139,33 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context", choices=list(CONTEXT_VARIANTS), default="native",
                    help="retrieved context given to the detector (mushroom); none drops the context column "
                         "(generic)")
-    g.add_argument("--limit", type=int, default=None, help="only the first N items (cases)")
+    g.add_argument("--limit", type=POSITIVE_INT, default=None, help="only the first N items (cases)")
+
+
+class InputError(ValueError):
+    """Bad input the user must fix (a malformed data file, a missing one): the command prints the message as one
+    line, ``<command>: error: ...``, and exits 2 (:func:`run_command`); with ``--debug`` it raises, traceback
+    and cause included."""
+
+
+def add_debug_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback of an input error instead of the one-line message")
+
+
+def run_command(args, func=None) -> int:
+    """``func(args)`` (default ``args.func``); an :class:`InputError` becomes one line on stderr and exit status 2,
+    unless ``--debug`` was given (then it propagates with its traceback)."""
+    func = func or args.func
+    try:
+        return func(args)
+    except InputError as e:
+        if getattr(args, "debug", False):
+            raise
+        command = getattr(args, "command", None)
+        prog = "optimize.py" if command is None else f"halluscope {command}"
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
 
 
 def resolve_dataset(args) -> str:
@@ -162,7 +208,15 @@ def load_examples(args) -> tuple[list, str]:
                                      context=args.context, limit=args.limit, columns=args.columns)
     except DatasetArgumentError as e:
         usage_error(args, str(e))
+    except (ValueError, OSError) as e:  # the loaders name the file, line and field: one line (run_command)
+        raise InputError(one_line(e)) from e
     return examples, source
+
+
+def one_line(error: Exception) -> str:
+    """An exception's message on one line (a loader's message may list tried paths on several)."""
+    text = " ".join(part.strip() for part in str(error).splitlines() if part.strip())
+    return text or type(error).__name__
 
 
 def setup_lm(args, *, needed: bool = True):

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from halluscope import paths
+from halluscope.cli.common import POSITIVE_INT
 from halluscope.metrics.adapters import METRICS
 from halluscope.optimize.compare import add_run_settings, log_views, plot_frontier, plot_grid
 from halluscope.optimize.tracking import format_table, plot_scores, resolve_tracking_uri, runs_table
@@ -35,7 +36,7 @@ def add_parser(subparsers) -> None:
                    help="frontier x axis: LM calls or LM tokens per item (default calls)")
     c.add_argument("--out-dir", default=None, help="folder of the grid and frontier PNGs (default outputs/compare)")
     c.add_argument("--no-mlflow", action="store_true", help="do not log the PNGs to MLflow")
-    c.add_argument("--max-rows", type=int, default=50, help="rows printed (newest first)")
+    c.add_argument("--max-rows", type=POSITIVE_INT, default=50, help="rows printed (newest first)")
     c.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     c.set_defaults(func=cmd_compare)
 

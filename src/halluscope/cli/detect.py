@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from halluscope import paths
-from halluscope.artifacts import ArtifactError, best_version, list_versions, load_compiled
-from halluscope.cli.common import add_lm_args, resolve_dataset, setup_lm, usage_error
+from halluscope.artifacts import ArtifactError, list_versions, load_compiled, rank_versions, zero_shot_score
+from halluscope.cli.common import (POSITIVE_INT, add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
+                                   resolve_dataset, setup_lm, usage_error)
+from halluscope.contract import failure_reason
 from halluscope.cli.engine import add_engine_args, detect_with_ray
 from halluscope.optimize.tracing import lm_tracing
 from halluscope.optimize.tracking import experiment_name
@@ -41,6 +43,7 @@ from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
+from halluscope.redact import error_text, redact
 
 
 def add_parser(subparsers) -> None:
@@ -70,7 +73,8 @@ def add_parser(subparsers) -> None:
     d.add_argument("--context", default="", help="reference text for --answer")
     d.add_argument("--output", default=None, help="output JSONL (default: stdout for --answer, "
                                                    "outputs/detect/<time>/detections.jsonl for --input)")
-    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--threads", type=POSITIVE_INT, default=1)
+    add_max_failed_share(d, 0.0, "the run")
     d.add_argument("--no-progress", action="store_true")
     d.add_argument("--retry-failed", action="store_true",
                    help="--engine ray: a rerun also retries the rows an earlier run wrote as failed")
@@ -104,20 +108,26 @@ def cmd_detect(args) -> int:
         if not versions:
             print(f"no compiled {args.program} for {key}/{args.metric}")
             return 1
-        best = best_version([v for v in versions if v.manifest is not None])
-        for v in versions:
-            m = v.manifest or {}
+        for r in rank_versions(versions, args.metric):
+            v, m = r.info, r.info.manifest or {}
             score = "-" if v.score is None else f"{v.score:.4f}"
-            print(f"{v.name}{' *best*' if best is not None and v.version == best.version else '       '}  "
-                  f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  cv {args.metric}={score:<7}  "
-                  f"{(m.get('optimizer') or {}).get('description', '?')}  {(m.get('task_lm') or {}).get('model', '?')}"
-                  + ("" if v.manifest is not None else "  (unreadable manifest)"))
+            zero = zero_shot_score(m)
+            flags = "".join(f"  [{f}]" for f in (("BELOW ZERO-SHOT" if r.below_zero_shot else ""),
+                                                  ("UNTRACKED" if r.untracked else "")) if f)
+            print(f"{v.name}{' *best*' if r.best else '       '}  "
+                  f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  "
+                  f"cv {args.metric}={score:<7} zero-shot={'-' if zero is None else f'{zero:.4f}':<7}  "
+                  f"{(m.get('optimizer') or {}).get('description', '?')}  {_task_lm(m)}{flags}")
+            print(f"        {r.why}")
+            if r.untracked:
+                print(f"        untracked: {r.untracked}")
         return 0
     if args.answer is None and args.input is None:
         raise SystemExit("halluscope detect: give --answer TEXT or --input FILE.jsonl (or --list)")
     if args.engine == "ray" and args.input is None:
         raise SystemExit("halluscope detect: --engine ray needs --input FILE.{jsonl,parquet}")
     check_output(args)  # before any work: an unusable --output fails now, not after every answer was detected
+    check_tracking(args, "detect")  # with --trace: a store that cannot take the traces fails now
     try:
         detector = load_compiled(args.program, lang=key, metric=args.metric, version=args.version,
                                  root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)
@@ -138,13 +148,26 @@ def cmd_detect(args) -> int:
     with lm_tracing(args.trace, experiment=experiment_name(detector.name, detector.lang or key),
                     tracking_uri=args.tracking_uri, kind="detect"):
         if args.answer is not None:
-            det = detect(detector, args.answer, question=args.question, context=args.context, lang=lang, task=task)
-            line = json.dumps({"id": "answer", "ok": True, **det.to_dict()}, ensure_ascii=False)
+            try:
+                det = detect(detector, args.answer, question=args.question, context=args.context, lang=lang,
+                             task=task)
+            except Exception as e:  # noqa: BLE001 - one line, as for a failed row of a file
+                print(f"halluscope detect: FAILED: {' '.join(redact(error_text(e)).split())}", file=sys.stderr)
+                return 1
+            reason = failure_reason(det.failures)
+            row = {"id": "answer", "ok": reason is None, **({"error": f"unusable output: {reason}"} if reason else {}),
+                   **det.to_dict()}
+            line = json.dumps(row, ensure_ascii=False)
             if args.output:
                 out = write_text_atomic(args.output, line + "\n")
                 print(f"wrote {out}", file=sys.stderr)
             else:
                 print(line)
+            problem = failed_share_line(int(reason is not None), 1, args.max_failed_share,
+                                        f"unusable output: {reason}", "answers")
+            if problem:
+                print(problem, file=sys.stderr)
+                return 1
             return 0
         out = Path(args.output) if args.output else create_unique_dir(  # never shared by two runs in one second
             paths.outputs_dir() / "detect", time.strftime("%Y%m%d-%H%M%S")) / "detections.jsonl"
@@ -160,7 +183,15 @@ def cmd_detect(args) -> int:
         if truncated is not None and truncated.truncated:
             print(f"warning: {truncated.truncated} prompts were longer than the model's context and were cut in the "
                   f"middle", file=sys.stderr)
-        return 0 if stats["failed"] == 0 else 1
+        problem = failed_share_line(stats["failed"], stats["items"], args.max_failed_share, stats["failed_why"],
+                                    "answers")
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+        if stats["failed"]:
+            print(f"warning: {stats['failed']} of {stats['items']} answers failed ({stats['failed_why']}); they are "
+                  f"written with \"ok\": false", file=sys.stderr)
+        return 0
 
 
 def check_output(args) -> Path | None:
@@ -222,6 +253,12 @@ def default_program(args, key: str, *, lang: str | None, task: str | None) -> tu
     if not explicit:
         return "spans", key, f"no grounded artifact for {key!r} or 'all': using the spans program"
     return program, key, ""
+
+
+def _task_lm(manifest: dict) -> str:
+    if "task_lm" in manifest and manifest["task_lm"] is None:
+        return "no LM"
+    return str((manifest.get("task_lm") or {}).get("model", "?"))
 
 
 def _fmt(d: Any) -> str:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from halluscope import paths
 from halluscope.artifacts import ArtifactError
-from halluscope.programs.registry import get
+from halluscope.cli.common import POSITIVE_INT, failed_share_line, ranged
+from halluscope.contract import describe_failed
+from halluscope.programs.registry import get, number
 from halluscope.scale import LMConfig, RayOptions, detect_ray, evaluate_ray
 
 
@@ -24,14 +26,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         'pip install -e ".[ray]")')
     g.add_argument("--address", default=None,
                    help="Ray cluster to join ('auto', 'ray://host:10001'); default: a local Ray on this machine")
-    g.add_argument("--workers", type=int, default=2, help="Ray actors, each with its own program and LM (default 2)")
-    g.add_argument("--batch-size", type=int, default=256,
+    g.add_argument("--workers", type=POSITIVE_INT, default=2, help="Ray actors, each with its own program and LM (default 2)")
+    g.add_argument("--batch-size", type=POSITIVE_INT, default=256,
                    help="rows per Ray batch: the unit written at once, and at most lost when a job is killed")
-    g.add_argument("--cpus-per-worker", type=float, default=1.0,
+    g.add_argument("--cpus-per-worker", type=ranged(number(0, lo_open=True)), default=1.0,
                    help="CPUs Ray reserves per actor (the embedded model's threads); a fraction for a hosted LM")
-    g.add_argument("--lm-concurrency", type=int, default=None,
+    g.add_argument("--lm-concurrency", type=POSITIVE_INT, default=None,
                    help="at most this many LM calls in flight across all Ray actors (a hosted LM's limit)")
-    g.add_argument("--lm-per-minute", type=float, default=None,
+    g.add_argument("--lm-per-minute", type=ranged(number(0, lo_open=True)), default=None,
                    help="at most this many LM calls started per minute across all Ray actors")
     g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="module every Ray actor imports first (a plugin that registers programs; repeatable)")
@@ -46,7 +48,8 @@ def ray_options(args) -> RayOptions:
 
 
 def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> int:
-    """``halluscope detect --engine ray``: exit 0 when every row is ok, 1 when some failed, 2 on bad input."""
+    """``halluscope detect --engine ray``: exit 1 when more than ``--max-failed-share`` of the output's rows failed
+    (by default: any), 0 otherwise, 2 on bad input."""
     print(f"loaded {detector.path} (v{detector.version:04d}, hash {detector.content_hash[:12]})", file=sys.stderr)
     spec = get(args.program)
     needs_lm = spec.needs_lm(detector.manifest.get("program_options"))
@@ -61,7 +64,13 @@ def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> in
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2
     print_summary(stats)
-    return 0 if stats["output_failed"] == 0 else 1
+    why = describe_failed(stats.get("failed_kinds") or {})
+    problem = failed_share_line(stats["output_failed"], stats["output_rows"], args.max_failed_share,
+                                why if stats["skipped"] == 0 else "", "rows")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    return 0
 
 
 def print_summary(stats: dict) -> None:
@@ -74,11 +83,14 @@ def print_summary(stats: dict) -> None:
           f"resume state: {stats['parts']}")
 
 
-def evaluate_with_ray(args, spec, options: dict, examples):
-    """``halluscope evaluate --engine ray``: the :class:`EvalResult`, or None after printing a bad-input error."""
+def evaluate_with_ray(args, spec, options: dict, examples, artifact=None):
+    """``halluscope evaluate --engine ray``: the :class:`EvalResult`, or None after printing a bad-input error.
+    With ``artifact`` (a ``CompiledDetector``, ``--artifact``) each actor loads it by path and content hash."""
     try:
         return evaluate_ray(spec.name, options, examples, opts=ray_options(args),
-                            lm=LMConfig.from_args(args) if spec.needs_lm(options) else None)
-    except (ValueError, ImportError) as e:
+                            lm=LMConfig.from_args(args) if spec.needs_lm(options) else None,
+                            artifact=(str(artifact.path), artifact.content_hash) if artifact is not None else None,
+                            trust_endpoints=getattr(args, "trust_artifact_endpoints", False))
+    except (ValueError, ImportError, ArtifactError) as e:
         print(f"halluscope evaluate: {e}", file=sys.stderr)
         return None

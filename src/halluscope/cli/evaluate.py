@@ -2,6 +2,8 @@
 
     halluscope evaluate --program spans --lang de --split val --data-dir ../shared/data/mushroom --lm local
     halluscope evaluate --program halluclean --dataset halluclean --task qa --limit 10
+    halluscope evaluate --artifact --program grounded --lang de --data-dir ../shared/data/mushroom   # compiled
+    halluscope evaluate --artifact compiled/grounded/de/iou/v0001 --dataset generic --data-dir answers.csv
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import sys
 from pathlib import Path
 
 from halluscope import paths
-from halluscope.cli.common import add_data_args, add_lm_args, load_examples, parse_options, setup_lm
+from halluscope.artifacts import ArtifactError, load_artifact_dir, load_compiled
+from halluscope.cli.common import (POSITIVE_INT, SHARE, add_data_args, add_lm_args, check_data_args, check_tracking,
+                                   load_examples, parse_options, setup_lm, usage_error)
 from halluscope.cli.engine import add_engine_args, evaluate_with_ray
 from halluscope.files import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetSpec, get_dataset
+from halluscope.metrics.adapters import METRICS
 from halluscope.optimize.tracing import lm_tracing
 from halluscope.optimize.tracking import experiment_name, track_run
 from halluscope.programs.registry import get, names
@@ -27,15 +32,29 @@ from halluscope.runner import run_eval
 
 def add_parser(sub) -> None:
     ev = sub.add_parser("evaluate", help="run a detector on a labelled dataset and score it")
-    ev.add_argument("--program", choices=names(), default="spans")
+    ev.add_argument("--program", choices=names(), default=None,
+                    help="the program to run (default spans); with --artifact, the artifact's program")
     ev.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
                     help="program build option, e.g. -O reasoning=true (repeatable)")
+    a = ev.add_argument_group("compiled artifact (instead of the unfitted program)")
+    a.add_argument("--artifact", nargs="?", const="", default=None, metavar="PATH",
+                   help="score a compiled artifact: a version folder (compiled/<program>/<lang>/<metric>/vNNNN), or, "
+                        "without PATH, the version detect would serve of --program for --lang/--task and --metric "
+                        "(or --version); loaded with detect's checks (content hash, signature, endpoints)")
+    a.add_argument("--metric", choices=list(METRICS), default=None,
+                   help="with --artifact and no PATH: the metric the artifact was optimised for (default: the "
+                        "program's)")
+    a.add_argument("--version", default=None, help="with --artifact and no PATH: pin a version (3 or v0003)")
+    a.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
+    a.add_argument("--trust-artifact-endpoints", action="store_true",
+                   help="load an artifact even if its options choose LMs, model servers or URLs that would receive "
+                        "your API keys; only for artifacts you trust")
     add_data_args(ev)
     add_lm_args(ev)
-    ev.add_argument("--threads", type=int, default=1)
+    ev.add_argument("--threads", type=POSITIVE_INT, default=1)
     add_engine_args(ev)
     ev.add_argument("--out-dir", default=None, help="where predictions are written (default ./outputs)")
-    ev.add_argument("--max-failed-share", type=float, default=0.5,
+    ev.add_argument("--max-failed-share", type=SHARE, default=0.5,
                     help="the run FAILS (exit 1, MLflow status FAILED, not ranked by compare) when more than this "
                          "share of the items failed")
     ev.add_argument("--no-progress", action="store_true")
@@ -48,17 +67,31 @@ def add_parser(sub) -> None:
 
 
 def cmd_evaluate(args) -> int:
-    spec = get(args.program)
-    try:  # options checked and the program built before any data is loaded or LM set up
-        options = parse_options(args.option, spec)
-        program = spec.make(**options)
-    except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
-        print(f"halluscope evaluate: error: argument --option/-O: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    detector = None
+    if args.artifact is not None:  # the artifact is loaded and verified before any data is loaded or LM set up
+        detector = load_artifact_arg(args)
+        spec, program = get(detector.name), detector.program
+        options = dict(detector.manifest.get("program_options") or {})
+        print(f"scoring the compiled artifact {detector.path} (v{detector.version:04d}, hash "
+              f"{detector.content_hash[:12]}; compiled on {detector.manifest.get('source', '?')} with "
+              f"{(detector.manifest.get('optimizer') or {}).get('description', '?')})", file=sys.stderr)
+    else:
+        for flag in ("metric", "version", "compiled_dir"):
+            if getattr(args, flag) is not None:
+                usage_error(args, f"argument --{flag.replace('_', '-')}: goes with --artifact")
+        args.program = args.program or "spans"
+        spec = get(args.program)
+        try:  # options checked and the program built before any data is loaded or LM set up
+            options = parse_options(args.option, spec)
+            program = spec.make(**options)
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
+            print(f"halluscope evaluate: error: argument --option/-O: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     if not 0.0 <= args.max_failed_share <= 1.0:
         print("halluscope evaluate: error: argument --max-failed-share: must be between 0 and 1", file=sys.stderr)
         raise SystemExit(2)
     out_root = check_out_dir(args.out_dir or paths.outputs_dir())  # before any work: a bad folder fails now
+    check_tracking(args, "evaluate")  # and so does a tracking store that cannot record the run
     examples, source = load_examples(args)
     if not examples:
         raise SystemExit(f"no examples to evaluate in {source}")
@@ -66,11 +99,15 @@ def cmd_evaluate(args) -> int:
         lm = None
         print(f"evaluating {spec.name} on {len(examples)} items of {source} on Ray ({args.workers} workers)",
               file=sys.stderr)
-        result = evaluate_with_ray(args, spec, options, examples)
+        result = evaluate_with_ray(args, spec, options, examples, artifact=detector)
         if result is None:
             return 2
     else:
         lm = setup_lm(args, needed=spec.needs_lm(options))
+        compiled_with = ((detector.manifest.get("task_lm") or {}).get("model") if detector is not None else None)
+        if lm is not None and compiled_with and compiled_with != lm.model:
+            print(f"warning: the artifact was compiled with {compiled_with}; running it with {lm.model}",
+                  file=sys.stderr)
         print(f"evaluating {spec.name} on {len(examples)} items of {source}"
               f"{' with ' + lm.model if lm is not None else ''}", file=sys.stderr)
         with lm_tracing(args.trace, experiment=experiment_name(spec.name, args.lang or args.task),
@@ -83,7 +120,7 @@ def cmd_evaluate(args) -> int:
         if lm.engine.stats.truncated:
             print(f"warning: {lm.engine.stats.truncated} prompts were longer than the model's context and were cut "
                   f"in the middle (engine_truncated_prompts)", file=sys.stderr)
-    n_failed = sum(p is None for p in result.predictions)
+    n_failed = result.failed_items  # raised, or no usable output (halluscope.contract.item_failure)
     summary["failed_items"] = n_failed
     failed_run = bool(result.n) and n_failed / result.n > args.max_failed_share
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -94,23 +131,71 @@ def cmd_evaluate(args) -> int:
     if not result.scores:
         print("no gold labels on these items: wrote the submission and predictions only; nothing was scored")
     if failed_run:
-        print(f"RUN FAILED: {n_failed} of {result.n} items failed (more than --max-failed-share "
-              f"{args.max_failed_share:g}); the scores above are those of the file written, not of the program",
-              file=sys.stderr)
+        print(f"RUN FAILED: {n_failed} of {result.n} items failed ({result.describe_failed()}; more than "
+              f"--max-failed-share {args.max_failed_share:g}); the scores above are those of the file written, "
+              f"not of the program", file=sys.stderr)
     elif n_failed:
-        print(f"warning: {n_failed} of {result.n} items failed; they are written and scored as empty predictions",
-              file=sys.stderr)
+        print(f"warning: {n_failed} of {result.n} items failed ({result.describe_failed()}); they are written and "
+              f"scored as what they returned (an item that raised: an empty prediction)", file=sys.stderr)
     print(f"predictions: {', '.join(str(f) for f in files)}")
     if not args.no_mlflow:
         params = {"program": spec.name, "dataset": dataset.name, "source": source, "lm": lm.model if lm is not None else "none",
                   "threads": args.threads, "limit": args.limit, "context": args.context,
-                  "options": json.dumps(options, sort_keys=True)}
+                  "options": json.dumps(options, sort_keys=True), **artifact_params(detector)}
+        tags = {"halluscope.artifact": str(detector.path)} if detector is not None else None
         run_id = track_run("evaluate", program=spec.name, lang=dataset.key(args.lang, args.task, examples),
                            params=params, metrics={k: v for k, v in summary.items() if isinstance(v, (int, float))},
-                           artifacts=files, tracking_uri=args.tracking_uri,
+                           artifacts=files, tracking_uri=args.tracking_uri, tags=tags,
                            status="FAILED" if failed_run else "FINISHED")
         print(f"mlflow run: {run_id}")
     return 1 if failed_run else 0
+
+
+def load_artifact_arg(args):
+    """The compiled artifact ``--artifact`` names, loaded by the checked loader ``detect`` uses
+    (:func:`halluscope.artifacts.load_compiled` / :func:`~halluscope.artifacts.load_artifact_dir`: content hash,
+    manifest, signature fields, endpoint options unless ``--trust-artifact-endpoints``). A refused or missing
+    artifact, or ``-O`` beside it, is one line and exit status 2."""
+    if args.option:
+        usage_error(args, "argument --option/-O: not with --artifact (the artifact's build options are its own, "
+                          "in its manifest)")
+    trust = args.trust_artifact_endpoints
+    try:
+        if args.artifact:
+            for flag in ("metric", "version", "compiled_dir"):
+                if getattr(args, flag) is not None:
+                    usage_error(args, f"argument --{flag.replace('_', '-')}: not with --artifact PATH (the path "
+                                      f"names one version)")
+            path = Path(args.artifact)
+            if not path.is_dir():
+                usage_error(args, f"argument --artifact: {path} is not a version folder (compiled/<program>/"
+                                  f"<lang>/<metric>/vNNNN)")
+            detector = load_artifact_dir(path, trust_endpoints=trust)
+            if args.program is not None and args.program != detector.name:
+                usage_error(args, f"argument --program: {args.program!r}, but the artifact at {path} is "
+                                  f"{detector.name!r}")
+            return detector
+        check_data_args(args)  # --lang/--task as the dataset reads them: they name the artifact's key
+        key = args.task or args.lang
+        if not key:
+            usage_error(args, "argument --artifact: give --lang or --task (the artifact's key) or a PATH")
+        args.program = args.program or "spans"
+        metric = args.metric or get(args.program).default_metric
+        return load_compiled(args.program, lang=key, metric=metric, version=args.version, root=args.compiled_dir,
+                             trust_endpoints=trust)
+    except (ArtifactError, ValueError) as e:
+        usage_error(args, f"argument --artifact: {' '.join(str(e).split())}")
+
+
+def artifact_params(detector) -> dict:
+    """What an evaluate run records about the artifact it scored (``compare`` keeps each version its own point)."""
+    if detector is None:
+        return {}
+    m = detector.manifest
+    return {"artifact_version": detector.version, "content_hash": detector.content_hash,
+            "artifact_path": str(detector.path), "artifact_metric": m.get("metric"),
+            "artifact_source": m.get("source"), "artifact_data_hash": (m.get("data") or {}).get("data_hash"),
+            "optimizer_desc": (m.get("optimizer") or {}).get("description")}
 
 
 def check_out_dir(path) -> Path:

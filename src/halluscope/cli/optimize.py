@@ -16,9 +16,10 @@ from pathlib import Path
 
 import dspy
 
-from halluscope.artifacts import best_version, list_versions
-from halluscope.cli.common import (add_data_args, add_lm_args, check_data_args, load_examples, parse_options,
-                                   setup_lm, setup_logging)
+from halluscope.artifacts import below_zero_shot, list_versions, rank_versions, zero_shot_score
+from halluscope.cli.common import (COUNT, POSITIVE_INT, SHARE, InputError, add_data_args, add_debug_arg,
+                                   add_lm_args, check_data_args, check_tracking, load_examples, one_line,
+                                   parse_options, ranged, run_command, setup_lm, setup_logging)
 from halluscope.lm import make_lm
 from halluscope.loaders import get_dataset
 from halluscope.loaders.mushroom import load_mushroom
@@ -27,7 +28,7 @@ from halluscope.optimize.cv import FoldSizeError, OptimizerConfig, check_fold_si
 from halluscope.optimize.run import OptimizeConfig, optimizer_for, run_optimize
 from halluscope.optimize.tracing import lm_tracing
 from halluscope.optimize.tracking import experiment_name
-from halluscope.programs.registry import get, names
+from halluscope.programs.registry import get, names, number
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-lm", default=None, help="LM spec for proposals (default: the task LM)")
     g.add_argument("--prompt-api-base", default=None, help="server of the prompt LM (default: --api-base when "
                                                            "--prompt-lm is not given)")
-    g.add_argument("--prompt-max-tokens", type=int, default=None,
+    g.add_argument("--prompt-max-tokens", type=POSITIVE_INT, default=None,
                    help="max tokens per proposal call (default: 256 for the embedded model, whose proposals "
                         "otherwise ramble to the limit at temperature 1; --max-tokens for other LMs)")
     o = p.add_argument_group("optimizer")
@@ -80,21 +81,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "program, or compiles with it); a program without an LM (grounded) ignores it")
     o.add_argument("--auto", choices=["light", "medium", "heavy"], default="light",
                    help="MIPROv2 budget preset (ignored when --candidates/--trials are given)")
-    o.add_argument("--candidates", type=int, default=None,
+    o.add_argument("--candidates", type=POSITIVE_INT, default=None,
                    help="MIPROv2 num_candidates (with --trials, replaces --auto)")
-    o.add_argument("--trials", type=int, default=None, help="MIPROv2 num_trials (with --candidates)")
-    o.add_argument("--max-bootstrapped-demos", type=int, default=2)
-    o.add_argument("--max-labeled-demos", type=int, default=0,
+    o.add_argument("--trials", type=POSITIVE_INT, default=None, help="MIPROv2 num_trials (with --candidates)")
+    o.add_argument("--max-bootstrapped-demos", type=COUNT, default=2)
+    o.add_argument("--max-labeled-demos", type=COUNT, default=0,
                    help="gold training examples as demos (programs supply the signature fields through "
                         "ProgramSpec.demo_fields; the span detector quotes the gold spans); 0 by default, which "
                         "keeps prompts short for the embedded model")
-    o.add_argument("--val-fraction", type=float, default=0.5,
+    o.add_argument("--val-fraction", type=ranged(number(0, 1, lo_open=True, hi_open=True)), default=0.5,
                    help="share of the compile set MIPROv2 validates candidates on (never the held-out fold)")
-    o.add_argument("--max-errors", type=int, default=None,
+    o.add_argument("--max-errors", type=COUNT, default=None,
                    help="LM/program errors tolerated inside one compile before it stops (default: DSPy's 10)")
-    o.add_argument("--folds", type=int, default=2, help="cross-validation folds; 1 = no cross-validation")
-    o.add_argument("--seed", type=int, default=0, help="seeds folds, splits and the optimizer")
-    o.add_argument("--threads", type=int, default=1, help="parallel program calls (the embedded model runs one "
+    o.add_argument("--folds", type=POSITIVE_INT, default=2, help="cross-validation folds; 1 = no cross-validation")
+    o.add_argument("--seed", type=COUNT, default=0, help="seeds folds, splits and the optimizer")
+    o.add_argument("--threads", type=POSITIVE_INT, default=1, help="parallel program calls (the embedded model runs one "
                                                           "call at a time anyway)")
     r = p.add_argument_group("outputs")
     r.add_argument("--test", default=None, metavar="PATH",
@@ -105,7 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--report-dir", default=None, help="run reports (JSON) go here (default outputs/optimize)")
     r.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlruns/mlflow.db)")
-    r.add_argument("--max-failed-share", type=float, default=0.5,
+    r.add_argument("--max-failed-share", type=SHARE, default=0.5,
                    help="the run FAILS (exit 1, no artifact, MLflow status FAILED) when more than this share of "
                         "the held-out or test items failed, or of one compile's LM calls")
     r.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
@@ -113,6 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="record every LM call of the program (compile included) as an MLflow trace (prompts "
                         "and outputs, credentials redacted; see halluscope ui)")
     r.add_argument("--quiet", action="store_true", help="hide DSPy's optimizer log")
+    add_debug_arg(r)
 
 
 def default_program(args, *, injected_lm: bool = False) -> tuple[str, str]:
@@ -180,6 +182,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     if why:
         _stderr(why)
     validate_args(parser, args)
+    check_tracking(args, "optimize")  # before any work: a bad --tracking-uri is reported now, not after the compile
     if args.quiet:
         logging.getLogger("dspy").setLevel(logging.WARNING)
     spec = get(args.program)
@@ -249,7 +252,7 @@ def _run(args, parser: argparse.ArgumentParser) -> int:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     parser = build_parser()
-    return run(parser.parse_args(argv), parser)
+    return run_command(parser.parse_args(argv), lambda args: run(args, parser))
 
 
 def _stderr(line: str) -> None:
@@ -285,9 +288,10 @@ def _load_test(args, lang: str):
     try:
         examples = load_mushroom(path, lang=lang, split=split, context=args.context)
     except FileNotFoundError as e:
-        raise SystemExit(f"--test {path}: {e}\n(pass --context none if the test file has no context folder)")
+        hint = " (pass --context none if the test file has no context folder)" if "context" in str(e) else ""
+        raise InputError(f"argument --test: {one_line(e)}{hint}") from e
     except ValueError as e:
-        raise SystemExit(f"--test {path}: {e}")
+        raise InputError(f"argument --test: {one_line(e)}") from e
     if not examples:
         raise SystemExit(f"--test {path}: no {lang} items")
     if all(ex.get("label") is None for ex in examples):
@@ -348,14 +352,21 @@ def format_summary(res, *, compiled_dir=None) -> str:
     if artifact is not None:
         lines.append(f"artifact: {artifact.path} (version {artifact.version}, hash "
                      f"{artifact.manifest['content_hash'][:12]})")
-        best = best_version(list_versions(res.program, res.lang, res.metric, root=compiled_dir))
+        ranked = rank_versions(list_versions(res.program, res.lang, res.metric, root=compiled_dir), res.metric)
+        mine = next((r for r in ranked if r.info.version == artifact.version), None)
+        best = next((r for r in ranked if r.best), None)
         call = f"load_compiled({res.program!r}, lang={res.lang!r}, metric={res.metric!r}"
-        if best is not None and best.version == artifact.version:
+        if mine is not None and mine.best:
             lines.append(f"  load: {call})  (the best version)")
         else:
-            lines.append(f"  load: {call}, version={artifact.version})  (by default v{best.version:04d} is served: "
-                         + ("real-data versions beat demo-data ones"
-                            if artifact.manifest.get("source", "").startswith("demo") else "it scores higher") + ")")
+            lines.append(f"  load: {call}, version={artifact.version})  (by default v{best.info.version:04d} is "
+                         f"served; v{artifact.version:04d}: {mine.why if mine else 'not listed'})")
+        if below_zero_shot(artifact.manifest):
+            compiled, zero = artifact.manifest["cv"]["mean"]["compiled"][res.metric]["mean"], \
+                zero_shot_score(artifact.manifest)
+            lines.append(f"WARNING: compiled below zero-shot: cross-validated {res.metric} {compiled:.4f} compiled vs "
+                         f"{zero:.4f} zero-shot; the compile made the program worse. The version is marked BELOW "
+                         f"ZERO-SHOT (halluscope detect --list) and loses to any version that is not")
     else:
         lines.append(f"NO ARTIFACT WRITTEN: the run {res.status.lower()}: {res.error}")
         lines.append(f"what was done is saved in {res.report_path}")

@@ -12,7 +12,10 @@
 ``--program``/``--metric``/``--version`` apply to ``--lang``/``--task`` only.
 
 The artifacts are loaded (and verified) once at start-up; the LM is configured only when a loaded program
-uses one. Clients send ``X-API-Key`` when a key is set.
+uses one. Each detector is then run once on a probe answer (:func:`startup_check`): when more than
+``--max-failed-share`` of them raise or give no usable output (an LM answering garbage), the server does not
+start (exit 1, the reason in one line); ``--no-startup-check`` skips this. Clients send ``X-API-Key`` when a key
+is set.
 """
 
 from __future__ import annotations
@@ -25,7 +28,12 @@ import sys
 import time
 
 from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
-from halluscope.cli.common import add_lm_args, setup_lm
+from halluscope.cli.common import (PORT, POSITIVE_INT, SECONDS, add_lm_args, add_max_failed_share, failed_share_line,
+                                   setup_lm)
+from halluscope.contract import describe_failed, failed_kinds, failure_reason
+from halluscope.detector import detect
+from halluscope.redact import error_text, redact
+from halluscope.tasks import HALLUCLEAN_TASKS
 from halluscope.cli.detect import default_program
 from halluscope.detector import CompiledDetector
 from halluscope.metrics.adapters import METRICS
@@ -57,17 +65,20 @@ def add_parser(subparsers) -> None:
                         "project's sqlite store)")
     n = s.add_argument_group("server")
     n.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    n.add_argument("--port", type=int, default=8000)
+    n.add_argument("--port", type=PORT, default=8000)
     n.add_argument("--require-key", default=os.environ.get(KEY_ENV), metavar="KEY",
                    help=f"API key clients must send as X-API-Key (default ${KEY_ENV}); required off loopback")
-    n.add_argument("--timeout", type=float, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
-    n.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes)
-    n.add_argument("--max-batch", type=int, default=Limits.max_batch)
-    n.add_argument("--max-upload-bytes", type=int, default=Limits.max_upload_bytes,
+    n.add_argument("--timeout", type=SECONDS, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
+    n.add_argument("--max-body-bytes", type=POSITIVE_INT, default=Limits.max_body_bytes)
+    n.add_argument("--max-batch", type=POSITIVE_INT, default=Limits.max_batch)
+    n.add_argument("--max-upload-bytes", type=POSITIVE_INT, default=Limits.max_upload_bytes,
                    help="largest evidence file the page may upload to /v1/evidence (default %(default)s)")
-    n.add_argument("--lm-concurrency", type=int, default=1,
+    n.add_argument("--lm-concurrency", type=POSITIVE_INT, default=1,
                    help="requests inside LM programs at once (1 for the embedded model)")
     n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    n.add_argument("--no-startup-check", action="store_true",
+                   help="start without running each loaded detector once on a probe answer")
+    add_max_failed_share(n, 0.5, "start-up")
     add_lm_args(s)
     s.set_defaults(func=cmd_serve)
 
@@ -124,6 +135,42 @@ def resolve_detectors(args) -> list[CompiledDetector]:
     return list(seen.values())
 
 
+#: What the start-up check asks each loaded detector (a plain, true answer with its evidence).
+PROBE = {"question": "Where is the Eiffel Tower?", "answer": "The Eiffel Tower is in Paris.",
+         "context": "The Eiffel Tower is a wrought-iron tower on the Champ de Mars in Paris, France."}
+
+
+def startup_check(detectors: list[CompiledDetector], max_share: float) -> str | None:
+    """Run each detector once on :data:`PROBE` (its LM, if it has one, answers for real): a detector that raises
+    or gives no usable output (:func:`halluscope.contract.item_failure`: unreadable, truncated, LM error) failed.
+    Returns the one line saying why the server must not start when more than ``max_share`` of them failed, else
+    None (failures at or below the share are printed as a warning)."""
+    reasons, named = [], []
+    for d in detectors:
+        is_task = d.lang in HALLUCLEAN_TASKS
+        try:
+            det = detect(d, PROBE["answer"], question=PROBE["question"], context=PROBE["context"],
+                         lang=None if is_task else d.lang, task=d.lang if is_task else None)
+            reason = failure_reason(det.failures)
+            shown = f"unusable output: {reason}" if reason else ""
+        except Exception as e:  # noqa: BLE001 - the check reports it in one line
+            reason = f"error:{type(e).__name__}"
+            shown = " ".join(redact(error_text(e)).split())
+        reasons.append(reason)
+        if reason:
+            named.append(f"{d.name}/{d.lang} v{d.version:04d}: {shown}")
+    n_failed = sum(r is not None for r in reasons)
+    why = "; ".join(named)
+    problem = failed_share_line(n_failed, len(detectors), max_share, why, "detectors")
+    if problem:
+        return (f"start-up check: {problem[len('RUN '):]}: each was run once on a probe answer; nothing is "
+                f"served (--no-startup-check skips the check)")
+    if n_failed:
+        print(f"warning: start-up check: {n_failed} of {len(detectors)} detectors gave no usable output on a probe "
+              f"answer ({describe_failed(failed_kinds(reasons))}): {why}", file=sys.stderr)
+    return None
+
+
 def cmd_serve(args) -> int:
     import uvicorn  # the server itself; imported here so other commands do not pay for it
 
@@ -148,6 +195,11 @@ def cmd_serve(args) -> int:
         if compiled_with:
             print(f"warning: compiled with {', '.join(sorted(compiled_with))}; serving with {lm.model}",
                   file=sys.stderr)
+    if not args.no_startup_check:
+        problem = startup_check(detectors, args.max_failed_share)
+        if problem:
+            print(f"halluscope serve: {problem}", file=sys.stderr)
+            return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(detectors, api_key=args.require_key, limits=limits, lm_concurrency=args.lm_concurrency,
                      startup_seconds=round(time.perf_counter() - t0, 3))

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from halluscope import paths
+from halluscope.cli.common import PORT
 from halluscope.optimize.tracking import resolve_tracking_uri
 
 __all__ = ["OFFLINE_ENV", "add_parser", "cmd_ui", "free_port", "ui_command", "ui_env"]
@@ -31,7 +32,7 @@ OFFLINE_ENV = paths.OFFLINE_ENV
 
 def add_parser(subparsers) -> None:
     u = subparsers.add_parser("ui", help="start the MLflow UI on the project's runs (works offline)")
-    u.add_argument("--port", type=int, default=5000, help="port (default 5000; 0 = any free port)")
+    u.add_argument("--port", type=PORT, default=5000, help="port (default 5000; 0 = any free port)")
     u.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     u.add_argument("--tracking-uri", default=None,
                    help="MLflow store (default $MLFLOW_TRACKING_URI, else the project's sqlite store)")

@@ -17,7 +17,9 @@ Concurrency: programs that use no LM run in parallel on the thread pool; program
 slot of ``lm_concurrency`` (default 1) first, so no two requests are inside the embedded llama.cpp model at
 once (its engine also holds its own lock). A request waits for a slot at most ``Limits.timeout_s``.
 
-Limits (:class:`Limits`): request body bytes (413; for ``/v1/evidence`` the base64 of ``max_upload_bytes``), field lengths and batch size (422 naming the field), a
+Limits (:class:`Limits`): request body bytes (413; for ``/v1/evidence`` the base64 of ``max_upload_bytes``), an
+uploaded PDF/DOCX's uncompressed bytes and pages (413) and extraction time (422), field lengths and batch size
+(422 naming the field), a
 per-request timeout (504; the work already started finishes in the background and its result is dropped, the
 LM slot stays taken until it does). Bad input never stops the server: every error is a JSON body
 ``{"error": "...", "detail": ...}`` with a 4xx status, an unexpected failure inside a program a logged 500.
@@ -48,6 +50,7 @@ from halluscope import __version__
 from halluscope.artifacts import selection_score
 from halluscope.detector import CompiledDetector, detect
 from halluscope.programs.registry import get as get_spec
+from halluscope.retrievers.files import ExtractionLimits
 from halluscope.serve.evidence import EvidenceFileError, read_uploaded
 from halluscope.tasks import HALLUCLEAN_TASKS
 
@@ -73,6 +76,11 @@ class Limits:
     max_evidence_items: int = 50
     max_batch: int = 32
     max_upload_bytes: int = 5_000_000  # one evidence file sent to /v1/evidence (413 beyond)
+    # reading an uploaded PDF/DOCX (retrievers.files.ExtractionLimits): uncompressed bytes (a DOCX's zip members
+    # together, a PDF's streams each) and pages (413 beyond), seconds of extraction (422 beyond)
+    max_upload_uncompressed_bytes: int = 20_000_000
+    max_upload_pages: int = 300
+    max_upload_seconds: float = 20.0
     timeout_s: float = 120.0  # per request (per item in a batch), waiting for the LM included
 
 
@@ -273,6 +281,8 @@ def create_app(
         ld = loaded(d)
         table[(ld.program, ld.key, ld.detector.version)] = ld
     DetectRequest, BatchRequest, EvidenceRequest = _request_models(limits)
+    extraction = ExtractionLimits(max_uncompressed_bytes=limits.max_upload_uncompressed_bytes,
+                                  max_pages=limits.max_upload_pages, max_seconds=limits.max_upload_seconds)
     started_at = time.time()
     lm_slots = asyncio.Semaphore(lm_concurrency)
     stats = {"requests": 0, "errors": 0, "timeouts": 0}
@@ -414,7 +424,8 @@ def create_app(
         stats["requests"] += 1
         try:
             return await run_in_threadpool(read_uploaded, req.filename, req.content_base64,
-                                           max_bytes=limits.max_upload_bytes, max_chars=limits.max_evidence_chars)
+                                           max_bytes=limits.max_upload_bytes, max_chars=limits.max_evidence_chars,
+                                           extraction=extraction)
         except EvidenceFileError as e:
             raise ApiError(e.status, e.message) from None
 

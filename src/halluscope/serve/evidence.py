@@ -5,7 +5,9 @@ multipart parser is needed) and gets its text back, which it then sends as an ev
 ``/v1/detect``. Reading is :func:`halluscope.retrievers.files.read_document` (TXT, Markdown, PDF via pypdf,
 DOCX via python-docx) on a private temporary copy that is deleted at once; nothing is kept. Every problem is
 an :class:`EvidenceFileError` with an HTTP status and a message naming the file: an unsupported type (415),
-a file over the size limit (413), bad base64, an empty, binary, encrypted, unreadable or text-less file, or a
+a file over the size limit (413), a PDF/DOCX over the extraction bounds (:class:`~halluscope.retrievers.files.
+ExtractionLimits`: uncompressed bytes — a zip-bomb DOCX is refused before anything is inflated — zip members,
+pages: 413; extraction time: 422), bad base64, an empty, binary, encrypted, unreadable or text-less file, or a
 text over the evidence limit (422).
 """
 
@@ -16,7 +18,8 @@ import binascii
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from halluscope.retrievers.files import SUFFIXES, FileSkipped, read_document
+from halluscope.retrievers.files import (DEFAULT_LIMITS, SUFFIXES, DocumentTooLarge, ExtractionLimits, FileSkipped,
+                                        read_document)
 
 __all__ = ["EvidenceFileError", "SUFFIXES", "read_uploaded"]
 
@@ -29,8 +32,10 @@ class EvidenceFileError(Exception):
         self.status, self.message = status, message
 
 
-def read_uploaded(filename: str, content_base64: str, *, max_bytes: int, max_chars: int) -> dict:
-    """``{"filename", "type", "bytes", "chars", "text"}`` of one uploaded file (its text stripped).
+def read_uploaded(filename: str, content_base64: str, *, max_bytes: int, max_chars: int,
+                  extraction: ExtractionLimits = DEFAULT_LIMITS) -> dict:
+    """``{"filename", "type", "bytes", "chars", "text"}`` of one uploaded file (its text stripped); a PDF/DOCX is
+    read within ``extraction``'s bounds.
 
     ``filename`` only gives the type (its suffix) and the name reported back; the path in it is dropped."""
     name = PurePosixPath(str(filename).replace("\\", "/")).name.strip() or "(unnamed)"
@@ -53,8 +58,11 @@ def read_uploaded(filename: str, content_base64: str, *, max_bytes: int, max_cha
         path = Path(tmp) / f"upload{suffix}"
         path.write_bytes(data)
         try:
-            text = read_document(path, max_mb=max_bytes / 1024 / 1024 + 1)  # the size is checked above
-        except FileSkipped as e:
+            text = read_document(path, max_mb=max_bytes / 1024 / 1024 + 1,  # the size is checked above
+                                 limits=extraction)
+        except DocumentTooLarge as e:
+            raise EvidenceFileError(413, f"{name}: {e}") from None
+        except FileSkipped as e:  # DocumentTooSlow included
             raise EvidenceFileError(422, f"{name}: {e}") from None
     text = text.strip()
     if len(text) > max_chars:

@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from halluscope.lm import _response_schema, smollm2_path
+from halluscope.programs.registry import ranged, whole
 
 __all__ = ["Completion", "LlamaBackend", "SchemaBackend", "create_openai_app", "schema_instance"]
 
@@ -174,10 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
     p.add_argument("--name", default=None, help="model id it reports (default: the file's stem)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8081)
-    p.add_argument("--n-ctx", type=int, default=8192)
+    p.add_argument("--port", type=ranged(whole(0, 65535)), default=8081)
+    p.add_argument("--n-ctx", type=ranged(whole(1)), default=8192)
+    p.add_argument("--n-threads", type=ranged(whole(1)), default=None,
+                   help="llama.cpp threads (default: llama.cpp's choice)")
     args = p.parse_args(argv)
-    backend = LlamaBackend(args.model, n_ctx=args.n_ctx)
+    backend = LlamaBackend(args.model, n_ctx=args.n_ctx, n_threads=args.n_threads)
     uvicorn.run(create_openai_app(backend, model_name=args.name), host=args.host, port=args.port, log_level="warning")
     return 0
 

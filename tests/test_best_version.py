@@ -1,0 +1,170 @@
+"""Issue #20: the honest choice of the version served by default, and issue #24: an artifact whose run was
+interrupted before its MLflow run was recorded is marked untracked.
+
+Versions compete only with versions compiled on the same data and folds; a version whose compiled score is
+below its zero-shot score is marked and loses to one that is not; a demo-data or smaller run never displaces a
+real-data version; ``detect --list`` says why each version is or is not the one served.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import dspy
+import pytest
+
+from halluscope.artifacts import (UNTRACKED_FILE, VersionInfo, below_zero_shot, best_version, list_versions,
+                                  load_compiled, rank_versions, selection_score, untracked_reason)
+from halluscope.cli import main as cli_main
+
+COMPILED = Path(__file__).resolve().parent.parent / "compiled"
+
+
+def _v(version, *, compiled, zero=None, n=50, k=5, data="aaaa", source="mushroom/de/val", seed=0):
+    cv = {"k": k, "seed": seed, "mean": {"compiled": {"iou": {"mean": compiled, "sd": 0.0}}}} if k > 1 else None
+    if cv and zero is not None:
+        cv["mean"]["zero_shot"] = {"iou": {"mean": zero, "sd": 0.0}}
+    m = {"metric": "iou", "source": source, "data": {"n": n, "data_hash": data}, "cv": cv, "version": version}
+    return VersionInfo(version=version, path=Path(f"/nowhere/v{version:04d}"), created_at=None,
+                       score=selection_score(m), manifest=m)
+
+
+def _best(*versions):
+    return best_version(list(versions)).version
+
+
+def test_within_comparable_versions_the_highest_score_wins():
+    assert _best(_v(1, compiled=0.5), _v(2, compiled=0.6), _v(3, compiled=0.55)) == 2
+    assert _best(_v(1, compiled=0.5), _v(2, compiled=0.5)) == 2  # newest on ties
+
+
+def test_other_data_or_folds_never_displace_silently():
+    committed = _v(1, compiled=0.48, n=50, k=5)
+    demo = _v(2, compiled=0.9, n=12, k=2, data="demo", source="demo/de/val")
+    smaller = _v(3, compiled=0.8, n=16, k=2, data="bbbb")  # --limit 16 on the real data
+    fewer_folds = _v(4, compiled=0.7, n=50, k=2)  # same data, 2 folds: not comparable with 5
+    other_data = _v(5, compiled=0.7, n=50, k=5, data="cccc")  # the same size, other items: the first one stays
+    assert _best(committed, demo, smaller, fewer_folds, other_data) == 1
+    why = {r.info.version: r.why for r in rank_versions([committed, demo, smaller, fewer_folds, other_data])}
+    assert why[1].startswith("served by default: real data, 50 items, 5-fold cv")
+    assert "demo data never displaces a real-data version (v0001)" in why[2]
+    assert "compiled on 16 items, v0001 on 50" in why[3]
+    assert "2-fold cv, v0001 5-fold" in why[4]
+    assert "other data or folds than v0001, which came first" in why[5] and "--version 5" in why[5]
+    # the same data and folds, a better score: it does replace it
+    assert _best(committed, _v(6, compiled=0.5, n=50, k=5)) == 6
+
+
+def test_a_version_below_its_zero_shot_score_is_marked_and_loses_to_one_that_is_not():
+    worse = _v(1, compiled=0.70, zero=0.80)   # the compile made it worse (MEDICO: 0.25 vs 0.65)
+    honest = _v(2, compiled=0.60, zero=0.55)
+    assert below_zero_shot(worse.manifest) and not below_zero_shot(honest.manifest)
+    assert _best(worse, honest) == 2
+    ranked = {r.info.version: r for r in rank_versions([worse, honest])}
+    assert ranked[1].below_zero_shot and "BELOW ZERO-SHOT: compiled iou 0.7000 < zero-shot 0.8000" in ranked[1].why
+    # alone, it is still served, but marked (and load_compiled warns)
+    only = rank_versions([worse])[0]
+    assert only.best and only.below_zero_shot and "BELOW ZERO-SHOT" in only.why
+
+
+def test_the_committed_artifacts_are_still_the_ones_served():
+    for lang in ("de", "en", "all", "hi"):
+        versions = list_versions("grounded", lang, "iou", root=COMPILED)
+        assert best_version(versions).version == 1
+    assert best_version(list_versions("spans", "de", "iou", root=COMPILED)).version == 1
+    assert best_version(list_versions("halluclean", "qa", "f1", root=COMPILED)).version == 1
+
+
+def test_loading_a_version_below_zero_shot_warns(caplog):
+    with caplog.at_level("WARNING", logger="halluscope.artifacts"):
+        det = load_compiled("grounded", lang="hi", metric="iou", root=COMPILED)  # 0.562 compiled < 0.630 zero-shot
+    assert det.version == 1
+    assert any("below its zero-shot score" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.delenv("HALLUSCOPE_DATA_DIR", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(tmp_path / "home"))
+    root = tmp_path / "compiled"
+    shutil.copytree(COMPILED / "grounded" / "de", root / "grounded" / "de")
+    lm, adapter = dspy.settings.lm, dspy.settings.adapter
+    yield root
+    dspy.configure(lm=lm, adapter=adapter)
+
+
+def test_the_readme_command_on_demo_data_does_not_displace_the_committed_german_artifact(home, tmp_path, capsys):
+    """``python optimize.py --metric iou --lang de`` without data: the demo set, 2 folds; the committed 5-fold
+    real-data version stays the one ``detect`` serves, and both the run and ``detect --list`` say why."""
+    from halluscope.cli.optimize import main
+
+    assert main(["--metric", "iou", "--lang", "de", "--compiled-dir", str(home), "--no-mlflow",
+                 "--report-dir", str(tmp_path / "reports")]) == 0
+    out = capsys.readouterr().out
+    assert "by default v0001 is served; v0002: not served: demo data never displaces a real-data version" in out
+    assert best_version(list_versions("grounded", "de", "iou", root=home)).version == 1
+    assert cli_main(["detect", "--lang", "de", "--list", "--compiled-dir", str(home)]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].startswith("v0001 *best*") and "served by default: real data, 50 items, 5-fold cv" in listed[1]
+    assert listed[2].startswith("v0002       ") and "demo data never displaces" in listed[3]
+    assert "UNTRACKED" not in "\n".join(listed)  # --no-mlflow: not a tracked run, nothing pending
+
+
+def test_optimize_warns_at_the_end_when_the_compile_made_the_program_worse(home, tmp_path, capsys, monkeypatch):
+    import halluscope.optimize.cv as cv
+
+    real = cv.evaluate_program
+    calls = {"n": 0}
+
+    def worse_when_compiled(program, examples, metric_name, **kw):  # every compiled score below the zero-shot one
+        scores, failures, failed = real(program, examples, metric_name, **kw)
+        calls["n"] += 1
+        if calls["n"] % 2 == 0:
+            scores = {k: v - 0.2 for k, v in scores.items()}
+        return scores, failures, failed
+
+    monkeypatch.setattr(cv, "evaluate_program", worse_when_compiled)
+    from halluscope.cli.optimize import main
+
+    assert main(["--metric", "iou", "--lang", "de", "--compiled-dir", str(tmp_path / "c2"), "--no-mlflow",
+                 "--report-dir", str(tmp_path / "reports")]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: compiled below zero-shot: cross-validated iou" in out
+    assert cli_main(["detect", "--lang", "de", "--list", "--compiled-dir", str(tmp_path / "c2")]) == 0
+    assert "[BELOW ZERO-SHOT]" in capsys.readouterr().out
+
+
+def test_sigint_after_the_artifact_is_written_leaves_it_marked_untracked(home, tmp_path, capsys, monkeypatch):
+    """A real SIGINT while the MLflow run is being recorded: the version is complete and loadable (it was written
+    first), marked UNTRACKED, and ``detect --list`` shows it so; a run that records its MLflow run leaves none."""
+    import halluscope.optimize.run as run_mod
+    from halluscope.cli.optimize import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    base = ["--metric", "iou", "--lang", "de", "--compiled-dir", str(home), "--tracking-uri", uri,
+            "--report-dir", str(tmp_path / "reports")]
+    real = run_mod.track_run
+
+    def interrupted(*a, **kw):
+        os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C now
+        return real(*a, **kw)
+
+    monkeypatch.setattr(run_mod, "track_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(base)
+    v2 = home / "grounded" / "de" / "iou" / "v0002"
+    assert (v2 / UNTRACKED_FILE).is_file() and "was not recorded" in untracked_reason(v2)
+    assert load_compiled("grounded", lang="de", metric="iou", version=2, root=home).version == 2  # still valid
+    capsys.readouterr()
+    assert cli_main(["detect", "--lang", "de", "--list", "--compiled-dir", str(home)]) == 0
+    listed = capsys.readouterr().out
+    assert "[UNTRACKED]" in listed and "untracked: written by an optimize run whose MLflow run was not recorded" in listed
+
+    monkeypatch.setattr(run_mod, "track_run", real)
+    assert main(base) == 0
+    v3 = home / "grounded" / "de" / "iou" / "v0003"
+    assert v3.is_dir() and untracked_reason(v3) is None

@@ -1,0 +1,92 @@
+"""Issue #20: ``halluscope evaluate --artifact`` scores a compiled artifact (not the unfitted program) on any data,
+loaded with detect's checks, and records its version and hash so ``compare`` shows it as its own point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import dspy
+import pytest
+
+from halluscope.artifacts import load_compiled
+from halluscope.cli import main as cli_main
+
+COMPILED = Path(__file__).resolve().parent.parent / "compiled"
+
+
+@pytest.fixture(autouse=True)
+def env(monkeypatch, tmp_path):
+    monkeypatch.delenv("HALLUSCOPE_DATA_DIR", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(tmp_path / "home"))
+    lm, adapter = dspy.settings.lm, dspy.settings.adapter
+    yield
+    dspy.configure(lm=lm, adapter=adapter)
+
+
+def _summary(out: Path) -> dict:
+    return json.loads(next(out.rglob("*.summary.json")).read_text())["summary"]
+
+
+def test_evaluate_artifact_scores_the_compiled_program_and_records_it(tmp_path, capsys):
+    from halluscope.loaders.mushroom import load_mushroom
+    from halluscope.loaders.demo import demo_data_dir
+    from halluscope.optimize.compare import add_run_settings, run_setting
+    from halluscope.optimize.tracking import runs_table
+    from halluscope.programs.registry import get
+    from halluscope.runner import run_eval
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    common = ["--lang", "de", "--no-progress", "--tracking-uri", uri]
+    assert cli_main(["evaluate", "--program", "grounded", *common, "--out-dir", str(tmp_path / "zero")]) == 0
+    assert cli_main(["evaluate", "--artifact", "--program", "grounded", "--compiled-dir", str(COMPILED), *common,
+                     "--out-dir", str(tmp_path / "compiled")]) == 0
+    err = capsys.readouterr().err
+    assert "scoring the compiled artifact" in err and "grounded/de/iou/v0001" in err
+    zero, fitted = _summary(tmp_path / "zero"), _summary(tmp_path / "compiled")
+    assert fitted["n"] == zero["n"] > 0
+    assert fitted["iou"] != pytest.approx(zero["iou"])  # the artifact, not the unfitted program
+    # ... and exactly what the artifact detect serves scores on the same items
+    detector = load_compiled("grounded", lang="de", metric="iou", root=COMPILED)
+    examples = load_mushroom(demo_data_dir(), lang="de", context="native")  # as the CLI loads it
+    ref = run_eval(detector.program, examples, progress=False, extra_inputs=get("grounded").extra_inputs)
+    assert fitted["iou"] == pytest.approx(ref.scores["iou"]) and fitted["corr"] == pytest.approx(ref.scores["corr"])
+
+    # a path to the version folder (here a copy outside compiled/) gives the same score
+    copy = tmp_path / "elsewhere" / "v0001"
+    shutil.copytree(COMPILED / "grounded" / "de" / "iou" / "v0001", copy)
+    assert cli_main(["evaluate", "--artifact", str(copy), *common, "--out-dir", str(tmp_path / "path")]) == 0
+    assert _summary(tmp_path / "path")["iou"] == pytest.approx(fitted["iou"])
+
+    # recorded: the version and the hash, so compare keeps it apart from the unfitted program
+    rows = add_run_settings([r for r in runs_table(uri, metric="iou") if r["kind"] == "evaluate"], uri)
+    settings = {run_setting(r) for r in rows}
+    assert len(settings) == 2 and "" in settings  # the unfitted program and the artifact: two points
+    assert any("v0001" in s for s in settings)  # (the two artifact runs, by name and by path: one)
+    from mlflow.tracking import MlflowClient
+
+    params = [MlflowClient(uri).get_run(r["run_id"]).data.params for r in rows]
+    recorded = [p for p in params if "content_hash" in p]
+    assert len(recorded) == 2 and {p["content_hash"] for p in recorded} == {detector.content_hash}
+    assert {p["artifact_version"] for p in recorded} == {"1"}
+
+
+def test_a_tampered_or_missing_artifact_is_refused_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "v0001"
+    shutil.copytree(COMPILED / "grounded" / "de" / "iou" / "v0001", bad)
+    man = json.loads((bad / "manifest.json").read_text())
+    man["metric"] = "corr"  # edited without re-hashing
+    (bad / "manifest.json").write_text(json.dumps(man))
+    for argv, words in [(["--artifact", str(bad)], "content hash mismatch"),
+                        (["--artifact", str(tmp_path / "nope")], "is not a version folder"),
+                        (["--artifact", "--program", "grounded", "--compiled-dir", str(COMPILED), "--version", "9"],
+                         "no version v0009"),
+                        (["--artifact", str(bad), "-O", "window=2"], "not with --artifact"),
+                        (["--version", "1"], "--version: goes with --artifact")]:
+        with pytest.raises(SystemExit) as e:
+            cli_main(["evaluate", "--lang", "de", "--no-mlflow", "--out-dir", str(tmp_path / "o"), *argv])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and words in err and "Traceback" not in err, (argv, err)
+        assert len([ln for ln in err.splitlines() if "error" in ln]) == 1
