@@ -23,7 +23,17 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 mkdir -p outputs/refit
-export PY DATA
+HC=${HC:-../shared/data/halluclean}
+export PY DATA HC
+# The English and cross-lingual artifacts (what `detect --lang en` and a language without its own artifact load)
+# also carry a response head fitted on the HalluClean dev sets, pooled (#19, BENCHMARKS.md "response-level").
 printf '%s\n' all ar de en es fi fr hi it sv zh | xargs -P "$JOBS" -I{} bash -c \
-    'nice -n 5 "$PY" optimize.py --program grounded --metric iou --lang {} --data-dir "$DATA" --context native --folds 5 -O align=true -O rules=true '"$*"' > outputs/refit/{}.log 2>&1 && echo "grounded/{}: $(grep -E "^artifact:|served" outputs/refit/{}.log | tr "\n" " ")"'
+    'head=""; if [[ {} == en || {} == all ]]; then head="-O response_data=$HC"; fi; nice -n 5 "$PY" optimize.py --program grounded --metric iou --lang {} --data-dir "$DATA" --context native --folds 5 -O align=true -O rules=true $head '"$*"' > outputs/refit/{}.log 2>&1 && echo "grounded/{}: $(grep -E "^artifact:|served" outputs/refit/{}.log | tr "\n" " ")"'
+# Per-task response artifacts (`detect --task qa`): the unit part of the English artifact just written and a
+# response head fitted on the task's labels, its threshold for F1 (#19).
+for task in qa dialogue summarization; do
+    nice -n 5 "$PY" optimize.py --program grounded --dataset halluclean --task "$task" --metric f1 \
+        --data-dir "$HC" --folds 5 "$@" > "outputs/refit/$task.log" 2>&1
+    echo "grounded/$task: $(grep -E "^artifact:" "outputs/refit/$task.log")"
+done
 nice -n 5 "$PY" -m pytest -q tests/test_grounded_cases.py
