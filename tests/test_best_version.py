@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import dspy
 import pytest
 
-from halluscope.artifacts import (UNTRACKED_FILE, VersionInfo, below_zero_shot, best_version, list_versions,
+from halluscope.artifacts import (RETIRED_FILE, UNTRACKED_FILE, VersionInfo, below_zero_shot, best_version, list_versions,
                                   load_compiled, rank_versions, selection_score, untracked_reason)
 from halluscope.cli import main as cli_main
 
@@ -68,6 +69,22 @@ def test_a_version_below_its_zero_shot_score_is_marked_and_loses_to_one_that_is_
     # alone, it is still served, but marked (and load_compiled warns)
     only = rank_versions([worse])[0]
     assert only.best and only.below_zero_shot and "BELOW ZERO-SHOT" in only.why
+
+
+def test_a_retired_version_never_competes_but_is_listed_with_its_reason(tmp_path):
+    better, newer = _v(1, compiled=0.7), _v(2, compiled=0.6)
+    better, newer = replace(better, path=tmp_path / "v0001"), replace(newer, path=tmp_path / "v0002")
+    better.path.mkdir()
+    newer.path.mkdir()
+    assert _best(better, newer) == 1
+    (better.path / RETIRED_FILE).write_text("flags numbers that stand verbatim in the evidence\n")
+    assert _best(better, newer) == 2
+    ranked = {r.info.version: r for r in rank_versions([better, newer])}
+    assert ranked[1].retired == "flags numbers that stand verbatim in the evidence" and not ranked[1].best
+    assert ranked[1].why == ("not served: retired (flags numbers that stand verbatim in the evidence); "
+                             "pin it with --version 1")
+    (newer.path / RETIRED_FILE).write_text("")
+    assert best_version([better, newer]) is None  # everything retired: nothing is served by default
 
 
 def test_the_committed_artifacts_are_still_the_ones_served():

@@ -113,7 +113,8 @@ def cmd_detect(args) -> int:
             score = "-" if v.score is None else f"{v.score:.4f}"
             zero = zero_shot_score(m)
             flags = "".join(f"  [{f}]" for f in (("BELOW ZERO-SHOT" if r.below_zero_shot else ""),
-                                                  ("UNTRACKED" if r.untracked else "")) if f)
+                                                  ("UNTRACKED" if r.untracked else ""),
+                                                  ("RETIRED" if r.retired else "")) if f)
             print(f"{v.name}{' *best*' if r.best else '       '}  "
                   f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  "
                   f"cv {args.metric}={score:<7} zero-shot={'-' if zero is None else f'{zero:.4f}':<7}  "
