@@ -72,6 +72,8 @@ __all__ = [
     "best_version",
     "is_demo",
     "UNTRACKED_FILE",
+    "RETIRED_FILE",
+    "retired_reason",
     "untracked_reason",
     "mark_tracked",
 ]
@@ -86,6 +88,10 @@ MANIFEST_FILE = "manifest.json"
 # version that still has it (the run was interrupted after the artifact became visible, or tracking failed) is
 # listed as untracked. Not part of the content hash.
 UNTRACKED_FILE = "UNTRACKED"
+# A committed version that must no longer be served by default holds this file with the reason (one line). It stays
+# loadable with an explicit --version (a caller pinned to it keeps working) and is listed with its reason; it never
+# competes in rank_versions. Not part of the content hash: retiring a version does not edit it.
+RETIRED_FILE = "RETIRED"
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
 
 
@@ -356,13 +362,24 @@ def write_artifact(
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def untracked_reason(path: str | os.PathLike) -> str | None:
-    """Why the version folder ``path`` has no MLflow run (the text of its :data:`UNTRACKED_FILE`), or None."""
+def _marker_text(path: str | os.PathLike, name: str, default: str) -> str | None:
+    """The stripped text of the marker file ``name`` in a version folder (``default`` when empty), or None."""
     try:
-        text = (Path(path) / UNTRACKED_FILE).read_text(encoding="utf-8").strip()
+        text = (Path(path) / name).read_text(encoding="utf-8").strip()
     except OSError:
         return None
-    return text or "no MLflow run recorded"
+    return text or default
+
+
+def retired_reason(path: str | os.PathLike) -> str | None:
+    """Why the version folder ``path`` is retired from the default choice (the text of its :data:`RETIRED_FILE`),
+    or None when it is not retired."""
+    return _marker_text(path, RETIRED_FILE, "no reason given")
+
+
+def untracked_reason(path: str | os.PathLike) -> str | None:
+    """Why the version folder ``path`` has no MLflow run (the text of its :data:`UNTRACKED_FILE`), or None."""
+    return _marker_text(path, UNTRACKED_FILE, "no MLflow run recorded")
 
 
 def mark_tracked(path: str | os.PathLike) -> None:
@@ -461,6 +478,7 @@ class Ranked:
     why: str
     below_zero_shot: bool = False
     untracked: str | None = None  # why the version has no MLflow run (see UNTRACKED_FILE), or None
+    retired: str | None = None  # why the version is no longer served by default (see RETIRED_FILE), or None
 
 
 def _n_items(m: dict) -> int:
@@ -477,8 +495,9 @@ def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> lis
     ``--version``). Within the group the highest cross-validated compiled score wins, the newest on ties, except
     that a version whose compiled score is below its zero-shot score (:func:`below_zero_shot`: the compile made
     it worse) loses to any that is not; when every version of the group is below, the best of them is served and
-    marked so (:func:`load_compiled` warns)."""
-    readable = [v for v in versions if v.manifest is not None]
+    marked so (:func:`load_compiled` warns). A retired version (:data:`RETIRED_FILE`) never competes."""
+    retired = {v.version: retired_reason(v.path) for v in versions}
+    readable = [v for v in versions if v.manifest is not None and retired[v.version] is None]
     groups: dict[tuple, list[VersionInfo]] = {}
     for v in readable:
         groups.setdefault(comparison_key(v.manifest), []).append(v)
@@ -502,6 +521,10 @@ def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> lis
             out.append(Ranked(v, False, "unreadable manifest: never served", untracked=untracked))
             continue
         below = below_zero_shot(v.manifest)
+        if retired[v.version] is not None:
+            out.append(Ranked(v, False, f"not served: retired ({retired[v.version]}); pin it with --version "
+                                        f"{v.version}", below, untracked, retired[v.version]))
+            continue
         why = _why(v, best, metric or v.manifest.get("metric") or "score", len(groups[comparison_key(v.manifest)]))
         out.append(Ranked(v, best is not None and v.version == best.version, why, below, untracked))
     return out

@@ -59,7 +59,8 @@ def add_parser(subparsers) -> None:
     d.add_argument("--lang", default=None, help="the language the artifact was compiled for (e.g. de)")
     d.add_argument("--task", default=None, help="the task the artifact was compiled for (HalluClean: qa, dialogue, "
                                                 "summarization, mwp, self_contradiction)")
-    d.add_argument("--metric", choices=list(METRICS), default="iou", help="metric the artifact was optimised for")
+    d.add_argument("--metric", choices=list(METRICS), default=None,
+                   help="metric the artifact was optimised for (default: iou for --lang, f1 for --task)")
     d.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best one")
     d.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
     d.add_argument("--list", action="store_true", help="list the versions and exit")
@@ -108,6 +109,8 @@ def cmd_detect(args) -> int:
         usage_error(args, "give --lang LANG or --task TASK: artifacts are stored per language or task "
                           "(compiled/<program>/<lang or task>/<metric>/)")
     key = dataset.key(lang, task)
+    if args.metric is None:
+        args.metric = "f1" if task else "iou"
     args.program, key, why = default_program(args, key, lang=lang, task=task)
     if why:
         print(f"halluscope detect: {why}", file=sys.stderr)
@@ -121,7 +124,8 @@ def cmd_detect(args) -> int:
             score = "-" if v.score is None else f"{v.score:.4f}"
             zero = zero_shot_score(m)
             flags = "".join(f"  [{f}]" for f in (("BELOW ZERO-SHOT" if r.below_zero_shot else ""),
-                                                  ("UNTRACKED" if r.untracked else "")) if f)
+                                                  ("UNTRACKED" if r.untracked else ""),
+                                                  ("RETIRED" if r.retired else "")) if f)
             print(f"{v.name}{' *best*' if r.best else '       '}  "
                   f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  "
                   f"cv {args.metric}={score:<7} zero-shot={'-' if zero is None else f'{zero:.4f}':<7}  "
@@ -257,11 +261,17 @@ def default_program(args, key: str, *, lang: str | None, task: str | None) -> tu
     """``(program, artifact key, what was chosen and why)`` for ``halluscope detect``.
 
     An explicit ``--program`` is kept (``why`` is ""), except that ``grounded`` for a language without its own
-    artifact falls back to the cross-lingual one. Without ``--program``: ``grounded`` for a language (not a
-    HalluClean task) when the LM is the embedded default or another local GGUF (``--lm local...``), else
-    ``spans``."""
+    artifact falls back to the cross-lingual one. Without ``--program``: ``grounded`` for a language when the LM
+    is the embedded default or another local GGUF (``--lm local...``), and for a HalluClean task when a grounded
+    artifact was fitted for it (``optimize.py --program grounded --dataset halluclean --task qa --metric f1``,
+    issue #19), else ``spans``."""
     explicit = args.program is not None
     embedded = str(getattr(args, "lm", "local") or "local").startswith("local")
+    if args.metric is None:
+        args.metric = "f1" if task else "iou"
+    if not explicit and embedded and task and list_versions("grounded", key, args.metric, root=args.compiled_dir):
+        return "grounded", key, (f"program grounded (the default with the embedded model), its artifact fitted "
+                                 f"on {key!r} response labels (--program spans for the LM span detector)")
     program = args.program or ("grounded" if embedded and lang and not task else "spans")
     if program != "grounded" or not lang or task:
         return program, key, ""
