@@ -1,10 +1,8 @@
 """The hand-written case suite (tests/grounded_cases.py) against the committed artifacts (#19).
 
 Two views: the newest committed version of each language (what scripts/refit_committed.sh wrote with the #19
-signals), and what ``halluscope detect --lang xx`` serves (the best cross-validated version). Where the served
-version predates #19 (its feature list has none of the #19 signals, because it still outscores the refit on
-Mu-SHROOM cross-validation) the served-view case is an expected failure, saying so; it becomes a plain test as soon
-as a #19 version is served."""
+signals), and what ``halluscope detect --lang xx`` serves by default. The pre-#19 versions are retired (their
+RETIRED file says why), so the served one carries the #19 signals and must pass every case."""
 
 from __future__ import annotations
 
@@ -53,9 +51,7 @@ def test_newest_committed_artifact_on_hand_written_case(case):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_served_artifact_on_hand_written_case(case):
     det = loaded(case[1], newest=False)
-    if "al_verb" not in det.features:
-        pytest.xfail(f"the served grounded/{case[1]} artifact predates #19 (it outscores the #19 refit on Mu-SHROOM "
-                     f"CV, see BENCHMARKS.md #19)")
+    assert "al_verb" in det.features, f"the served grounded/{case[1]} artifact has no #19 signals"
     assert case_problems(det, case) == []
 
 
