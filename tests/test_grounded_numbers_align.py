@@ -210,7 +210,7 @@ def test_bad_evidence_has_a_defined_fallback_and_a_counted_note(context, note):
     det = get("grounded").make(align=True, encoder=False)
     pred = det(answer="Tokyo had 14 million people in 2020.", question="How many people live in Tokyo?",
                context=context, lang="en")
-    assert pred.failures.get(note) == 1
+    assert pred.notes.get(note) == 1 and note not in pred.failures  # a defined fallback: a note, not a failure
     assert len(pred.units) == 7 and all(np.isfinite(u["score"]) for u in pred.units)
     assert "signals used:" in pred.rationale
 
@@ -243,4 +243,5 @@ def test_encoder_missing_is_imputed_and_noted(monkeypatch):
     monkeypatch.setattr("halluscope.programs.grounded.detector.shared_encoder", lambda: Broken())
     det = get("grounded").make(encoder=True)
     p = det(answer="The tower is in Berlin.", context="The tower is in Paris.", lang="en")
-    assert p.failures.get("encoder_missing") == 1 and "align(lexical)" in p.rationale
+    assert p.notes.get("encoder_missing") == 1 and "encoder_missing" not in p.failures
+    assert "align(lexical)" in p.rationale

@@ -43,9 +43,10 @@ def parse_detectors(spec: str) -> list[str]:
     return names
 
 STATE_KEY = "grounded"
-#: what the features record when an optional input is simply absent: reported as the contract's ``notes``,
-#: not as failures (plain text without generator logits, an answer without context)
-NOTES = {"no_logits", "no_evidence"}
+#: what the features record when an optional input is absent or handled by a defined fallback: reported as the
+#: contract's ``notes``, not as failures (plain text without generator logits, an answer without context, evidence
+#: cut to its most related sentences or in another script than the answer, the sentence encoder not installed)
+NOTES = {"no_logits", "no_evidence", "evidence_truncated", "evidence_other_script", "encoder_missing"}
 
 
 def split_notes(counts: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:

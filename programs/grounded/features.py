@@ -143,7 +143,7 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
     each other detector's name to its spans on this answer (None when it failed); ``encoder`` the sentence
     encoder for ``al_sim`` (:class:`.align.Encoder`; None: lexical alignment and the note ``encoder_missing``).
 
-    Bad evidence has a defined fallback, counted in ``failures``: none (``no_evidence``: the support features are
+    Bad evidence has a defined fallback, counted in ``failures`` (the detector reports these as notes): none (``no_evidence``: the support features are
     0 and ``no_context`` 1), longer than :data:`MAX_EVIDENCE_CHARS` (``evidence_truncated``: its sentences most
     related to the answer are kept), in another script than the answer (``evidence_other_script``: word support
     from it is unusable, so the item is treated as having no evidence for words, while numbers and the
