@@ -101,7 +101,8 @@ def _series(r: dict) -> list[tuple[str, float | None, float | None]]:
     """``[(label, score, sd)]`` a row contributes to the grid (an optimize run gives compiled and zero-shot)."""
     demo = " DEMO" if str(r.get("source", "")).startswith("demo") else ""
     if r["kind"] == "optimize":
-        opt = str(r["optimizer"]).split("(", 1)[0].strip() or "?"
+        opt = str(r["optimizer"]).split("(", 1)[0].strip()
+        opt = opt if opt not in ("", "?", "-") else "unknown optimizer"
         return [(f"{r['program']} {opt} [{r['opt_metric']}] ({r['lm']}){demo}", r["score"], r["sd"]),
                 (f"{r['program']} zero-shot, CV ({r['lm']}){demo}", r["zero_shot"], r.get("zero_shot_sd"))]
     return [(f"{r['program']} ({r['lm']}){demo}", r["score"], None)]

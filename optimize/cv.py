@@ -36,6 +36,7 @@ from dspy.utils.callback import BaseCallback
 from halluscope import runner
 from halluscope.contract import Detection, describe_failed, failure_reason
 from halluscope.metrics.adapters import aggregate, get_metric
+from halluscope.optimize.optimizers import compile_gepa, compile_reanchor
 from halluscope.optimize.proposals import robust_proposals
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,10 @@ __all__ = [
     "failed_share_problem",
 ]
 
-OPTIMIZERS = ("mipro", "bootstrap", "fit")  # fit = the program's own ProgramSpec.fit hook
+OPTIMIZERS = ("mipro", "bootstrap", "gepa", "reanchor", "fit")  # fit = the program's own ProgramSpec.fit hook
+# A prompt optimizer followed by ReAnchor's calibration of the decisions: "mipro+reanchor", ...
+STAGED = tuple(f"{name}+reanchor" for name in ("mipro", "bootstrap", "gepa"))
+DECISION_PROBS = ("logprobs", "verbal")  # where ReAnchor's probabilities come from (halluscope.decisions)
 # Fields every example keeps for compiling and scoring (inputs + gold); the rest (logits, tokens, URLs) is
 # dropped so demos stored in the artifact stay small. Programs ask for more through ProgramSpec.extra_inputs.
 KEEP_FIELDS = ("id", "task", "lang", "question", "answer", "context", "hard_labels", "soft_labels",
@@ -83,7 +87,12 @@ class OptimizerConfig:
     program with a fit hook (see :func:`halluscope.optimize.run.optimizer_for`). ``then_fit`` (with
     ``mipro``/``bootstrap``): after the prompts are compiled, the program's fit hook fits its other parameters
     on the compiled module (MEDICO's ensemble). ``fit_with`` (with ``fit``): the optimizer handed to a fit hook
-    that compiles prompts itself (JointCQ's criteria-filtered claim-query stage)."""
+    that compiles prompts itself (JointCQ's criteria-filtered claim-query stage).
+
+    ``gepa`` is ``dspy.GEPA`` (budget: ``auto`` or ``max_metric_calls``; reflection LM = the prompt LM; the metric
+    gets its feedback twin from :mod:`halluscope.metrics.feedback`); ``reanchor`` is ``dspy.ReAnchor``
+    (calibrates the program's decision outputs; ``decision_probs`` says where their probabilities come from).
+    ``"mipro+reanchor"`` (also bootstrap, gepa) compiles the prompts first, then calibrates: ``reanchor=True``."""
 
     name: str | None = None
     auto: str | None = "light"
@@ -99,14 +108,37 @@ class OptimizerConfig:
     proposal_attempts: int = 3  # tries of each MIPROv2 instruction proposal before it counts as failed
     then_fit: bool = False
     fit_with: str | None = None
+    reanchor: bool = False  # ReAnchor after the prompt optimizer (``name="mipro+reanchor"`` sets it)
+    max_metric_calls: int | None = None  # GEPA's budget instead of auto
+    decision_probs: str = "logprobs"
     chosen: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.chosen = self.name is not None
         if self.name is None:
             self.name = "mipro"
+        if isinstance(self.name, str) and self.name in STAGED:
+            self.name, self.reanchor = self.name[: -len("+reanchor")], True
         if self.name not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+            import difflib
+
+            choices = [o for o in OPTIMIZERS if o != "fit"] + list(STAGED)
+            close = difflib.get_close_matches(str(self.name), choices, n=1)
+            raise ValueError(f"unknown optimizer {self.name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                             + f"; choose from: {', '.join(choices)}")
+        if self.reanchor and self.name not in ("mipro", "bootstrap", "gepa"):
+            raise ValueError(f"+reanchor follows a prompt optimizer (mipro, bootstrap, gepa), not {self.name!r}")
+        if self.max_metric_calls is not None:
+            if self.name != "gepa":
+                raise ValueError("max_metric_calls is GEPA's budget; it goes with the gepa optimizer")
+            if self.max_metric_calls < 1:
+                raise ValueError(f"max_metric_calls must be at least 1, not {self.max_metric_calls}: a budget of "
+                                 f"zero metric calls cannot evaluate even the starting program")
+            self.auto = None
+        elif self.name == "gepa" and self.auto is None and self.candidates is None:
+            raise ValueError("gepa needs a budget: auto (light, medium, heavy) or max_metric_calls")
+        if self.decision_probs not in DECISION_PROBS:
+            raise ValueError(f"decision_probs must be one of {', '.join(DECISION_PROBS)}, not {self.decision_probs!r}")
         if self.candidates is not None or self.trials is not None:
             if self.candidates is None or self.trials is None:
                 raise ValueError("--candidates and --trials go together (they replace --auto)")
@@ -115,6 +147,8 @@ class OptimizerConfig:
             raise ValueError(f"auto must be light, medium or heavy, not {self.auto!r}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be between 0 and 1, not {self.val_fraction}")
+        if self.name == "gepa" and self.candidates is not None:
+            raise ValueError("--candidates/--trials are MIPROv2 settings; GEPA's budget is auto or max_metric_calls")
         if self.then_fit and self.name == "fit":
             raise ValueError("then_fit goes with a prompt optimizer (mipro or bootstrap), not with 'fit'")
         if self.fit_with is not None and (self.name != "fit" or self.fit_with not in ("mipro", "bootstrap")):
@@ -124,26 +158,57 @@ class OptimizerConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("chosen")
+        if not self.reanchor:
+            d.pop("reanchor")
+        if self.name != "gepa":
+            d.pop("max_metric_calls")
+        if not self.uses_reanchor:
+            d.pop("decision_probs")
         if not self.then_fit:
             d.pop("then_fit")
         if self.fit_with is None:
             d.pop("fit_with")
-        if self.name in ("bootstrap", "fit"):  # settings MIPROv2 alone uses would only confuse the record
+        if self.name in ("bootstrap", "fit", "reanchor"):  # settings MIPROv2 alone uses would only confuse the record
             for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature", "proposal_attempts"):
                 d.pop(k)
-        if self.name == "fit":  # no demos either
+        if self.name == "gepa":
+            for k in ("candidates", "trials", "init_temperature", "max_bootstrapped_demos", "max_labeled_demos",
+                      "proposal_attempts"):
+                d.pop(k)
+        if self.name in ("fit", "reanchor"):  # no demos either
             for k in ("max_bootstrapped_demos", "max_labeled_demos"):
                 d.pop(k)
         return d
 
     @property
+    def uses_reanchor(self) -> bool:
+        return self.name == "reanchor" or self.reanchor
+
+    @property
     def label(self) -> str:
-        """Short name of what runs: ``mipro``, ``bootstrap``, ``fit``, ``bootstrap+fit``, ``fit(mipro)``."""
+        """Short name of what runs: ``mipro``, ``bootstrap``, ``fit``, ``bootstrap+fit``, ``fit(mipro)``,
+        ``mipro+reanchor``."""
         if self.name == "fit":
             return f"fit({self.fit_with})" if self.fit_with else "fit"
-        return f"{self.name}+fit" if self.then_fit else self.name
+        name = f"{self.name}+reanchor" if self.reanchor else self.name
+        return f"{name}+fit" if self.then_fit else name
 
     def describe(self) -> str:
+        if self.name == "reanchor":
+            desc = f"ReAnchor(decision probabilities from {self.decision_probs})"
+            return desc + (", then fit (the program's own fit hook, on the calibrated program)" if self.then_fit
+                           else "")
+        if self.name == "gepa":
+            budget = (f"max_metric_calls={self.max_metric_calls}" if self.max_metric_calls is not None
+                      else f"auto={self.auto}")
+            desc = f"GEPA({budget}, textual feedback from the metric, seed={self.seed})"
+        else:
+            desc = self._describe_prompt_optimizer()
+        if self.reanchor:
+            desc += f", then ReAnchor(decision probabilities from {self.decision_probs})"
+        return desc + (", then fit (the program's own fit hook, on the compiled program)" if self.then_fit else "")
+
+    def _describe_prompt_optimizer(self) -> str:
         if self.name == "fit":
             with_ = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot"}.get(self.fit_with or "")
             return "fit (the program's own fit hook" + (f", compiling with {with_})" if with_ else ")")
@@ -154,7 +219,7 @@ class OptimizerConfig:
             budget = f"auto={self.auto}" if self.auto else f"candidates={self.candidates}, trials={self.trials}"
             desc = (f"MIPROv2({budget}, max_bootstrapped_demos={self.max_bootstrapped_demos}, "
                     f"max_labeled_demos={self.max_labeled_demos}, seed={self.seed})")
-        return desc + (", then fit (the program's own fit hook, on the compiled program)" if self.then_fit else "")
+        return desc
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -235,13 +300,14 @@ def train_val_split(examples: Sequence[Any], val_fraction: float = 0.5, seed: in
 def min_compile_items(cfg: OptimizerConfig) -> int:
     """The fewest examples one compile can work with: MIPROv2 needs one to bootstrap demos from and one to
     validate on; BootstrapFewShot and a fit hook need one."""
-    return 2 if "mipro" in (cfg.name, cfg.fit_with) else 1
+    return 2 if "mipro" in (cfg.name, cfg.fit_with) or cfg.name == "gepa" else 1
 
 
 def check_fold_sizes(n: int, folds: int, cfg: OptimizerConfig) -> None:
     """Raise :class:`FoldSizeError` with the smallest workable setting when ``n`` items are too few."""
     need = min_compile_items(cfg)
-    opt = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot"}.get(cfg.name, "the fit hook")
+    opt = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot", "gepa": "GEPA", "reanchor": "ReAnchor"}.get(
+        cfg.name, "the fit hook")
     if cfg.fit_with == "mipro":
         opt = "the fit hook with MIPROv2"
     why = ("one training item to bootstrap demos from and one validation item to score candidates on"
@@ -366,6 +432,14 @@ def compile_program(
                 kwargs = {"optimizer": cfg.fit_with} if cfg.fit_with else {}
                 info.update(fit(student, trainset, metric_name, **kwargs) or {})
                 program = student
+            elif cfg.name == "reanchor":
+                program, more = compile_reanchor(student, trainset, metric, cfg, task_lm=task_lm)
+                info.update(n_train=len(trainset), n_val=0, **more)
+            elif cfg.name == "gepa":
+                train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
+                program, more = compile_gepa(student, train, val, metric, cfg, metric_name=metric_name,
+                                             task_lm=task_lm, prompt_lm=prompt_lm)
+                info.update(more)
             elif cfg.name == "bootstrap":
                 opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
                                             max_labeled_demos=cfg.max_labeled_demos,
@@ -393,6 +467,9 @@ def compile_program(
                 score = getattr(program, "score", None)
                 if isinstance(score, (int, float)):
                     info["val_score"] = float(score) / 100.0  # DSPy reports percent
+            if cfg.reanchor and program is not None:  # calibrate the compiled program's decisions
+                program, more = compile_reanchor(_strip_run_state(program), trainset, metric, cfg, task_lm=task_lm)
+                info.update(more)
             if cfg.then_fit and program is not None:  # the fit hook on the compiled program (its demos in use)
                 program = _strip_run_state(program)
                 info.update(fit(program, trainset, metric_name) or {})
@@ -437,7 +514,7 @@ def failed_share_problem(failed: int, total: int, max_share: float | None, what:
 def _strip_run_state(program: dspy.Module) -> dspy.Module:
     """Drop the optimizer's bookkeeping (trial logs with whole candidate programs) from the result."""
     for attr in ("trial_logs", "candidate_programs", "mb_candidate_programs", "prompt_model_total_calls",
-                 "total_calls"):
+                 "total_calls", "detailed_results"):
         if attr in program.__dict__:
             del program.__dict__[attr]
     return program

@@ -62,6 +62,8 @@ from halluscope.artifacts import git_commit, mark_tracked, write_artifact
 from halluscope.files import write_text_atomic
 from halluscope.lm import describe, history_since, usage_of
 from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
+from halluscope.decisions import LOGPROB_SETTING, with_logprob_decisions
+from halluscope.optimize.optimizers import DECISION_PROGRAMS, reanchor_problem
 from halluscope.optimize.tracking import metric_key, track_run
 from halluscope.programs.registry import get
 from halluscope.files import create_unique_dir
@@ -285,6 +287,9 @@ def optimizer_for(spec, cfg: OptimizerConfig, options: dict | None = None) -> Op
         return cfg
     needs_lm = spec.needs_lm(options) if hasattr(spec, "needs_lm") else getattr(spec, "uses_lm", True)
     if cfg.chosen and cfg.name != "fit" and needs_lm:
+        if _takes_optimizer(fit) and (cfg.name not in ("mipro", "bootstrap") or cfg.reanchor):
+            raise ValueError(f"program {spec.name!r} compiles its prompts in its own fit hook, with mipro or bootstrap "
+                             f"only; --optimizer {cfg.label} is not supported for it")
         if _takes_optimizer(fit):
             return OptimizerConfig(name="fit", auto=None, max_bootstrapped_demos=0, max_labeled_demos=0,
                                    val_fraction=cfg.val_fraction, seed=cfg.seed, threads=cfg.threads,
@@ -349,6 +354,11 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
     if not uses_lm and fit is None:
         raise ValueError(f"program {spec.name!r} uses no LM and has no fit hook: there is nothing to optimise")
     cfg = optimizer_for(spec, config.optimizer, options)
+    if cfg.uses_reanchor:  # type the decision outputs ReAnchor calibrates (a build option of the program)
+        option = DECISION_PROGRAMS.get(spec.name)
+        if option and not options.get(option):
+            options = {**options, option: True}
+            log(f"{spec.name}: -O {option}=true (its verdict is a Boolean decision output ReAnchor calibrates)")
     if config.folds < 1:
         raise ValueError(f"folds must be at least 1, not {config.folds}")
     if not 0.0 <= config.max_failed_share <= 1.0:
@@ -366,6 +376,10 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
         task_lm = task_lm or dspy.settings.lm
         if task_lm is None:
             raise ValueError(f"program {spec.name!r} uses an LM: pass task_lm or configure one (halluscope.configure)")
+        if cfg.uses_reanchor:
+            problem = reanchor_problem(spec.build(**options), spec.name, task_lm, cfg.decision_probs)
+            if problem:
+                raise ValueError(f"--optimizer {cfg.label}: {problem}")
         prompt_lm = prompt_lm or task_lm
         adapter = dspy.settings.adapter
         task_rec = _lm_record(task_lm, config.task_lm_info,
@@ -559,11 +573,50 @@ def _track_children(run: OptimizeRun, parent: str, params: dict) -> list[str]:
     if res.final is not None:
         info = res.final_info
         metrics = {k: v for k, v in info.items() if isinstance(v, (int, float))}
+        more, step, files = optimizer_tracking(info, run.report_dir)
+        metrics.update(more)
         ids.append(track_run("optimize.final", program=run.spec.name, lang=c.lang,
                              params={**common, "n_train": len(run.examples)}, metrics=metrics,
                              tracking_uri=c.tracking_uri, parent_run_id=parent, datasets=_datasets(run)[:1],
-                             run_name="final compile", tags={"halluscope.metric": c.metric}))
+                             run_name="final compile", tags={"halluscope.metric": c.metric},
+                             step_metrics=step, artifacts=files))
     return ids
+
+
+def optimizer_tracking(info: dict, folder: Path) -> tuple[dict, dict, list]:
+    """``(metrics, step_metrics, files)`` an optimizer's own record adds to a compile's MLflow run:
+
+    * GEPA: ``gepa/candidates``, ``gepa/chosen``, ``gepa/chosen_val_score``, ``gepa/pareto_size``,
+      ``gepa/total_metric_calls``, the step metric ``gepa/candidate_val_score`` (step = candidate index) and
+      ``gepa_candidates.json`` (every candidate's instructions, parents, validation score; the Pareto set; the
+      chosen one);
+    * ReAnchor: ``reanchor/train_score_before``, ``reanchor/train_score`` and each fitted threshold (a Boolean
+      output's cut point) as ``reanchor/<predictor>.<field>.threshold``, and ``reanchor.json`` (its report)."""
+    metrics: dict = {}
+    step: dict = {}
+    files: list = []
+    gepa = info.get("gepa")
+    if gepa:
+        cands = gepa.get("candidates") or []
+        chosen = gepa.get("chosen")
+        metrics.update({"gepa/candidates": len(cands), "gepa/chosen": chosen,
+                        "gepa/pareto_size": len(gepa.get("pareto") or []),
+                        "gepa/total_metric_calls": gepa.get("total_metric_calls")})
+        if chosen is not None and chosen < len(cands):
+            metrics["gepa/chosen_val_score"] = cands[chosen]["val_score"]
+        step["gepa/candidate_val_score"] = [(c["index"], c["val_score"]) for c in cands]
+        files.append(write_text_atomic(folder / "gepa_candidates.json",
+                                       json.dumps(redact_obj(gepa), indent=2, ensure_ascii=False)))
+    ra = info.get("reanchor")
+    if ra:
+        for k in ("train_score_before", "train_score"):
+            if isinstance(ra.get(k), (int, float)):
+                metrics[f"reanchor/{k}"] = ra[k]
+        for row in ra.get("fitted") or []:
+            if isinstance(row.get("value"), (int, float)):
+                metrics[f"reanchor/{row['predictor']}.{row['field']}.{row['parameter']}"] = row["value"]
+        files.append(write_text_atomic(folder / "reanchor.json", json.dumps(ra, indent=2, default=str)))
+    return {k: v for k, v in metrics.items() if v is not None}, step, files
 
 
 def stage_track(run: OptimizeRun) -> None:
@@ -598,6 +651,8 @@ def stage_track(run: OptimizeRun) -> None:
         "optimizer_desc": cfg.describe(), "auto": cfg.auto, "candidates": cfg.candidates, "trials": cfg.trials,
         "max_bootstrapped_demos": cfg.max_bootstrapped_demos, "max_labeled_demos": cfg.max_labeled_demos,
         "val_fraction": cfg.val_fraction, "max_failed_share": c.max_failed_share,
+        "max_metric_calls": cfg.max_metric_calls,
+        "decision_probs": cfg.decision_probs if cfg.uses_reanchor else None,
         "lm": run.task_lm.model if run.task_lm is not None else None,
         "task_lm": json.dumps(run.task_rec), "prompt_lm": json.dumps(run.prompt_rec),
         "options": json.dumps(run.options, sort_keys=True),
@@ -654,7 +709,10 @@ def run_optimize(
         on_stage("prepare", res)
     status, error = FINISHED, None
     # the meter sees every LM call of the compiles (it tells the program's calls from the optimizer's)
-    with dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), run.meter]):
+    # decision outputs (calibrated by ReAnchor) read their probabilities from the backend's log-probabilities
+    with dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), run.meter],
+                      adapter=with_logprob_decisions(dspy.settings.adapter),
+                      **{LOGPROB_SETTING: run.cfg.decision_probs}):
         try:
             if config.folds >= 2:
                 step("cross_validate", stage_cross_validate)
@@ -667,7 +725,9 @@ def run_optimize(
             status, error = KILLED, "interrupted"
     res.status, res.error = status, error
     if res.final is not None and run.test_examples is not None:
-        step("score_test", stage_score_test)
+        with dspy.context(adapter=with_logprob_decisions(dspy.settings.adapter),
+                          **{LOGPROB_SETTING: run.cfg.decision_probs}):
+            step("score_test", stage_score_test)
     _collect_usage(run)
     if res.status == FINISHED and res.final is not None:
         step("build_manifest", stage_build_manifest)

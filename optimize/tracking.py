@@ -424,8 +424,9 @@ def log_datasets(client, run_id: str, datasets: Sequence[Mapping[str, Any]]) -> 
 
 
 def _short_lm(model: str | None) -> str:
-    if not model or model == "None":
-        return "-"
+    """The LM's short name for tables and legends; a run without one says so in words ("no LM")."""
+    if not model or str(model).strip().lower() in ("none", "-"):
+        return "no LM"
     try:  # optimize logs a JSON description
         d = json.loads(model)
         if isinstance(d, dict):
@@ -600,4 +601,4 @@ def plot_scores(rows: list[dict], metric: str, path: str | os.PathLike) -> Path 
 
 
 def _opt_name(desc: str) -> str:
-    return desc.split("(", 1)[0] if desc else "?"
+    return desc.split("(", 1)[0] if desc and desc not in ("?", "-") else "unknown optimizer"

@@ -50,13 +50,14 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.contract import Detection, to_prediction
+from halluscope.decisions import decision_evidence, noul_probability
 from halluscope.tasks import task_key
 from halluscope.text import diff_spans
 from halluscope.lm import make_lm
 from halluscope.metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
 from halluscope.programs.registry import ProgramSpec, free, get, register, text
 from halluscope.signatures.halluclean import DirectAsk as DirectAskSig
-from halluscope.signatures.halluclean import Judge, Plan, Reason, Revise, parse_verdict
+from halluscope.signatures.halluclean import DirectAskDecision, Judge, JudgeDecision, Plan, Reason, Revise, parse_verdict
 
 __all__ = [
     "TaskRoute",
@@ -176,12 +177,13 @@ def _predict(sig, max_tokens: dict | None, stage: str) -> dspy.Predict:
     return dspy.Predict(sig, max_tokens=budget) if budget else dspy.Predict(sig)
 
 
-def _verdict_outcome(raw) -> tuple[bool, float, bool]:
-    """(label, score, decided) of a raw verdict."""
+def _verdict_outcome(raw, probability: float | None = None) -> tuple[bool, float, bool]:
+    """(label, score, decided) of a raw verdict; ``probability`` (P(Yes) of a calibrated decision output) is the
+    score when given."""
     v = parse_verdict(raw)
     if v is None:
         return False, 0.5, False
-    return v, (1.0 if v else 0.0), True
+    return v, (float(probability) if probability is not None else (1.0 if v else 0.0)), True
 
 
 class HalluClean(dspy.Module):
@@ -196,15 +198,18 @@ class HalluClean(dspy.Module):
         revise: revise answers judged hallucinated (off: detection only, no revision calls).
         max_tokens: per-stage output budgets, e.g. {"reason": 512}, merged over DEFAULT_MAX_TOKENS
             (plan 128, reason 256, judge 16, revise 256); None = those defaults.
+        decisions: the judge's verdict is a Boolean decision output (``JudgeDecision``) that ``dspy.ReAnchor``
+            calibrates; once calibrated, the score is P(Yes) read from the backend's token probabilities.
     """
 
-    def __init__(self, task: str | None = None, revise: bool = True, max_tokens: dict | None = None):
+    def __init__(self, task: str | None = None, revise: bool = True, max_tokens: dict | None = None,
+                 decisions: bool = False):
         super().__init__()
         self.task = _check_task_option(task)
         self.do_revise = bool(revise)
         self.plan = _predict(Plan, max_tokens, "plan")
         self.reason = _predict(Reason, max_tokens, "reason")
-        self.judge = _predict(Judge, max_tokens, "judge")
+        self.judge = _predict(JudgeDecision if decisions else Judge, max_tokens, "judge")
         self.revise = _predict(Revise, max_tokens, "revise")
 
     def _stage(self, predictor, field: str, failures: dict, **kwargs) -> str | None:
@@ -214,7 +219,7 @@ class HalluClean(dspy.Module):
             failures["parse"] = failures.get("parse", 0) + 1
             return None
         value = getattr(out, field, None)
-        return "" if value is None else str(value)
+        return "" if value is None else value if isinstance(value, bool) else str(value)
 
     def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "",
                 task: str | None = None, **_):
@@ -225,8 +230,9 @@ class HalluClean(dspy.Module):
 
         plan = self._stage(self.plan, "plan", failures, **shared) or ""
         analysis = self._stage(self.reason, "analysis", failures, **shared, plan=plan) or ""
-        raw = self._stage(self.judge, "verdict", failures, **shared, analysis=analysis)
-        label, score, decided = _verdict_outcome(raw)
+        with decision_evidence() as evidence:
+            raw = self._stage(self.judge, "verdict", failures, **shared, analysis=analysis)
+        label, score, decided = _verdict_outcome(raw, noul_probability(evidence, self.judge, "verdict"))
         if raw is not None and not decided:
             failures["verdict"] = 1
 
@@ -261,26 +267,30 @@ class DirectAsk(dspy.Module):
         routing: route by task (the HalluClean ablation) instead of the generic prompt.
         task: the task route for every case with ``routing``; None = each example's own task.
         max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
+        decisions: the verdict is a Boolean decision output (``DirectAskDecision``) that ``dspy.ReAnchor``
+            calibrates; once calibrated, the score is P(Yes) read from the backend's token probabilities.
     """
 
-    def __init__(self, routing: bool = False, task: str | None = None, max_tokens: dict | None = None):
+    def __init__(self, routing: bool = False, task: str | None = None, max_tokens: dict | None = None,
+                 decisions: bool = False):
         super().__init__()
         self.routing = bool(routing)
         self.task = _check_task_option(task)
-        self.ask = _predict(DirectAskSig, max_tokens, "judge")
+        self.ask = _predict(DirectAskDecision if decisions else DirectAskSig, max_tokens, "judge")
 
     def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "",
                 task: str | None = None, **_):
         answer = answer or ""
         route = resolve_task(self.task, task) if self.routing else TASKS["generic"]
         failures: dict[str, int] = {}
-        try:
-            raw = self.ask(**route_inputs(route, question, answer, context)).verdict
-            raw = "" if raw is None else str(raw)
-        except AdapterParseError:
-            raw = None
-            failures["parse"] = 1
-        label, score, decided = _verdict_outcome(raw)
+        with decision_evidence() as evidence:
+            try:
+                raw = self.ask(**route_inputs(route, question, answer, context)).verdict
+                raw = "" if raw is None else raw if isinstance(raw, bool) else str(raw)
+            except AdapterParseError:
+                raw = None
+                failures["parse"] = 1
+        label, score, decided = _verdict_outcome(raw, noul_probability(evidence, self.ask, "verdict"))
         if raw is not None and not decided:
             failures["verdict"] = 1
         det = Detection(answer=answer, label=label, score=score, failures=failures)
@@ -352,23 +362,26 @@ def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=No
     return out
 
 
-def build_direct(max_tokens: dict | None = None) -> DirectAsk:
+def build_direct(max_tokens: dict | None = None, decisions: bool = False) -> DirectAsk:
     """The direct-ask baseline: :class:`DirectAsk` without task routing.
 
     Args:
         max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
+        decisions: a Boolean decision output that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
     """
-    return DirectAsk(routing=False, max_tokens=max_tokens)
+    return DirectAsk(routing=False, max_tokens=max_tokens, decisions=decisions)
 
 
-def build_direct_routing(task: str | None = None, max_tokens: dict | None = None) -> DirectAsk:
+def build_direct_routing(task: str | None = None, max_tokens: dict | None = None,
+                         decisions: bool = False) -> DirectAsk:
     """Direct ask + task routing: :class:`DirectAsk` with ``routing=True``.
 
     Args:
         task: the task route for every case; None = each example's own task.
         max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
+        decisions: a Boolean decision output that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
     """
-    return DirectAsk(routing=True, task=task, max_tokens=max_tokens)
+    return DirectAsk(routing=True, task=task, max_tokens=max_tokens, decisions=decisions)
 
 
 def _task_problem(task, options) -> str | None:

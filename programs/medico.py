@@ -411,4 +411,8 @@ register(ProgramSpec(
                   "max_rounds": whole(1), "delta": number(0, 1), "tau": number(0, lo_open=True),
                   "files_max_mb": number(0, lo_open=True), "max_evidence_chars": whole(1),
                   "retry_temperature": number(0, 2)},
+    # where evidence comes from and how much of it; `search` (an endpoint) and the reranker/fusion/correction
+    # choices stay as compiled
+    load_options=("sources", "kb", "files", "kg", "k", "top_l", "rerank_pool", "files_max_mb",
+                  "max_evidence_chars", "search_timeout"),
 ))

@@ -329,6 +329,10 @@ class ProgramSpec:
     # The type and range of each option: {option: OptionType}, see flag/whole/number/text/free. An undeclared
     # option gets its type, without a range, from its default; declare every number, None and list option.
     option_types: dict[str, OptionType] = field(default_factory=dict)
+    # Options a user may change when a compiled artifact is loaded (``detect -O``, ``serve -O``,
+    # ``load_compiled(options=...)``): those that say where evidence comes from or how much of it (a knowledge
+    # base, files, retriever settings) and leave the compiled state valid. Every other option is refused by name.
+    load_options: tuple[str, ...] = ()
 
     def needs_lm(self, options: dict | None = None) -> bool:
         """Whether a module built with ``options`` calls the configured DSPy LM."""

@@ -7,6 +7,7 @@ not fitted on.
   python scripts/bench_grounded.py xling     [...]          # trained on 9 languages, scored on the 10th
   python scripts/bench_grounded.py halluclean [--hc-dir ../shared/data/halluclean] [--limit N]
   python scripts/bench_grounded.py speed     [...]
+  python scripts/bench_grounded.py response  [--hc-dir ...] [--lang en] [--version N]   # issue #19: response level
 
 ``cv``: per language, k seeded folds (averaged over ``--seeds``, default 0 1 2): fit on k-1 folds (``fit_grounded``, metric iou), predict the held-out
 fold; IoU / Corr / MaxIoU are the official item scores averaged over all items of the language, beside ``mark-all``
@@ -75,12 +76,22 @@ def baseline(name: str, examples) -> dict:
     return score(examples, [prog(**inputs_of(ex)) for ex in examples])
 
 
+#: item features shared by every fit of a run (only the IDF columns depend on the fold: they are recomputed)
+FEATURE_CACHE: dict = {}
+
+
+def make(opts: dict) -> GroundedDetector:
+    module = GroundedDetector(**opts)
+    module.feature_cache = FEATURE_CACHE
+    return module
+
+
 def cv_predict(examples, opts: dict, k: int, metric: str, seed: int = 0, fit_log: list | None = None) -> list:
     preds = [None] * len(examples)
     for fold in folds_of(len(examples), k, seed):
         held = set(fold)
         train = [ex for i, ex in enumerate(examples) if i not in held]
-        module = GroundedDetector(**opts)
+        module = make(opts)
         t = time.perf_counter()
         info = fit_grounded(module, train, metric)
         if fit_log is not None:
@@ -153,20 +164,41 @@ def cmd_ablation(args):
         "support + idf": {"support": True, "idf": True, "genlogits": False, "lm": False},
         "all no-LM (support + idf + genlogits)": {"support": True, "idf": True, "genlogits": True, "lm": False},
     }
+    if args.set == "19":  # the signals of issue 19 on top of issue 9's default (support + idf + genlogits)
+        off = {"numbers": False, "align": False, "encoder": False, "rules": False}
+        configs = {
+            "issue 9 default (support + idf + genlogits)": dict(off),
+            "+ numbers": {**off, "numbers": True},
+            "+ numbers + align (lexical)": {**off, "numbers": True, "align": True},
+            "+ numbers + align (lexical) + rules": {**off, "numbers": True, "align": True, "rules": True},
+            "+ numbers + align + encoder": {**off, "numbers": True, "align": True, "encoder": True},
+            "+ numbers + align + encoder + rules (the default)": {"numbers": True, "align": True, "encoder": True,
+                                                                  "rules": True},
+        }
+        if args.only:
+            configs = {k: v for k, v in configs.items() if any(o in k for o in args.only)}
+    if args.set == "combiner":  # issue 19: the unit combiner, same features and folds
+        configs = {"logistic regression (combiner=logreg)": {"combiner": "logreg"},
+                   "gradient-boosted trees (combiner=trees)": {"combiner": "trees"}}
     if base.get("lm"):
         configs["lm only"] = {"support": False, "idf": False, "genlogits": False, "lm": True}
         configs["all + lm"] = {"support": True, "idf": True, "genlogits": True, "lm": True}
     data = {lang: load(args, lang) for lang in args.langs}
     print(f"\nAblation: {args.folds}-fold CV per language, mean over {len(args.langs)} languages ({', '.join(args.langs)})\n")
-    print("| signals | mean IoU | mean Corr | mean MaxIoU | languages above mark-all |")
-    print("|---|---|---|---|---|")
+    print(f"fold seeds {args.seeds}\n")
+    print("| signals | mean IoU | mean Corr | mean MaxIoU | languages above mark-all | IoU/Corr per language |")
+    print("|---|---|---|---|---|---|")
     ma = {lang: baseline("mark-all", exs) for lang, exs in data.items()}
     for name, cfg in configs.items():
         opts = {**base, **cfg}
-        per = {lang: score(exs, cv_predict(exs, opts, args.folds, args.metric)) for lang, exs in data.items()}
+        per = {}
+        for lang, exs in data.items():
+            seeds = [score(exs, cv_predict(exs, opts, args.folds, args.metric, seed=sd)) for sd in args.seeds]
+            per[lang] = {k: float(np.mean([x[k] for x in seeds])) for k in ("iou", "corr", "maxiou")}
         m = {k: np.mean([s[k] for s in per.values()]) for k in ("iou", "corr", "maxiou")}
         above = sum(per[lang]["iou"] > ma[lang]["iou"] for lang in data)
-        print(f"| {name} | {m['iou']:.3f} | {m['corr']:.3f} | {m['maxiou']:.3f} | {above}/{len(data)} |", flush=True)
+        print(f"| {name} | {m['iou']:.3f} | {m['corr']:.3f} | {m['maxiou']:.3f} | {above}/{len(data)} | "
+              + " ".join(f"{lang} {per[lang]['iou']:.3f}/{per[lang]['corr']:.3f}" for lang in data) + " |", flush=True)
 
 
 def cmd_xling(args):
@@ -178,7 +210,7 @@ def cmd_xling(args):
     allg, allm = [], []
     for lang, exs in data.items():
         train = [ex for l2, e2 in data.items() if l2 != lang for ex in e2]
-        module = GroundedDetector(**opts)
+        module = make(opts)
         info = fit_grounded(module, train, args.metric)
         g = score(exs, [module(**inputs_of(ex)) for ex in exs])
         ma = baseline("mark-all", exs)
@@ -257,6 +289,92 @@ def cmd_halluclean(args):
                   f"{_auc(y, sc):.3f} | {paper[task]} |", flush=True)
 
 
+PAPER_F1 = {"qa": 71.5, "dialogue": 77.1, "summarization": 65.9}  # HalluClean paper, best F1 per task
+
+
+def cmd_response(args):
+    """Issue #19: the response-level decision on the HalluClean dev sets (QA, dialogue, summarization), with the
+    unit part of the committed ``grounded/<--lang>/iou`` artifact (what ``detect --lang en`` loads) fixed.
+
+    Rows: the label as it was before #19 (any unit above the unit threshold), the content-unit rule (no head),
+    and response heads by *nested* CV (5 folds grouped by item, so an answer and its twin are always held out
+    together; each training part chooses its own threshold on its own inner folds), per task and pooled over
+    the three tasks (the default artifact's head), averaged over the fold seeds. FPR = correct answers labelled
+    hallucinated, TPR = hallucinated answers caught, pair = the hallucinated answer scored above the correct
+    one of the same item."""
+    from halluscope.artifacts import load_compiled
+    from halluscope.loaders.halluclean import load_halluclean
+    from halluscope.programs.grounded.detector import response_rows
+    from halluscope.programs.grounded.response import RESPONSE_BASE, auc, binary_scores, cv_head, pair_ranking
+
+    det = load_compiled("grounded", lang=args.lang, metric="iou", version=args.version)
+    module = det.program
+    if module.head is not None:
+        module.head = None  # the unit part only: every head below is fitted here by CV
+    print(f"\nHalluClean dev, response level; unit part: {det.path} ({module.combiner.kind}, features "
+          f"{len(module.features)}); heads by nested {args.folds}-fold CV grouped by item, fold seeds {args.seeds}\n")
+    tasks = ("qa", "dialogue", "summarization")
+    data, t0 = {}, time.perf_counter()
+    for task in tasks:
+        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
+        X, y, g, _ = response_rows(module, exs)
+        P = np.array([[float(r[list(RESPONSE_BASE).index("p_max")]), float(r[list(RESPONSE_BASE).index("p_content_max")])]
+                      for r in X])
+        data[task] = (X, y, g, P)
+    feats = module.response_features
+    if args.drop_features:  # an ablation: the heads without these response features (e.g. the answer's length)
+        keep = [j for j, f in enumerate(feats) if f not in set(args.drop_features)]
+        data = {t: (X[:, keep], y, g, P) for t, (X, y, g, P) in data.items()}
+        feats = [feats[j] for j in keep]
+        print(f"heads without {args.drop_features}\n")
+    n_items = sum(len(v[1]) for v in data.values())
+    print(f"(features of {n_items} answers in {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    print("| decision | task | FPR (correct flagged) | TPR (hallucinated caught) | F1 | AUC | pair ranking | paper F1 |")
+    print("|---|---|---|---|---|---|---|---|")
+
+    def row(name, task, y, g, scores, labels):
+        b = binary_scores(y, labels)
+        print(f"| {name} | {task} | {100 * b['fpr']:.0f}% | {100 * b['tpr']:.0f}% | {100 * b['f1']:.1f} | "
+              f"{auc(y, scores):.3f} | {100 * pair_ranking(g, y, scores):.0f}% | {PAPER_F1[task]} |", flush=True)
+
+    t = module.threshold
+    for task, (X, y, g, P) in data.items():
+        row("before #19: any unit above the unit threshold", task, y, g, P[:, 0], P[:, 0] > t)
+    for task, (X, y, g, P) in data.items():
+        row("content-unit rule (no head)", task, y, g, P[:, 1], P[:, 1] > t)
+
+    def mean_over_seeds(X, y, g, kind, metric):
+        runs = [cv_head(X, y, g, feats, kind=kind, l2=args.head_l2, metric=metric, folds=args.folds, seed=sd)
+                for sd in args.seeds]
+        return runs
+
+    def row_seeds(name, task, y, g, runs, idx=None):
+        idx = np.arange(len(y)) if idx is None else idx
+        bs = [binary_scores(y[idx], lab[idx]) for _, lab in runs]
+        m = {k: float(np.mean([b[k] for b in bs])) for k in bs[0]}
+        a = float(np.mean([auc(y[idx], p[idx]) for p, _ in runs]))
+        gg = [g[i] for i in idx]
+        pr = float(np.mean([pair_ranking(gg, y[idx], p[idx]) for p, _ in runs]))
+        print(f"| {name} | {task} | {100 * m['fpr']:.0f}% | {100 * m['tpr']:.0f}% | {100 * m['f1']:.1f} | {a:.3f} | "
+              f"{100 * pr:.0f}% | {PAPER_F1[task]} |", flush=True)
+
+    for kind, metric in (("logreg", "f1"), ("logreg", "balanced_accuracy"), ("trees", "f1")):
+        if kind not in args.head_kinds or args.skip_per_task:
+            continue
+        for task, (X, y, g, P) in data.items():
+            row_seeds(f"per-task head ({kind}, threshold for {metric})", task, y, g,
+                      mean_over_seeds(X, y, g, kind, metric))
+    Xa = np.vstack([data[t][0] for t in tasks])
+    ya = np.concatenate([data[t][1] for t in tasks])
+    ga = [f"{t}:{k}" for t in tasks for k in data[t][2]]
+    offs = np.cumsum([0] + [len(data[t][1]) for t in tasks])
+    for kind in ([] if args.skip_pooled else args.head_kinds):
+        runs = mean_over_seeds(Xa, ya, ga, kind, "balanced_accuracy")
+        for i, task in enumerate(tasks):
+            row_seeds(f"pooled head ({kind}, threshold for balanced accuracy)", task, ya, ga, runs,
+                      np.arange(offs[i], offs[i + 1]))
+
+
 def cmd_speed(args):
     """Per language: the time to fit on all items (the compiled artifact's fit) and to predict them all. With
     ``-O lm=true`` also the LM scorer alone: model loading (once), then per item (cache misses only: pass
@@ -307,7 +425,7 @@ def cmd_speed(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["cv", "ablation", "xling", "halluclean", "speed"])
+    ap.add_argument("command", choices=["cv", "ablation", "xling", "halluclean", "speed", "response"])
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "mushroom"))
     ap.add_argument("--hc-dir", default=str(ROOT.parent / "shared" / "data" / "halluclean"))
     ap.add_argument("--context", default="native", choices=["native", "translated-en", "none", "native+translated-en"])
@@ -315,12 +433,24 @@ def main(argv=None):
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fold-assignment seeds (cv)")
     ap.add_argument("--metric", default="iou")
+    ap.add_argument("--only", nargs="*", default=None, help="ablation: only the rows whose name contains one of these")
+    ap.add_argument("--set", default="9", choices=["9", "19", "combiner"],
+                    help="ablation: issue 9's signals, issue 19's, or the unit combiner (logreg vs trees)")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("-O", action="append", default=[], help="build option name=value (JSON value)")
+    ap.add_argument("--lang", default="en", help="response: the grounded/<lang>/iou artifact whose unit part is used")
+    ap.add_argument("--version", default=None, help="response: pin that artifact's version (default: the best)")
+    ap.add_argument("--head-l2", type=float, default=10.0, help="response: the heads' L2 penalty")
+    ap.add_argument("--head-kinds", nargs="+", default=["logreg", "trees"], choices=["logreg", "trees"],
+                    help="response: the head models compared")
+    ap.add_argument("--drop-features", nargs="*", default=[], help="response: head features left out (ablation)")
+    ap.add_argument("--skip-per-task", action="store_true", help="response: only the rules and the pooled heads")
+    ap.add_argument("--skip-pooled", action="store_true", help="response: no pooled heads")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     {"cv": cmd_cv, "ablation": cmd_ablation, "xling": cmd_xling,
-     "halluclean": lambda a: cmd_halluclean(a), "speed": lambda a: cmd_speed(a)}[args.command](args)
+     "halluclean": lambda a: cmd_halluclean(a), "speed": lambda a: cmd_speed(a),
+     "response": cmd_response}[args.command](args)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\nwall {time.perf_counter() - t:.1f} s, peak RSS {rss:.0f} MB", file=sys.stderr)
 

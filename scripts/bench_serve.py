@@ -1,6 +1,8 @@
 """Throughput, latency, start-up time and memory of ``halluscope serve`` on 127.0.0.1.
 
     python scripts/bench_serve.py                       # no-LM program (mark-all) at concurrency 1, 8, 32
+    python scripts/bench_serve.py --no-lm --grounded-workers 1,2 --levels 1,8,32,128 --requests 2000
+                                                        # grounded/de (no LM scorer) on 1 and 2 server processes
     python scripts/bench_serve.py --embedded --data-dir ../shared/data/mushroom
                                                         # + the committed spans/de artifact on the embedded model
                                                         #   at concurrency 1 and 4 (distinct answers, fresh cache)
@@ -70,6 +72,40 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 async def load(base: str, bodies: list[dict], concurrency: int, timeout: float) -> dict:
+    """``bodies`` posted to ``/v1/detect``, at most ``concurrency`` in flight. With aiohttp (installed with
+    litellm) as the client: httpx's connection pool costs more CPU than the server at high concurrency (with
+    httpx, 2 server processes measured 60-90 req/s at 32-128 clients where aiohttp measured 700)."""
+    try:
+        import aiohttp
+    except ImportError:
+        return await load_httpx(base, bodies, concurrency, timeout)
+    sem = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+
+        async def one(body):
+            async with sem:
+                t = time.perf_counter()
+                try:
+                    async with session.post(base + "/v1/detect", json=body) as r:
+                        await r.read()
+                        key = None if r.status == 200 else str(r.status)
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    key = type(e).__name__
+                if key is None:
+                    latencies.append(time.perf_counter() - t)
+                else:
+                    errors[key] = errors.get(key, 0) + 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(b) for b in bodies))
+        wall = time.perf_counter() - t0
+    return summarise(latencies, errors, len(bodies), concurrency, wall, client="aiohttp")
+
+
+async def load_httpx(base: str, bodies: list[dict], concurrency: int, timeout: float) -> dict:
     sem = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -93,8 +129,12 @@ async def load(base: str, bodies: list[dict], concurrency: int, timeout: float) 
         t0 = time.perf_counter()
         await asyncio.gather(*(one(client, b) for b in bodies))
         wall = time.perf_counter() - t0
+    return summarise(latencies, errors, len(bodies), concurrency, wall, client="httpx")
+
+
+def summarise(latencies: list[float], errors: dict, n: int, concurrency: int, wall: float, client: str) -> dict:
     q = statistics.quantiles(latencies, n=20, method="inclusive") if len(latencies) >= 2 else latencies * 19
-    return {"concurrency": concurrency, "requests": len(bodies), "ok": len(latencies), "errors": errors,
+    return {"concurrency": concurrency, "requests": n, "ok": len(latencies), "errors": errors, "client": client,
             "wall_s": round(wall, 3), "req_per_s": round(len(latencies) / wall, 2),
             "p50_ms": round(statistics.median(latencies) * 1000, 1) if latencies else None,
             "p95_ms": round(q[18] * 1000, 1) if latencies else None}
@@ -117,6 +157,25 @@ def bench_no_lm(env: dict, compiled: Path, requests: int, levels: list[int]) -> 
             bodies = [{"answer": answer, "question": f"q{i}"} for i in range(requests)]
             out["levels"].append(asyncio.run(load(base, bodies, c, 60)))
         out["rss_mb_after"] = round(rss_mb(proc.pid), 1)
+        return out
+    finally:
+        stop(proc)
+
+
+def bench_grounded(env: dict, requests: int, levels: list[int], workers: int) -> dict:
+    """The committed grounded/de artifact without an LM scorer (CPU-bound, no LM) on ``workers`` processes."""
+    proc, base, startup, health = start_server(["--program", "grounded", "--lang", "de", "--compiled-dir",
+                                                str(ROOT / "compiled"), "--workers", str(workers)], env)
+    try:
+        out = {"program": f"grounded/de (no LM scorer), {workers} worker{'s' if workers > 1 else ''}",
+               "workers": workers, "startup_s": round(startup, 2), "levels": []}
+        answer = "Die Hauptstadt von Frankreich ist Lyon, und sie hat 12 Millionen Einwohner."
+        context = "Die Hauptstadt von Frankreich ist Paris. Paris hat etwa 2 Millionen Einwohner."
+        asyncio.run(load(base, [{"answer": answer, "context": context}] * 200, 8, 30))  # warm-up (every worker)
+        for c in levels:
+            bodies = [{"answer": answer, "question": f"q{i}", "context": context} for i in range(requests)]
+            out["levels"].append(asyncio.run(load(base, bodies, c, 60)))
+            print(json.dumps({"workers": workers, **out["levels"][-1]}), file=sys.stderr, flush=True)
         return out
     finally:
         stop(proc)
@@ -153,6 +212,9 @@ def main() -> int:
     p.add_argument("--embedded", action="store_true", help="also the embedded model at concurrency 1 and 4")
     p.add_argument("--embedded-requests", default="3,4", help="requests at concurrency 1 and at 4 (default 3,4)")
     p.add_argument("--no-lm", dest="no_lm", action="store_false", help="skip the no-LM levels")
+    p.add_argument("--grounded-workers", default=None, metavar="N,M",
+                   help="also the committed grounded/de artifact (no LM scorer) served by each of these numbers "
+                        "of --workers, at --levels (e.g. --grounded-workers 1,2 --levels 1,8,32,128)")
     p.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data" / "mushroom",
                    help="Mu-SHROOM root: German validation answers for the embedded run")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here too")
@@ -164,6 +226,10 @@ def main() -> int:
     if args.no_lm:
         with tempfile.TemporaryDirectory() as tmp:
             results["no_lm"] = bench_no_lm(env, Path(tmp), args.requests, [int(x) for x in args.levels.split(",")])
+    if args.grounded_workers:
+        levels = [int(x) for x in args.levels.split(",")]
+        results["grounded"] = [bench_grounded(env, args.requests, levels, int(w))
+                               for w in args.grounded_workers.split(",")]
     if args.embedded:
         n1, n4 = (int(x) for x in args.embedded_requests.split(","))
         results["embedded"] = bench_embedded(env, args.data_dir, {1: n1, 4: n4})

@@ -12,6 +12,11 @@ The docstrings are the instructions MIPROv2 rewrites. The verdicts (``Judge.verd
 ``None``, which the programs count as a failure). A ``Literal["Yes", "No"]`` output would make the
 JSON adapter's constrained decoding force one of the two on the embedded model and hide the cases where
 the model did not actually decide; the plain string keeps those visible.
+
+``JudgeDecision`` and ``DirectAskDecision`` are the same stages with a Boolean ``verdict`` (True = Yes,
+hallucinated): a *decision output* that ``dspy.ReAnchor`` calibrates (a cut point on P(Yes), read from the
+backend's token probabilities: :mod:`halluscope.decisions`). The programs use them with ``decisions=True``
+(what ``--optimizer reanchor`` builds); the field names are the same, so the contract does not change.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ __all__ = [
     "Judge",
     "Revise",
     "DirectAsk",
+    "JudgeDecision",
+    "DirectAskDecision",
     "parse_verdict",
     "YES_WORDS",
     "NO_WORDS",
@@ -81,6 +88,19 @@ class DirectAsk(dspy.Signature):
     task: str = dspy.InputField(desc="what counts as a hallucination in this task")
     input: str = dspy.InputField(desc="the material to check, its parts labelled")
     verdict: str = dspy.OutputField(desc="Yes or No")
+
+
+class JudgeDecision(Judge):
+    """Based on the analysis, answer the task's question: is there a hallucination as the task defines it?
+    Answer with one word: Yes or No."""
+
+    verdict: bool = dspy.OutputField(desc="Yes if there is a hallucination, No if there is none")
+
+
+class DirectAskDecision(DirectAsk):
+    """Is there a hallucination in the input, as the task defines it? Answer with one word: Yes or No."""
+
+    verdict: bool = dspy.OutputField(desc="Yes if there is a hallucination, No if there is none")
 
 
 # -- the verdict parser ------------------------------------------------------------------------------

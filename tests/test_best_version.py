@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import dspy
 import pytest
 
-from halluscope.artifacts import (UNTRACKED_FILE, VersionInfo, below_zero_shot, best_version, list_versions,
+from halluscope.artifacts import (RETIRED_FILE, UNTRACKED_FILE, VersionInfo, below_zero_shot, best_version, list_versions,
                                   load_compiled, rank_versions, selection_score, untracked_reason)
 from halluscope.cli import main as cli_main
 
@@ -70,18 +71,35 @@ def test_a_version_below_its_zero_shot_score_is_marked_and_loses_to_one_that_is_
     assert only.best and only.below_zero_shot and "BELOW ZERO-SHOT" in only.why
 
 
+def test_a_retired_version_never_competes_but_is_listed_with_its_reason(tmp_path):
+    better, newer = _v(1, compiled=0.7), _v(2, compiled=0.6)
+    better, newer = replace(better, path=tmp_path / "v0001"), replace(newer, path=tmp_path / "v0002")
+    better.path.mkdir()
+    newer.path.mkdir()
+    assert _best(better, newer) == 1
+    (better.path / RETIRED_FILE).write_text("flags numbers that stand verbatim in the evidence\n")
+    assert _best(better, newer) == 2
+    ranked = {r.info.version: r for r in rank_versions([better, newer])}
+    assert ranked[1].retired == "flags numbers that stand verbatim in the evidence" and not ranked[1].best
+    assert ranked[1].why == ("not served: retired (flags numbers that stand verbatim in the evidence); "
+                             "pin it with --version 1")
+    (newer.path / RETIRED_FILE).write_text("")
+    assert best_version([better, newer]) is None  # everything retired: nothing is served by default
+
+
 def test_the_committed_artifacts_are_still_the_ones_served():
-    for lang in ("de", "en", "all", "hi"):
+    # #9's v0001 are retired; #19's refits (v0002) are served, and for en/all v0003 (v0002 plus a response head)
+    for lang, served in (("de", 2), ("en", 3), ("all", 3), ("hi", 2), ("ar", 2)):
         versions = list_versions("grounded", lang, "iou", root=COMPILED)
-        assert best_version(versions).version == 1
+        assert best_version(versions).version == served, lang
     assert best_version(list_versions("spans", "de", "iou", root=COMPILED)).version == 1
     assert best_version(list_versions("halluclean", "qa", "f1", root=COMPILED)).version == 1
 
 
 def test_loading_a_version_below_zero_shot_warns(caplog):
     with caplog.at_level("WARNING", logger="halluscope.artifacts"):
-        det = load_compiled("grounded", lang="hi", metric="iou", root=COMPILED)  # 0.562 compiled < 0.630 zero-shot
-    assert det.version == 1
+        det = load_compiled("grounded", lang="hi", metric="iou", root=COMPILED)  # v0002: 0.595 < 0.648 zero-shot
+    assert det.version == 2
     assert any("below its zero-shot score" in r.getMessage() for r in caplog.records)
 
 
@@ -91,7 +109,9 @@ def home(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("HALLUSCOPE_HOME", str(tmp_path / "home"))
     root = tmp_path / "compiled"
-    shutil.copytree(COMPILED / "grounded" / "de", root / "grounded" / "de")
+    # the committed real-data version #9 wrote (v0001) alone, not retired here: demo data must not displace it
+    shutil.copytree(COMPILED / "grounded" / "de" / "iou" / "v0001", root / "grounded" / "de" / "iou" / "v0001",
+                    ignore=shutil.ignore_patterns("RETIRED"))
     lm, adapter = dspy.settings.lm, dspy.settings.adapter
     yield root
     dspy.configure(lm=lm, adapter=adapter)

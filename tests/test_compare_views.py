@@ -116,3 +116,20 @@ def test_compare_reads_each_runs_setting_from_mlflow(tmp_path, monkeypatch):
     pts = frontier_points(add_run_settings(rows, uri))["de"]
     assert sorted((p["setting"], p["score"], p["cost"]) for p in pts) == [("", 0.25, 1.0),
                                                                           ("reasoning=true", 0.3, 2.0)]
+
+
+def test_legend_labels_say_in_words_what_a_run_lacks(tmp_path):
+    """No "(-)" or "(none)": a run without an LM or a known optimizer says so (#23 item 9)."""
+    from halluscope.optimize.tracking import _short_lm, runs_table
+
+    assert _short_lm(None) == _short_lm("none") == _short_lm("-") == "no LM"
+    assert _short_lm('{"model": "openai/gpt-4o-mini"}') == "gpt-4o-mini"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    track_run("evaluate", "grounded", "de", {"program": "grounded", "lm": "none"}, {"iou": 0.4, "lm_calls": 0, "n": 4},
+              tracking_uri=uri, strict=True)
+    rows = runs_table(uri, metric="iou")
+    labels = [p["label"] for p in frontier_points(rows)["de"]] + [k[0] for k in grid_cells(rows)]
+    assert labels and all("(no LM)" in label for label in labels)
+    optimize = _row("spans", "de", 0.3, 5, kind="optimize", optimizer="?", zero_shot=0.2)
+    assert ("spans unknown optimizer [iou] (m)", "de") in grid_cells([optimize])
+    assert not any("(-)" in label or "(none)" in label for label in labels)

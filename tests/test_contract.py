@@ -354,7 +354,7 @@ def test_detection_to_dict_contents():
     ev = Evidence(text="Madrid is the capital of Spain.", source="kb", id="wiki/Madrid#0", score=3.5)
     d = Detection(answer=ANSWER, spans=[_span("Barcelona", 0.9)], label=True, score=0.9, units=[u],
                   rationale="wrong city", revision="The capital of Spain is Madrid.", failures={"x": 2},
-                  evidence=[ev])
+                  evidence=[ev], notes={"no_logits": 1})
     b = ANSWER.index("Barcelona")
     assert d.to_dict() == {
         "answer": ANSWER,
@@ -368,9 +368,24 @@ def test_detection_to_dict_contents():
         "rationale": "wrong city",
         "revision": "The capital of Spain is Madrid.",
         "failures": {"x": 2},
+        "notes": {"no_logits": 1},
         "evidence": [{"text": "Madrid is the capital of Spain.", "source": "kb", "id": "wiki/Madrid#0", "score": 3.5}],
     }
     assert Detection.from_dict(d.to_dict()) == d
+
+
+def test_counts_label_hard_and_soft_spans_and_flagged_units():
+    from halluscope.contract import counts, describe_counts
+
+    units = [Unit(kind="word", start=0, end=3, text="The", label="ok", score=0.2),
+             Unit(kind="word", start=24, end=33, text="Barcelona", label="bad", score=0.9)]
+    d = Detection(answer=ANSWER, spans=[_span("1492", 0.4), _span("Barcelona", 0.9)], units=units)
+    c = counts(d)
+    assert c == {"hard_spans": 1, "soft_spans": 2, "units": 2, "units_flagged": 1}
+    assert counts(d.to_dict()) == c
+    assert describe_counts(c) == ("1 hallucinated span (p > 0.5) · 2 marked spans (p > 0) · "
+                                  "1 of 2 units flagged (p > 0.5)")
+    assert describe_counts(counts(Detection(answer="x"))) == "0 hallucinated spans (p > 0.5) · 0 marked spans (p > 0)"
 
 
 def test_detection_to_dict_failures_is_a_copy():

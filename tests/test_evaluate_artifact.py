@@ -44,7 +44,7 @@ def test_evaluate_artifact_scores_the_compiled_program_and_records_it(tmp_path, 
     assert cli_main(["evaluate", "--artifact", "--program", "grounded", "--compiled-dir", str(COMPILED), *common,
                      "--out-dir", str(tmp_path / "compiled")]) == 0
     err = capsys.readouterr().err
-    assert "scoring the compiled artifact" in err and "grounded/de/iou/v0001" in err
+    assert "scoring the compiled artifact" in err and "grounded/de/iou/v0002" in err
     zero, fitted = _summary(tmp_path / "zero"), _summary(tmp_path / "compiled")
     assert fitted["n"] == zero["n"] > 0
     assert fitted["iou"] != pytest.approx(zero["iou"])  # the artifact, not the unfitted program
@@ -55,8 +55,8 @@ def test_evaluate_artifact_scores_the_compiled_program_and_records_it(tmp_path, 
     assert fitted["iou"] == pytest.approx(ref.scores["iou"]) and fitted["corr"] == pytest.approx(ref.scores["corr"])
 
     # a path to the version folder (here a copy outside compiled/) gives the same score
-    copy = tmp_path / "elsewhere" / "v0001"
-    shutil.copytree(COMPILED / "grounded" / "de" / "iou" / "v0001", copy)
+    copy = tmp_path / "elsewhere" / "v0002"
+    shutil.copytree(COMPILED / "grounded" / "de" / "iou" / "v0002", copy)
     assert cli_main(["evaluate", "--artifact", str(copy), *common, "--out-dir", str(tmp_path / "path")]) == 0
     assert _summary(tmp_path / "path")["iou"] == pytest.approx(fitted["iou"])
 
@@ -64,13 +64,14 @@ def test_evaluate_artifact_scores_the_compiled_program_and_records_it(tmp_path, 
     rows = add_run_settings([r for r in runs_table(uri, metric="iou") if r["kind"] == "evaluate"], uri)
     settings = {run_setting(r) for r in rows}
     assert len(settings) == 2 and "" in settings  # the unfitted program and the artifact: two points
-    assert any("v0001" in s for s in settings)  # (the two artifact runs, by name and by path: one)
+    # (the two artifact runs, by name and by path: one; the #19 artifact's label starts with its non-default option)
+    assert any("rules=true" in s for s in settings), settings
     from mlflow.tracking import MlflowClient
 
     params = [MlflowClient(uri).get_run(r["run_id"]).data.params for r in rows]
     recorded = [p for p in params if "content_hash" in p]
     assert len(recorded) == 2 and {p["content_hash"] for p in recorded} == {detector.content_hash}
-    assert {p["artifact_version"] for p in recorded} == {"1"}
+    assert {p["artifact_version"] for p in recorded} == {"2"}
 
 
 def test_a_tampered_or_missing_artifact_is_refused_in_one_line(tmp_path, capsys):

@@ -395,7 +395,11 @@ def test_bad_inputs_fall_back_with_counted_failures_and_valid_offsets():
     assert p.hard_labels == []
     p = prog(answer="Lyon liegt an der Rhône.", question="", context="",
              model_output_tokens="not a list", model_output_logits="[1, 2]")
-    assert p.failures["no_evidence"] == 1 and p.failures["malformed_logits"] == 1
+    # no context is an absent optional input (a note); logits given but malformed are a failure
+    assert p.notes == {"no_evidence": 1} and p.failures["malformed_logits"] == 1 and "no_evidence" not in p.failures
+    p = prog(answer="Lyon liegt an der Rhône.", context="Lyon liegt an der Rhône.")  # plain text: no logits
+    assert p.notes == {"no_logits": 1} and p.failures == {}
+    assert [(e.source, e.text) for e in p.detection.evidence] == [("context", "Lyon liegt an der Rhône.")]
     rng = random.Random(0)
     alphabet = "ab É1,.- 东京\u0301।"
     for _ in range(200):
@@ -795,9 +799,9 @@ def test_detectors_option_validated_and_needs_an_lm_only_when_set():
 def test_another_detector_as_a_feature_is_fitted_saved_and_imputed_when_it_fails():
     exs = fixture_examples(16)
     with dspy.context(lm=_oracle_spans_lm(fail_on="Turku"), adapter=dspy.JSONAdapter()):
-        alone = get("grounded").make(support=False, idf=False, genlogits=False)
+        alone = get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False)
         fit_grounded(alone, exs[:12], "iou")
-        m = get("grounded").make(support=False, idf=False, genlogits=False, detectors="spans")
+        m = get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False, detectors="spans")
         info = fit_grounded(m, exs[:12], "iou")
         assert info["weights"]["det_spans"] > 1.0  # the combiner learnt to trust the oracle detector
         bad = exs[12]  # "Brocken" instead of "Zugspitze": the detector quotes it
@@ -812,10 +816,10 @@ def test_another_detector_as_a_feature_is_fitted_saved_and_imputed_when_it_fails
         # the sub-detector's state travels with the combiner (JSON), and a program without it refuses it
         state = json.loads(json.dumps(m.dump_state()))
         assert state["grounded"]["detectors"] == ["spans"] and state["detectors[0].extract"]["signature"]
-        again = get("grounded").make(support=False, idf=False, genlogits=False, detectors="spans").load_state(state)
+        again = get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False, detectors="spans").load_state(state)
         assert again(**inputs(bad)).hard_labels == p.hard_labels
         with pytest.raises(ValueError, match="features"):
-            get("grounded").make(support=False, idf=False, genlogits=False).load_state(state)
+            get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False).load_state(state)
 
 
 def test_optimize_compiles_the_fused_detectors_prompts_then_fits_the_combiner(tmp_path, monkeypatch, capsys):
@@ -844,3 +848,16 @@ def test_optimize_compiles_the_fused_detectors_prompts_then_fits_the_combiner(tm
     assert len(art.program.detectors[0].extract.demos) == 1  # the spans stage was compiled
     assert art.program.fitted and "det_spans" in art.program.features  # and the combiner fitted on its outputs
     assert art.manifest["task_lm"]["model"] == "scripted/test"
+
+
+def test_a_state_fitted_before_the_19_signals_loads_and_computes_its_own_features():
+    """An artifact written before numbers/align/encoder existed (its feature list has none of them) loads into
+    today's default program and computes exactly its own features (#19)."""
+    exs = fixture_examples()
+    old = get("grounded").make(numbers=False, align=False, encoder=False)
+    fit_grounded(old, exs, "iou")
+    state = json.loads(json.dumps(old.dump_state()))
+    fresh = get("grounded").make().load_state(state)
+    assert fresh.features == old.features and not ({"ctx_value", "al_subst", "al_sim"} & set(fresh.features))
+    for ex in exs:
+        assert fresh(**inputs(ex)).soft_labels == old(**inputs(ex)).soft_labels

@@ -257,9 +257,10 @@ def test_configure_picks_adapter_and_cache_folder_per_server(gguf, tmp_path, mon
     assert isinstance(dspy.settings.adapter, dspy.JSONAdapter)
     assert dspy.settings.lm is lm
     configure("openai/x", cache_dir=tmp_path / "c2", api_base="http://127.0.0.1:9/v1")
-    assert type(dspy.settings.adapter) is SchemaJSONAdapter  # a server gets each stage's schema and budget
+    # the adapter classes, wrapped to read decision outputs from log-probabilities (halluscope.decisions, #21)
+    assert type(dspy.settings.adapter).__mro__[2] is SchemaJSONAdapter  # a server gets each stage's schema, budget
     configure("openai/x", cache_dir=tmp_path / "c2", api_base="http://127.0.0.1:9/v1", adapter="chat")
-    assert type(dspy.settings.adapter) is lmmod.GuardedChatAdapter  # DSPy's chat adapter, refusing cut output
+    assert type(dspy.settings.adapter).__mro__[2] is lmmod.GuardedChatAdapter  # DSPy's chat adapter, refusing cut output
     made = [p.name for p in (tmp_path / "c2").iterdir()]
     assert len(made) == 1 and made[0].startswith("server-")
     with pytest.raises(ValueError, match="adapter"):

@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+import pytest
 
 from halluscope.cli.ui import OFFLINE_ENV, free_port, ui_command, ui_env
 from halluscope.optimize.tracking import track_run
@@ -69,3 +73,66 @@ def test_ui_starts_offline_and_serves_the_experiments(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every live (not zombie) process."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+            if fields[0] != "Z":
+                out[int(entry.name)] = int(fields[1])
+    return out
+
+
+def _descendants(pid: int) -> set[int]:
+    parents, found, frontier = _parents(), set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    return pids & set(_parents())
+
+
+def _port_answers(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_ui_stopped_by_a_signal_leaves_no_process_and_no_port(tmp_path, signum):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    port = free_port()
+    env = {**os.environ, "HALLUSCOPE_HOME": str(tmp_path), "NO_PROXY": "*", "no_proxy": "*"}
+    proc = subprocess.Popen([sys.executable, "-m", "halluscope", "ui", "--port", str(port), "--tracking-uri", uri],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: set[int] = set()
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and not _port_answers(port):
+            time.sleep(0.5)
+        assert _port_answers(port), "the UI did not listen within 120 s"
+        time.sleep(1)  # let the server start its workers
+        children = _descendants(proc.pid)
+        assert children, "the MLflow server runs as a child of halluscope ui"
+        proc.send_signal(signum)  # to halluscope only, as a service manager or `kill PID` would
+        assert proc.wait(timeout=30) == 0
+        deadline = time.time() + 5
+        while time.time() < deadline and (_alive(children) or _port_answers(port)):
+            time.sleep(0.2)
+        assert _alive(children) == set()
+        assert not _port_answers(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _alive(children):  # never leave a server behind a failed test
+            os.kill(pid, signal.SIGKILL)

@@ -51,9 +51,9 @@ def test_option_values_match_what_the_programs_build_with():
     assert get("spans").options == {"reasoning": False, "use_context": True, "fuzzy_threshold": 0.85}
     assert get("logits").options == {"shift": 0.0}
     assert get("mark-all").options == {}
-    assert get("halluclean").options == {"task": None, "revise": True, "max_tokens": None}
-    assert get("direct").options == {"max_tokens": None}
-    assert get("direct+routing").options == {"task": None, "max_tokens": None}
+    assert get("halluclean").options == {"task": None, "revise": True, "max_tokens": None, "decisions": False}
+    assert get("direct").options == {"max_tokens": None, "decisions": False}
+    assert get("direct+routing").options == {"task": None, "max_tokens": None, "decisions": False}
     from halluscope.programs.finch import DEFAULT_SAMPLERS, DEFAULT_TAU
 
     finch = get("finch").options

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
+import os
+import re
 import subprocess
 import sys
 import threading
@@ -91,6 +94,44 @@ def test_gate_callback_holds_a_slot_per_lm_call_and_releases_it_on_error():
     cb.on_lm_end("b", None, exception=RuntimeError("timeout"))
     cb.on_lm_end("never-started", None)  # releases nothing it did not acquire
     assert events == ["acquire", "acquire", "release", "release"]
+
+
+def test_ray_logs_at_warning_level_unless_verbose(monkeypatch):
+    import halluscope.scale as scale
+
+    calls = []
+
+    class FakeRay:
+        @staticmethod
+        def is_initialized():
+            return False
+
+        @staticmethod
+        def init(**kwargs):
+            calls.append(kwargs)
+
+    monkeypatch.setattr(scale, "_ray", lambda: FakeRay)
+    monkeypatch.delenv("RAY_BACKEND_LOG_LEVEL", raising=False)
+    scale.init_ray(RayOptions(workers=1))
+    assert calls[-1]["log_to_driver"] is False and calls[-1]["logging_level"] == logging.WARNING
+    assert os.environ["RAY_BACKEND_LOG_LEVEL"] == "fatal"  # the C++ core's spurious shutdown errors
+    monkeypatch.delenv("RAY_BACKEND_LOG_LEVEL")
+    scale.init_ray(RayOptions(workers=1, verbose=True))
+    assert calls[-1]["log_to_driver"] is True and calls[-1]["logging_level"] == logging.INFO
+    assert "RAY_BACKEND_LOG_LEVEL" not in os.environ
+
+
+def test_sigterm_stops_a_job_like_ctrl_c():
+    import signal
+
+    from halluscope.scale import stop_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with stop_on_sigterm():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_ray_options_refuse_bad_values():
@@ -324,8 +365,8 @@ def test_cli_detect_and_evaluate_with_the_ray_engine(ray_session, tmp_path, caps
     printed = capsys.readouterr().out
     assert "6 rows: 0 already done" in printed and "1 failed" in printed and "rows/s" in printed
     assert [r["id"] for r in read_output(out)] == ["row-000", "row-001", "row-002", "row-003", "row-004", "x"]
-    assert main(args) == 1  # the rerun skips every row written, the failed one too
-    assert "6 rows: 6 already done" in capsys.readouterr().out
+    assert main(args) == 1  # the rerun finds the job finished (from job.json), the failed row still counted
+    assert "nothing to do" in capsys.readouterr().out
     assert main([*args, "--retry-failed"]) == 1
     assert "6 rows: 5 already done, 1 run now (0 ok, 1 failed)" in capsys.readouterr().out
 
@@ -340,6 +381,59 @@ def test_cli_detect_and_evaluate_with_the_ray_engine(ray_session, tmp_path, caps
                    extra_inputs=registry.get("logits").extra_inputs).summary()
     for k in ("n", "iou", "corr", "lm_calls"):
         assert summary[k] == ref[k], k
+
+
+def test_a_sigtermed_job_keeps_its_parts_resumes_and_a_finished_one_is_found_at_once(ray_session, tmp_path,
+                                                                                    monkeypatch):
+    import signal
+
+    import halluscope.scale as scale
+
+    det = _artifact(tmp_path / "compiled")
+    src = _jsonl(tmp_path / "in.jsonl", _rows(12))
+    out = tmp_path / "out.parquet"
+
+    def terminate(seq):  # SIGTERM to this process after the first part, as `kill PID` would
+        if seq == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+
+    with pytest.raises(KeyboardInterrupt):
+        detect_ray(det, src, out, opts=RayOptions(**OPTS), on_batch=terminate)
+    kept = list(parts_dir(out).glob("part-*.parquet"))
+    assert kept and not out.exists()
+    stats = detect_ray(det, src, out, opts=RayOptions(**OPTS))
+    assert stats["skipped"] >= 4 and stats["output_rows"] == 12
+    assert [r["id"] for r in read_output(out)] == [f"row-{i:03d}" for i in range(12)]
+
+    def no_ray(_opts):
+        raise AssertionError("a finished job must not start Ray")
+
+    monkeypatch.setattr(scale, "init_ray", no_ray)
+    t0 = time.perf_counter()
+    again = detect_ray(det, src, out, opts=RayOptions(**OPTS))
+    assert time.perf_counter() - t0 < 1.0
+    assert again["already_finished"] and again["output_rows"] == 12 and again["output_failed"] == 0
+    out.write_bytes(b"")  # the output changed since: the job is merged again (with Ray)
+    assert scale.finished_job(parts_dir(out), out) is None
+
+
+def test_a_successful_cli_run_prints_no_error_lines(tmp_path):
+    """Ray's own logs stay at warning level: a run that succeeds prints no error-level line (no
+    ``E core_worker.cc``, no ``Failed to kill actor``), and exits 0."""
+    pytest.importorskip("ray")
+    root = tmp_path / "compiled"
+    _artifact(root)
+    src = _jsonl(tmp_path / "in.jsonl", _rows(6))
+    proc = subprocess.run([sys.executable, "-m", "halluscope", "detect", "--program", "mark-all", "--lang", "en",
+                           "--compiled-dir", str(root), "--input", str(src), "--output", str(tmp_path / "o.parquet"),
+                           "--engine", "ray", "--workers", "1", "--batch-size", "2", "--no-progress"],
+                          capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bad = [line for line in (proc.stdout + proc.stderr).splitlines()
+           if re.search(r"(^|\s)E\d{4}|\bERROR\b|core_worker\.cc|Failed to kill|Traceback", line)]
+    assert bad == []
+    assert "6 rows: 0 already done, 6 run now (6 ok, 0 failed)" in proc.stdout
 
 
 def test_ray_jobs_fail_when_every_row_has_unusable_output(plugin, tmp_path, capsys, monkeypatch):

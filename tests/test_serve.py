@@ -468,3 +468,78 @@ def test_page_uploads_pdf_and_docx_to_the_server(client):
     assert {".pdf", ".docx", ".txt", ".md"} <= set(accept)
     js = client.get("/static/app.js").text
     assert '"/v1/evidence"' in js and "content_base64" in js
+
+
+def test_docs_page_loads_its_assets_from_this_server_not_a_cdn(client, monkeypatch):
+    html = client.get("/docs").text
+    assert "/docs/assets/swagger-ui-bundle.js" in html and "/docs/assets/swagger-ui.css" in html
+    assert "cdn" not in html.lower() and "https://" not in html.split("<body")[0]
+    js = client.get("/docs/assets/swagger-ui-bundle.js")
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert b"SwaggerUIBundle" in js.content[:2000]
+    assert client.get("/docs/assets/../app.py").status_code == 404
+    assert client.get("/redoc").status_code == 404  # ReDoc would need a CDN: off
+
+
+def test_without_swagger_ui_installed_docs_is_off_and_the_schema_stays(markall, monkeypatch):
+    import halluscope.serve.app as app_module
+
+    monkeypatch.setattr(app_module, "swagger_assets", lambda: None)
+    app = create_app(markall)
+    assert app.state.docs_url is None
+    with TestClient(app) as c:
+        assert c.get("/docs").status_code == 404 and c.get("/openapi.json").status_code == 200
+
+
+def test_detect_lists_the_passages_it_was_given_with_their_source_and_labels_its_counts(client):
+    r = client.post("/v1/detect", json={"answer": ANSWER, "lang": "de", "context": "Canberra is the capital.",
+                                        "evidence": ["Sydney is a city.",
+                                                     {"text": "From a file.", "source": "file", "id": "notes.txt"}]})
+    body = r.json()
+    assert [(e["source"], e["id"], e["text"]) for e in body["evidence"]] == [
+        ("context", "", "Canberra is the capital."), ("evidence", "evidence[0]", "Sydney is a city."),
+        ("file", "notes.txt", "From a file.")]
+    assert body["counts"] == {"hard_spans": 1, "soft_spans": 1, "units": 0, "units_flagged": 0}
+    assert body["counts_text"] == "1 hallucinated span (p > 0.5) · 1 marked span (p > 0)"
+    assert client.post("/v1/detect", json={"answer": ANSWER, "lang": "de"}).json()["evidence"] == []
+
+
+def test_workers_share_the_port_and_stop_together(tmp_path):
+    """``--workers 2``: two processes answer on one port; SIGINT (Ctrl-C) stops the parent and both workers."""
+    import signal
+
+    write(tmp_path, "mark-all", "de")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "halluscope", "serve", "--program", "mark-all", "--lang", "de",
+                             "--compiled-dir", str(tmp_path), "--port", str(port), "--log-level", "warning",
+                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("server did not start: " + (proc.stdout.read() if proc.poll() is not None else ""))
+        children = {int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()}
+        assert len(children) >= 2  # the two workers (and multiprocessing's resource tracker)
+        with httpx.Client() as c:
+            rows = [c.post(base + "/v1/detect", json={"answer": "Eins zwei.", "lang": "de"}) for _ in range(20)]
+        assert all(r.status_code == 200 and r.json()["hard_labels"] == [[0, 10]] for r in rows)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "2 worker processes" in out and "Traceback" not in out, out
+    time.sleep(0.5)
+
+    def alive(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][:1] != "Z"
+        except OSError:
+            return False
+
+    assert [p for p in children if alive(p)] == []

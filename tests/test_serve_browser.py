@@ -255,3 +255,28 @@ def test_page_reports_errors_and_needs_a_key_when_set(browser, tmp_path):
     finally:
         srv.should_exit = True
         thread.join(10)
+
+
+def test_docs_page_renders_offline(browser, server):
+    """/docs draws the API from this server's own copy of Swagger UI: every route shows, nothing is fetched
+    from elsewhere (the browser log has no failed request)."""
+    browser.get_log("browser")  # drain what earlier tests logged
+    browser.get(server + "/docs")
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path"))
+    paths = {e.text.replace("\u200b", "") for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
+    assert {"/v1/detect", "/v1/detect/batch", "/v1/evidence", "/v1/artifacts", "/healthz"} <= paths
+    assert "halluscope" in browser.find_element(By.CSS_SELECTOR, ".info .title").text
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / "docs.png"))
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+def test_page_summary_counts_what_the_cli_counts(browser, server):
+    _open(browser, server)
+    browser.find_element(By.ID, "example").click()
+    browser.find_element(By.ID, "submit").click()
+    _wait_result(browser)
+    summary = browser.find_element(By.ID, "summary").text
+    # the same labelled line as `halluscope detect --format text` (contract.describe_counts)
+    assert "1 hallucinated span (p > 0.5) · 2 marked spans (p > 0) · 1 of 2 units flagged (p > 0.5)" in summary

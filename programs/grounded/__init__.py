@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from halluscope.programs.grounded.detector import DEFAULT_WEIGHTS, GroundedDetector, fit_grounded
-from halluscope.programs.registry import ProgramSpec, number, register, text, whole
+from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
 
 __all__ = ["GroundedDetector", "fit_grounded", "DEFAULT_WEIGHTS"]
 
@@ -24,6 +24,12 @@ def _lm_model_problem(lm_model, options) -> str | None:
     if options.get("lm") and lm_model and not Path(lm_model).expanduser().is_file():
         return f"no GGUF file {lm_model!r} (the LM signal is on: -O lm=true); give an existing .gguf file, or \"\" " \
                f"for the embedded SmolLM2-135M-Instruct"
+    return None
+
+
+def _rules_problem(rules, options) -> str | None:
+    if rules not in (True, False, "all", "numbers", "true", "false"):
+        return f"rules takes true, false, \"all\" or \"numbers\", not {rules!r}"
     return None
 
 
@@ -39,5 +45,6 @@ register(ProgramSpec(
     lm_when=lambda options: bool(str(options.get("detectors") or "").strip()),
     option_types={"lm_model": text(what="a GGUF file path, or \"\" for the embedded model", check=_lm_model_problem),
                   "lm_evidence_tokens": whole(0), "lm_item_tokens": whole(0), "window": whole(0),
-                  "l2": number(0, lo_open=True), "aggregate": text("max", "top3")},
+                  "l2": number(0, lo_open=True), "aggregate": text("max", "top3"),
+                  "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))

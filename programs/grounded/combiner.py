@@ -27,7 +27,11 @@ from scipy.stats import rankdata
 
 from halluscope.metrics.mushroom import iou as item_iou
 
-__all__ = ["Combiner", "char_probs", "choose_threshold", "rescale", "sigmoid"]
+__all__ = ["Combiner", "TreeCombiner", "COMBINERS", "combiner_from_dict", "make_combiner", "char_probs",
+           "choose_threshold", "rescale", "sigmoid"]
+
+#: the combiner kinds a program can be built with (``combiner=`` build option)
+COMBINERS = ("logreg", "trees")
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -36,6 +40,8 @@ def sigmoid(z: np.ndarray) -> np.ndarray:
 
 class Combiner:
     """Logistic regression on named features; ``weights[0]`` is the intercept."""
+
+    kind = "logreg"
 
     def __init__(self, features: list[str], weights: list[float] | None = None, mean: list[float] | None = None,
                  scale: list[float] | None = None):
@@ -97,6 +103,138 @@ class Combiner:
     @classmethod
     def from_dict(cls, d: dict) -> "Combiner":
         return cls(d["features"], d["weights"], d["mean"], d["scale"])
+
+
+#: fields of one tree node in :class:`TreeCombiner`'s JSON state, in this order
+TREE_FIELDS = ("feature", "threshold", "missing_left", "left", "right", "leaf", "value")
+
+
+class TreeCombiner:
+    """Gradient-boosted trees on named features (scikit-learn's ``HistGradientBoostingClassifier`` fits them;
+    they are stored and evaluated as plain data — no pickle, no scikit-learn at prediction time).
+
+    State: ``baseline`` (the raw score before the trees) and ``trees``, each a dict of equal-length lists
+    (:data:`TREE_FIELDS`): node ``i`` is a leaf with ``value[i]`` or sends a row to ``left[i]`` when its
+    ``feature[i]`` is ``<= threshold[i]`` (a missing value goes left when ``missing_left[i]``), else to
+    ``right[i]``. Probability = sigmoid(baseline + sum of the leaves reached). ``mean`` (training feature means)
+    is kept for the detector's mean imputation of a missing signal, as :class:`Combiner` does.
+
+    Soft targets (a unit's share of annotators) are fitted as two weighted rows, label 1 with weight ``y`` and
+    label 0 with weight ``1 - y``: the same log-loss as a soft target."""
+
+    kind = "trees"
+
+    def __init__(self, features: list[str], baseline: float = 0.0, trees: list[dict] | None = None,
+                 mean: list[float] | None = None, params: dict | None = None):
+        self.features = list(features)
+        n = len(self.features)
+        self.baseline = float(baseline)
+        self.trees = [self._check(t, n) for t in (trees or [])]
+        self.mean = np.asarray(mean if mean is not None else [0.0] * n, dtype=float)
+        if self.mean.shape != (n,):
+            raise ValueError(f"tree combiner: {n} features need {n} means")
+        self.params = dict(params or {"max_iter": 150, "learning_rate": 0.05, "max_leaf_nodes": 15,
+                                      "min_samples_leaf": 40})
+
+    @staticmethod
+    def _check(t: dict, n_features: int) -> dict:
+        try:
+            tree = {k: list(t[k]) for k in TREE_FIELDS}
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"tree combiner: a tree lacks {e}") from None
+        m = len(tree["value"])
+        if m == 0 or any(len(v) != m for v in tree.values()):
+            raise ValueError("tree combiner: a tree's node lists differ in length")
+        for i in range(m):
+            if not tree["leaf"][i]:
+                if not (0 <= int(tree["feature"][i]) < n_features):
+                    raise ValueError(f"tree combiner: node {i} splits on feature {tree['feature'][i]}")
+                if not (0 < int(tree["left"][i]) < m and 0 < int(tree["right"][i]) < m):
+                    raise ValueError(f"tree combiner: node {i} points outside its tree")
+        return tree
+
+    def raw(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=float).reshape(-1, len(self.features))
+        out = np.full(X.shape[0], self.baseline)
+        for t in self.trees:
+            feat, thr, ml = np.asarray(t["feature"]), np.asarray(t["threshold"], float), np.asarray(t["missing_left"])
+            left, right, leaf, value = (np.asarray(t["left"]), np.asarray(t["right"]), np.asarray(t["leaf"]),
+                                        np.asarray(t["value"], float))
+            node = np.zeros(X.shape[0], dtype=int)
+            for _ in range(len(value)):  # depth <= number of nodes; usually a handful of steps
+                inner = ~leaf[node].astype(bool)
+                if not inner.any():
+                    break
+                rows = np.flatnonzero(inner)
+                nd = node[rows]
+                x = X[rows, feat[nd]]
+                go_left = np.where(np.isnan(x), ml[nd].astype(bool), x <= thr[nd])
+                node[rows] = np.where(go_left, left[nd], right[nd])
+            out += value[node]
+        return out
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Probability per row of ``X`` (non-finite features count as 0, as in :class:`Combiner`)."""
+        if len(X) == 0:
+            return np.zeros(0)
+        X = np.asarray(X, dtype=float).reshape(-1, len(self.features))
+        return sigmoid(self.raw(np.where(np.isfinite(X), X, 0.0)))
+
+    def fit(self, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None, l2: float = 1.0) -> dict:
+        from sklearn.ensemble import HistGradientBoostingClassifier  # fit time only: prediction needs no sklearn
+
+        X = np.asarray(X, dtype=float)
+        X = np.where(np.isfinite(X), X, 0.0)
+        y = np.clip(np.asarray(y, dtype=float), 0.0, 1.0)
+        w = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
+        self.mean = X.mean(axis=0) if len(X) else np.zeros(X.shape[1])
+        XX = np.vstack([X, X])
+        yy = np.concatenate([np.ones(len(y)), np.zeros(len(y))])
+        ww = np.concatenate([w * y, w * (1.0 - y)])
+        keep = ww > 0
+        model = HistGradientBoostingClassifier(**self.params, l2_regularization=float(l2), early_stopping=False,
+                                               random_state=0)
+        model.fit(XX[keep], yy[keep].astype(int), sample_weight=ww[keep])
+        self.baseline = float(np.ravel(model._baseline_prediction)[0])
+        self.trees = []
+        for (pred,) in model._predictors:
+            nodes = pred.nodes
+            self.trees.append({
+                "feature": [int(v) for v in nodes["feature_idx"]],
+                "threshold": [float(v) for v in nodes["num_threshold"]],
+                "missing_left": [int(v) for v in nodes["missing_go_to_left"]],
+                "left": [int(v) for v in nodes["left"]], "right": [int(v) for v in nodes["right"]],
+                "leaf": [int(v) for v in nodes["is_leaf"]], "value": [float(v) for v in nodes["value"]],
+            })
+        return {"converged": True, "iterations": len(self.trees), "loss": float("nan")}
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "features": list(self.features), "baseline": self.baseline,
+                "trees": self.trees, "mean": [float(x) for x in self.mean], "params": self.params}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TreeCombiner":
+        return cls(d["features"], d.get("baseline", 0.0), d.get("trees") or [], d.get("mean"), d.get("params"))
+
+
+def combiner_from_dict(d: dict):
+    """A combiner from its JSON state: ``kind`` "trees" -> :class:`TreeCombiner`; no kind (every artifact before
+    issue #19) or "logreg" -> :class:`Combiner`."""
+    kind = d.get("kind", "logreg") if isinstance(d, dict) else None
+    if kind == "trees":
+        return TreeCombiner.from_dict(d)
+    if kind == "logreg":
+        return Combiner.from_dict(d)
+    raise ValueError(f"grounded: unknown combiner kind {kind!r} (choose from {', '.join(COMBINERS)})")
+
+
+def make_combiner(kind: str, features: list[str], weights: list[float] | None = None):
+    """An unfitted combiner of ``kind`` (the logistic regression starts from ``weights``)."""
+    if kind == "trees":
+        return TreeCombiner(features)
+    if kind == "logreg":
+        return Combiner(features, weights)
+    raise ValueError(f"combiner must be one of {', '.join(COMBINERS)}, not {kind!r}")
 
 
 def char_probs(text_len: int, spans: list[tuple[int, int]], probs) -> np.ndarray:

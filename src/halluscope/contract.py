@@ -19,6 +19,14 @@ Conventions
   of any span covering it. Soft labels are the maximal runs of equal, non-zero character probability.
 * Hard labels are the characters whose probability is ``> 0.5``, adjacent runs merged (the official
   Mu-SHROOM rule).
+* ``failures`` counts what went wrong (an unparsed LM output, a retriever that raised, a signal that was given
+  but malformed); ``notes`` counts what was simply not there and is optional (``no_logits``: no generator
+  logits were sent, so that signal was left out; ``no_evidence``: no context). A note is no failure.
+* ``evidence`` lists the passages the detector had (the context sent, passages retrieved, files uploaded),
+  each with its ``source``.
+* :func:`counts` says how many of what there are, with labels, in one place for the CLI and the web page:
+  ``hard_spans`` (runs of characters with probability > 0.5, Mu-SHROOM's hard labels), ``soft_spans`` (runs
+  of equal non-zero probability, the soft labels) and ``units_flagged`` of ``units`` (units scored > 0.5).
 """
 
 from __future__ import annotations
@@ -45,7 +53,16 @@ __all__ = [
     "item_failure",
     "failed_kinds",
     "describe_failed",
+    "counts",
+    "describe_counts",
+    "NOTE_TEXT",
 ]
+
+#: What each note means, for people (the CLI's text output and the web page).
+NOTE_TEXT = {
+    "no_logits": "the generating model's token logits were not given, so that signal was left out",
+    "no_evidence": "no context or evidence was given, so nothing could support the answer",
+}
 
 
 def clamp01(x: Any, default: float = 0.0) -> float:
@@ -120,6 +137,7 @@ class Detection:
     revision: str | None = None
     failures: dict[str, int] = field(default_factory=dict)
     evidence: list[Evidence] = field(default_factory=list)
+    notes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.spans = normalize_spans(self.spans, len(self.answer))
@@ -145,6 +163,7 @@ class Detection:
             "rationale": self.rationale,
             "revision": self.revision,
             "failures": dict(self.failures),
+            "notes": dict(self.notes),
             "evidence": [e.to_dict() for e in self.evidence],
         }
 
@@ -163,6 +182,7 @@ class Detection:
             revision=d.get("revision"),
             failures=dict(d.get("failures", {})),
             evidence=[Evidence(**e) for e in d.get("evidence", [])],
+            notes=dict(d.get("notes", {})),
         )
 
 
@@ -242,7 +262,7 @@ def to_prediction(detection: Detection, **extra: Any) -> dspy.Prediction:
     """Wrap a :class:`Detection` as a ``dspy.Prediction`` whose fields the metrics read.
 
     Fields: ``detection``, ``spans``, ``soft_labels``, ``hard_labels``, ``label``, ``score``,
-    ``rationale``, ``revision``, ``units``, ``failures`` plus any ``extra`` (e.g. the raw model output).
+    ``rationale``, ``revision``, ``units``, ``failures``, ``notes`` plus any ``extra`` (e.g. the raw model output).
     """
     return dspy.Prediction(
         detection=detection,
@@ -255,6 +275,7 @@ def to_prediction(detection: Detection, **extra: Any) -> dspy.Prediction:
         revision=detection.revision,
         units=[u.to_dict() for u in detection.units],
         failures=dict(detection.failures),
+        notes=dict(detection.notes),
         **extra,
     )
 
@@ -330,3 +351,23 @@ def describe_failed(kinds: dict[str, int]) -> str:
     if other:
         parts.append("unusable output: " + ", ".join(f"{k} x{v}" for k, v in sorted(other.items())))
     return "; ".join(parts)
+def counts(d: dict | Detection) -> dict[str, int]:
+    """What a detection marks, counted one way for every reader (``halluscope detect`` and the web page):
+    ``hard_spans`` (probability > 0.5), ``soft_spans`` (any probability > 0), ``units`` and ``units_flagged``
+    (units scored > 0.5)."""
+    d = d.to_dict() if isinstance(d, Detection) else d
+    units = d.get("units") or []
+    return {"hard_spans": len(d.get("hard_labels") or []), "soft_spans": len(d.get("soft_labels") or []),
+            "units": len(units), "units_flagged": sum(1 for u in units if float(u.get("score", 0.0)) > 0.5)}
+
+
+def describe_counts(c: dict[str, int]) -> str:
+    """``counts`` in words: ``2 hallucinated spans (p > 0.5) · 13 marked spans (p > 0) · 5 of 20 units
+    flagged (p > 0.5)`` (the units part only when the detector has units)."""
+    def n(k: int, word: str) -> str:
+        return f"{k} {word}{'' if k == 1 else 's'}"
+
+    text = f"{n(c['hard_spans'], 'hallucinated span')} (p > 0.5) · {n(c['soft_spans'], 'marked span')} (p > 0)"
+    if c.get("units"):
+        text += f" · {c['units_flagged']} of {n(c['units'], 'unit')} flagged (p > 0.5)"
+    return text

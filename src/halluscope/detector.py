@@ -26,7 +26,7 @@ from typing import Iterable
 
 import dspy
 
-from halluscope.contract import Detection, describe_failed, failed_kinds, failure_reason
+from halluscope.contract import Detection, Evidence, describe_failed, failed_kinds, failure_reason
 from halluscope.files import read_jsonl, write_text_atomic
 from halluscope.parallel import map_items
 from halluscope.redact import redact
@@ -84,10 +84,12 @@ def detect(detector: CompiledDetector | dspy.Module, answer: str, *, question: s
     pred = program(question=question or "", answer=answer or "", lang=lang, context=context or "",
                    task=task or "", **extra)
     det = pred.get("detection") if hasattr(pred, "get") else None
-    if isinstance(det, Detection):
-        return det
-    return Detection(answer=answer, spans=[(s["start"], s["end"], s.get("prob", 1.0)) for s in pred.spans],
-                     label=bool(pred.get("label", False)), score=pred.get("score", 0.0))
+    if not isinstance(det, Detection):
+        det = Detection(answer=answer, spans=[(s["start"], s["end"], s.get("prob", 1.0)) for s in pred.spans],
+                        label=bool(pred.get("label", False)), score=pred.get("score", 0.0))
+    if not det.evidence and (context or "").strip():  # the program named no passages: it had the context
+        det.evidence = [Evidence(text=context, source="context")]
+    return det
 
 
 def read_answers(path: str | os.PathLike) -> list[dict]:

@@ -38,6 +38,7 @@ import dspy
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
 from dspy.clients.cache import Cache
+from halluscope.decisions import with_logprob_decisions
 from dspy.lm15 import Message, Response, TokenLogprob, TopLogprob, Usage, response_to_events
 from dspy.utils.exceptions import AdapterParseError
 
@@ -669,11 +670,13 @@ def configure(
     if response_schema:
         if adapter == "chat":
             raise ValueError("response_schema needs the JSON adapter, not 'chat'")
-        dspy.configure(lm=lm, adapter=SchemaJSONAdapter())
+        dspy.configure(lm=lm, adapter=with_logprob_decisions(SchemaJSONAdapter()))
         return lm
     if adapter is None:
         adapter = "json" if isinstance(lm.engine, LlamaCppEngine) else "chat"
-    dspy.configure(lm=lm, adapter=GuardedJSONAdapter() if adapter == "json" else GuardedChatAdapter())
+    # decision outputs calibrated by ReAnchor read their probabilities from token log-probabilities (#21)
+    dspy.configure(lm=lm, adapter=with_logprob_decisions(GuardedJSONAdapter() if adapter == "json"
+                                                         else GuardedChatAdapter()))
     return lm
 
 

@@ -40,6 +40,7 @@ class EvalResult:
     predictions: list[Any] = field(repr=False, default_factory=list)
     errors: list[str] = field(repr=False, default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, int] = field(default_factory=dict)  # absent optional signals (no_logits, ...): no failures
     # per item, as the runner saw it: why it is a failed item (``error:<ExceptionType>``, ``parse``, ...) or None
     failed: list[str | None] = field(repr=False, default_factory=list)
 
@@ -69,6 +70,7 @@ class EvalResult:
         """Flat numbers for printing and MLflow: scores, failures, LM usage, per-item rates."""
         out: dict[str, Any] = dict(self.scores)
         out.update({f"failures_{k}": v for k, v in sorted(self.failures.items())})
+        out.update({f"notes_{k}": v for k, v in sorted(self.notes.items())})
         out.update(self.usage.to_dict())
         out["n"] = self.n
         out["failed_items"] = self.failed_items
@@ -156,6 +158,7 @@ def run_eval(
     seconds = time.perf_counter() - t0
 
     failures: dict[str, int] = {}
+    notes: dict[str, int] = {}
     predictions: list[Any] = []
     failed: list[str | None] = []
     for p in raw:
@@ -168,13 +171,15 @@ def run_eval(
         own = p.get("failures") or {}
         for k, v in own.items():
             failures[k] = failures.get(k, 0) + int(v)
+        for k, v in (p.get("notes") or {}).items():
+            notes[k] = notes.get(k, 0) + int(v)
         predictions.append(p)
         failed.append(failure_reason(own))
 
     entries = history_since(started)
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
                         usage=usage_of(entries), seconds=seconds, predictions=predictions, errors=errors,
-                        failed=failed)
+                        failed=failed, notes=notes)
     if report is not None:
         try:
             result.report = dict(report(examples, predictions) or {})

@@ -18,7 +18,7 @@ How a detection job runs (:func:`detect_ray`)
   DSPy callback passes through, so N workers together keep to the provider's concurrency and rate limit.
 * Results come back to the driver in input order (``preserve_order``); each batch is written at once as an
   atomic Parquet part under ``<output>.parts/``, with the contract's fields flattened into columns
-  (:data:`OUTPUT_COLUMNS`; spans, labels, units, evidence and failures as JSON strings). A row that fails
+  (:data:`OUTPUT_COLUMNS`; spans, labels, units, evidence, failures and notes as JSON strings). A row that fails
   (missing answer, malformed line, program error, or a detection without usable output:
   :func:`halluscope.contract.item_failure`) is written with ``ok=false`` and its ``error``.
 * At the end the parts are merged, in input order, into ``--output`` (``.parquet``: the flat columns;
@@ -38,6 +38,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 import uuid
@@ -74,11 +75,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 JOB_FORMAT = "halluscope-ray-detect/1"
-JSON_COLUMNS = ("spans", "soft_labels", "hard_labels", "units", "failures", "evidence")
+JSON_COLUMNS = ("spans", "soft_labels", "hard_labels", "units", "failures", "evidence", "notes")
 # The output's columns, in order: the id, success and error, the Detection contract flattened (JSON strings
 # for its lists and dicts), LM usage of the row, and the content hash of the artifact that produced it.
 OUTPUT_COLUMNS = ("id", "ok", "error", "answer", "spans", "soft_labels", "hard_labels", "label", "score",
-                  "units", "rationale", "revision", "failures", "evidence", "lm_calls", "lm_input_tokens",
+                  "units", "rationale", "revision", "failures", "evidence", "notes", "lm_calls", "lm_input_tokens",
                   "lm_output_tokens", "artifact_hash")
 
 
@@ -106,6 +107,7 @@ class RayOptions:
     lm_per_minute: float | None = None
     imports: tuple[str, ...] = ()
     progress: bool = True
+    verbose: bool = False  # Ray's own logs (INFO, its workers' output, its C++ core's errors) on the console
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -378,7 +380,12 @@ def init_ray(opts: RayOptions):
     ray = _ray()
     if ray.is_initialized():
         return ray
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+    if not opts.verbose:
+        # Ray's C++ core logs errors that are not (an actor killed at shutdown: "Failed to kill actor",
+        # "E core_worker.cc"); they stay in Ray's session log files under /tmp/ray. --verbose shows them.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": opts.verbose,
+                              "logging_level": logging.INFO if opts.verbose else logging.WARNING}
     if opts.address:
         ray.init(address=opts.address, **kwargs)
     else:
@@ -402,6 +409,11 @@ def _set_context(opts: RayOptions):
     ctx = DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = opts.progress
+    if hasattr(ctx, "print_on_execution_start"):  # the plan printed when a dataset starts: --verbose only
+        ctx.print_on_execution_start = opts.verbose
+    if not opts.verbose:  # Ray Data sets its own loggers to INFO when imported ("execution finished in ...")
+        for name in ("ray", "ray.data"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     return ctx
 
 
@@ -545,9 +557,71 @@ def detect_ray(
     job = {"format": JOB_FORMAT, "artifact": str(Path(detector.path).resolve()),
            "artifact_hash": detector.content_hash, "program": detector.name, **_input_fingerprint(in_path)}
     _open_job(parts, job)
+    finished = finished_job(parts, out_path, retry_failed)
+    if finished is not None:  # nothing to do: said from job.json, without starting Ray
+        return finished
     done = _done_ids(parts, retry_failed)
 
     ray = init_ray(opts)
+    with stop_on_sigterm():
+        stats = _run_detect(ray, opts, detector, in_path, out_path, parts, job, fmt, n_rows, done, lang=lang,
+                            task=task, lm=lm, extra_inputs=extra_inputs, on_batch=on_batch,
+                            trust_endpoints=trust_endpoints)
+    _mark_finished(parts, stats)
+    return stats
+
+
+class stop_on_sigterm:
+    """SIGTERM raises KeyboardInterrupt in the driver (as Ctrl-C does), so a killed job stops between writes
+    (every part is written atomically: the job resumes) instead of Ray's native handler dumping a stack."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(_signum, _frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def finished_job(parts: Path, out_path: Path, retry_failed: bool = False) -> dict | None:
+    """The stats of a job ``parts/job.json`` records as finished, when its output is still the file it wrote
+    (same size) and nothing is to be retried; else None (the job runs)."""
+    meta = parts / "job.json"
+    try:
+        done = json.loads(meta.read_text(encoding="utf-8")).get("finished")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(done, dict) or not out_path.is_file() or out_path.stat().st_size != done.get("output_bytes"):
+        return None
+    if retry_failed and done.get("output_failed"):
+        return None
+    return {"rows": done["output_rows"], "skipped": done["output_rows"], "ok": 0, "failed": 0, "lm_calls": 0,
+            "lm_input_tokens": 0, "lm_output_tokens": 0, "seconds": 0.0, "rows_per_s": 0.0,
+            "output": str(out_path), "parts": str(parts), "output_rows": done["output_rows"],
+            "output_failed": done["output_failed"], "already_finished": True}
+
+
+def _mark_finished(parts: Path, stats: dict) -> None:
+    meta = parts / "job.json"
+    job = json.loads(meta.read_text(encoding="utf-8"))
+    job["finished"] = {"output_rows": stats["output_rows"], "output_failed": stats["output_failed"],
+                       "output_bytes": Path(stats["output"]).stat().st_size,
+                       "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    write_text_atomic(meta, json.dumps(job, indent=2) + "\n")
+
+
+def _run_detect(ray, opts, detector, in_path, out_path, parts, job, fmt, n_rows, done, *, lang, task, lm,
+                extra_inputs, on_batch, trust_endpoints) -> dict:
+    import pyarrow as pa  # heavy; comes with the datasets dependency
+
     _set_context(opts)
     gate = _start_gate(ray, opts)
     blocks = {"override_num_blocks": max(1, -(-n_rows // opts.batch_size))}
@@ -627,7 +701,8 @@ def _merged_table(parts: Path):
     files = _part_files(parts)
     if not files:
         return pa.Table.from_pylist([], schema=_output_schema().remove(len(OUTPUT_COLUMNS)))
-    table = pa.concat_tables([pq.read_table(f) for f in files])
+    # parts written before the contract gained `notes` lack that column: it is null there
+    table = pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
     order = pa.array(range(table.num_rows), type=pa.int64())
     table = table.append_column("_seq", order)
     # newest per position: sort by (_pos, _seq desc), then keep the first row of each position
@@ -635,7 +710,7 @@ def _merged_table(parts: Path):
     pos = table["_pos"].to_numpy()
     first = [0] + [i for i in range(1, len(pos)) if pos[i] != pos[i - 1]] if len(pos) else []
     table = table.take(pa.array(first, type=pa.int64())) if len(pos) else table
-    return table.drop_columns(["_seq", "_pos"])
+    return table.select(list(OUTPUT_COLUMNS))
 
 
 def merge_parts(parts: Path, out_path: Path) -> tuple[int, int]:
@@ -758,6 +833,7 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
     if gate is not None:
         ray.kill(gate)
     failures: dict[str, int] = {}
+    notes: dict[str, int] = {}
     predictions: list[Any] = []
     errors: list[str] = []
     failed: list[str | None] = []  # per item, as run_eval: why it is a failed item (item_failure)
@@ -777,13 +853,16 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
         p = json.loads(r["prediction"])
         pred = to_prediction(Detection.from_dict(p["detection"]), **{
             k: v for k, v in p["extra"].items() if k not in ("spans", "soft_labels", "hard_labels", "label", "score",
-                                                            "rationale", "revision", "units", "failures")})
+                                                            "rationale", "revision", "units", "failures", "notes")})
         for k, v in (pred.get("failures") or {}).items():
             failures[k] = failures.get(k, 0) + int(v)
+        for k, v in (pred.get("notes") or {}).items():
+            notes[k] = notes.get(k, 0) + int(v)
         predictions.append(pred)
         failed.append(failure_reason(pred.get("failures")))
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
-                        usage=usage, seconds=seconds, predictions=predictions, errors=errors, failed=failed)
+                        usage=usage, seconds=seconds, predictions=predictions, errors=errors, failed=failed,
+                        notes=notes)
     if spec.report is not None:
         try:
             result.report = dict(spec.report(examples, predictions) or {})

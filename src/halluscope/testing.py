@@ -13,6 +13,11 @@ where a value may itself be a callable ``value(call) -> value``. Outputs it does
 type-appropriate default ("" for text, [] for lists, ...), so scripts stay short. A callable responder may
 instead return a ``str``: the engine answers with that text verbatim (garbage, truncated JSON), not in the
 adapter's format.
+
+``scripted_lm(responder, logprobs=fn)`` also answers requests for token log-probabilities: ``fn(call)`` returns
+``{field: {label: probability}}`` for the decision fields of that call, and the response carries one token per
+value with those labels as its alternatives (what :mod:`halluscope.decisions` reads); without ``logprobs`` the
+engine, like a backend without them, returns none.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dspy
-from dspy.lm15 import Message, Response, Usage, response_to_events
+from dspy.lm15 import Message, Response, TokenLogprob, TopLogprob, Usage, response_to_events
 from dspy.utils.callback import BaseCallback
 
 __all__ = ["Call", "ScriptedEngine", "SignatureTap", "scripted_lm"]
@@ -94,11 +99,37 @@ def _default(annotation: Any) -> Any:
 class ScriptedEngine:
     responder: Callable[[Call], dict] | dict
     calls: list[Call] = field(default_factory=list)
+    logprobs: Callable[[Call], dict] | None = None
     supports_response_schema = False
-    supported_params = frozenset({"temperature", "max_tokens", "stop", "seed"})
+    supported_params = frozenset({"temperature", "max_tokens", "stop", "seed", "logprobs", "top_logprobs"})
 
     def __post_init__(self):
         self._lock = threading.Lock()
+
+    def _tokens(self, call: Call, text: str, values: dict) -> tuple | None:
+        """One token per decision value (its alternatives: ``self.logprobs(call)``), the rest as single tokens."""
+        import math
+        import re
+
+        dists = self.logprobs(call) if self.logprobs is not None else {}
+        cuts = []
+        for name, dist in (dists or {}).items():
+            value = str(values.get(name, ""))
+            m = re.search(rf'"{re.escape(name)}"\s*:\s*"?|\[\[ ## {re.escape(name)} ## \]\]\s*', text)
+            at = text.find(value, m.end()) if m and value else -1
+            if at >= 0:
+                top = tuple(TopLogprob(str(lab), math.log(p)) for lab, p in dist.items() if p > 0)
+                cuts.append((at, at + len(value), top))
+        out, pos = [], 0
+        for start, end, top in sorted(cuts):
+            if start > pos:
+                out.append(TokenLogprob(text[pos:start], -0.01))
+            lp = next((t.logprob for t in top if t.token == text[start:end]), -0.01)
+            out.append(TokenLogprob(text[start:end], lp, top=top))
+            pos = end
+        if pos < len(text):
+            out.append(TokenLogprob(text[pos:], -0.01))
+        return tuple(out)
 
     def complete(self, request) -> Response:
         adapter, signature, inputs = TAP.current()
@@ -117,11 +148,13 @@ class ScriptedEngine:
         else:
             values = {k: (v(call) if callable(v) else v) for k, v in self.responder.items()}
         if isinstance(values, str):  # verbatim text: what a broken model or server answers
-            text = values
+            text, logprobs = values, None
         else:
             values = {k: values[k] if k in values else _default(f.annotation) for k, f in fields.items()}
             text = adapter.format_assistant_message_content(signature, values)
+            logprobs = self._tokens(call, text, values) if request.config.logprobs and self.logprobs else None
         return Response(id=None, model="scripted", message=Message.assistant(text), finish_reason="stop",
+                        logprobs=logprobs,
                         usage=Usage(input_tokens=len(system + user) // 4, output_tokens=len(text) // 4,
                                     total_tokens=(len(system + user) + len(text)) // 4))
 
@@ -132,9 +165,11 @@ class ScriptedEngine:
         pass
 
 
-def scripted_lm(responder, model: str = "scripted/test") -> dspy.LM:
-    """A ``dspy.LM`` (never cached) answering through :class:`ScriptedEngine`; ``lm.engine.calls`` logs calls.
+def scripted_lm(responder, model: str = "scripted/test", logprobs: Callable[[Call], dict] | None = None,
+                cache: bool = False) -> dspy.LM:
+    """A ``dspy.LM`` (never cached unless ``cache``) answering through :class:`ScriptedEngine`;
+    ``lm.engine.calls`` logs calls. ``logprobs``: see the module docstring.
 
     Installs :data:`TAP` in ``dspy.settings.callbacks`` (once), which is how the engine learns the signature."""
     _install_tap()
-    return dspy.LM(model, engine=ScriptedEngine(responder), cache=False)
+    return dspy.LM(model, engine=ScriptedEngine(responder, logprobs=logprobs), cache=cache)

@@ -8,45 +8,99 @@
     halluscope serve --program spans --lang de        # HTTP API + web page on 127.0.0.1:8000
     halluscope ui                                     # the MLflow UI on the project's runs (offline)
     halluscope register --lang de --metric iou        # a compiled artifact into the MLflow model registry
+
+Commands are imported lazily: ``halluscope detect ...`` imports :mod:`halluscope.cli.detect` only, and
+``halluscope --help`` imports none (the one-line help of each command is in :data:`COMMANDS`), so a command
+never pays for another's dependencies (FastAPI and uvicorn for serve, MLflow's server for ui, Ray).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+import time
 
-from halluscope.cli import compare, detect, evaluate
-from halluscope.cli.common import add_debug_arg, run_command, setup_logging
-from halluscope.cli import index as index_cmd
-from halluscope.cli import optimize as optimize_cmd
-from halluscope.cli import serve as serve_cmd
-from halluscope.cli import register as register_cmd
-from halluscope.cli import ui as ui_cmd
+from halluscope.cli.log import setup_logging
+from halluscope.paths import set_offline_defaults
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+#: command -> (module that defines ``add_parser(subparsers)``, the one-line help ``halluscope --help`` shows)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "evaluate": ("halluscope.cli.evaluate", "run a detector on a labelled dataset and score it"),
+    "optimize": ("halluscope.cli.optimize", "compile a detector (same as python optimize.py)"),
+    "detect": ("halluscope.cli.detect", "run a compiled artifact on one answer or a JSONL file of answers"),
+    "compare": ("halluscope.cli.compare", "table of MLflow runs (metric by language, optimizer, LM) + PNG plot"),
+    "index": ("halluscope.cli.index", "build a knowledge-base index (BM25 over ≤256-token passages)"),
+    "serve": ("halluscope.cli.serve", "serve compiled detectors over HTTP (JSON API + web page)"),
+    "ui": ("halluscope.cli.ui", "start the MLflow UI on the project's runs (works offline)"),
+    "register": ("halluscope.cli.register", "register a compiled artifact as an MLflow model (no pickle)"),
+}
+
+#: when the process started the command (``time.perf_counter``): commands print wall times from here, so
+#: that a time covers the whole command (imports, loading, writing), not only the loop over items
+STARTED = time.perf_counter()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def wall_time() -> str:
+    """``"wall time 12.3 s (the whole command)"``: seconds since the command started (:data:`STARTED`)."""
+    return f"wall time {time.perf_counter() - STARTED:.1f} s (the whole command)"
+
+
+def command_in(argv: list[str]) -> str | None:
+    """The command ``argv`` names (its first word that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
+    """The ``halluscope`` parser. Only ``command``'s module is imported and its arguments defined (``"*"``:
+    every command's, for tests and documentation; None: none, for ``halluscope --help``); the other commands
+    are listed with their help line."""
     parser = argparse.ArgumentParser(prog="halluscope", description="Find and fix hallucinations in LLM answers.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    evaluate.add_parser(sub)
-    optimize_cmd.add_parser(sub)
-    detect.add_parser(sub)
-    compare.add_parser(sub)
-    index_cmd.add_parser(sub)
-    serve_cmd.add_parser(sub)
-    ui_cmd.add_parser(sub)
-    register_cmd.add_parser(sub)
-    for command in sub.choices.values():  # every command: --debug (optimize's arguments have it already)
-        if not any("--debug" in a.option_strings for a in command._actions):
-            add_debug_arg(command)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        if command in ("*", name):
+            importlib.import_module(module).add_parser(sub)
+            p = sub.choices[name]
+            if not any("--debug" in a.option_strings for a in p._actions):  # optimize's arguments have it
+                from halluscope.cli.common import add_debug_arg  # noqa: PLC0415 — the command imported it already
+
+                add_debug_arg(p)
+            if p.description is None:  # `halluscope CMD --help` starts with what the command does
+                p.description = help_text[:1].upper() + help_text[1:] + "."
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)  # a placeholder; never parses arguments
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_offline_defaults()  # before any command imports litellm (through dspy) or MLflow
     setup_logging()
-    args = build_parser().parse_args(argv)
-    return run_command(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = command_in(argv)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    from halluscope.cli.common import run_command  # noqa: PLC0415 — the command imported it already
+
+    try:
+        return run_command(args)  # an input error: one line and exit status 2 (--debug: the traceback)
+    except KeyboardInterrupt:  # Ctrl-C: what was written is whole (atomic writes); no traceback
+        print(f"halluscope {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `halluscope detect ... | head`: the reader left; nothing more to say
+        _silence_stdout()
+        return 141
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    import os  # noqa: PLC0415
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

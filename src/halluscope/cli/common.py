@@ -9,6 +9,7 @@ import os
 import sys
 from typing import NoReturn
 
+from halluscope.cli.log import setup_logging  # noqa: F401 — re-exported: commands import it from here
 from halluscope.paths import set_offline_defaults
 
 set_offline_defaults()  # before anything imports litellm (through dspy) or MLflow
@@ -98,7 +99,8 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
                    help="base URL of an OpenAI-compatible server (vLLM, Ollama, llama.cpp server)")
     g.add_argument("--api-key", default=None, help="API key (default: the provider's usual environment variable)")
     g.add_argument("--max-tokens", type=POSITIVE_INT, default=512, help="max tokens per LM call (default 512)")
-    g.add_argument("--temperature", type=ranged(number(0)), default=0.0)
+    g.add_argument("--temperature", type=ranged(number(0)), default=0.0,
+                   help="sampling temperature of the LM (default 0: the same answer every time)")
     g.add_argument("--adapter", choices=["json", "chat"], default=None,
                    help="DSPy adapter (default: json for the embedded model, chat otherwise)")
     g.add_argument("--cache-dir", default=None, help="DSPy disk cache folder (default .cache/dspy or $HALLUSCOPE_CACHE_DIR)")
@@ -234,34 +236,3 @@ def setup_lm(args, *, needed: bool = True):
         print(f"halluscope: LM check failed, nothing was run: {e}", file=sys.stderr)
         raise SystemExit(1) from None
     return lm
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time (a test's capture, a redirected stream)."""
-
-    def __init__(self):
-        super().__init__()
-        self.setFormatter(_Formatter())
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value):
-        pass
-
-
-class _Formatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage()
-        return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
-
-
-def setup_logging(level: int = logging.INFO) -> None:
-    """Show the library's log messages (``halluscope.*`` loggers: demo-data notices, warnings, progress) on
-    stderr, once per process. The library itself only logs; the command line decides where it goes."""
-    root = logging.getLogger("halluscope")
-    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
-        root.addHandler(_StderrHandler())
-    root.setLevel(level)

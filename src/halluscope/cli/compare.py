@@ -24,14 +24,14 @@ from halluscope.optimize.tracking import format_table, plot_scores, resolve_trac
 
 def add_parser(subparsers) -> None:
     c = subparsers.add_parser("compare", help="table of MLflow runs (metric by language, optimizer, LM) + PNG plot")
-    c.add_argument("--metric", choices=list(METRICS), default="iou")
+    c.add_argument("--metric", choices=list(METRICS), default="iou", help="the score shown (default iou)")
     c.add_argument("--program", default=None, help="only this program")
     c.add_argument("--lang", default=None, help="only this language")
     c.add_argument("--kind", choices=["optimize", "evaluate"], default=None, help="only this kind of run")
     c.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else the project's sqlite store)")
     c.add_argument("--plot", default=None, help="PNG path (default outputs/compare/<metric>-by-language.png)")
-    c.add_argument("--no-plot", action="store_true")
+    c.add_argument("--no-plot", action="store_true", help="print the table only, no PNGs")
     c.add_argument("--cost", choices=["calls", "tokens"], default="calls",
                    help="frontier x axis: LM calls or LM tokens per item (default calls)")
     c.add_argument("--out-dir", default=None, help="folder of the grid and frontier PNGs (default outputs/compare)")

@@ -23,6 +23,7 @@ rerun the same command and the rows already in ``<output>.parts/`` are skipped.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -33,9 +34,10 @@ from typing import Any
 from halluscope import paths
 from halluscope.artifacts import ArtifactError, list_versions, load_compiled, rank_versions, zero_shot_score
 from halluscope.cli.common import (POSITIVE_INT, add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
-                                   resolve_dataset, setup_lm, usage_error)
+                                   parse_options, resolve_dataset, setup_lm, usage_error)
 from halluscope.contract import failure_reason
 from halluscope.cli.engine import add_engine_args, detect_with_ray
+from halluscope.cli.render import FORMATS, choose_format, write_row
 from halluscope.optimize.tracing import lm_tracing
 from halluscope.optimize.tracking import experiment_name
 from halluscope.detector import detect, detect_jsonl
@@ -57,10 +59,14 @@ def add_parser(subparsers) -> None:
     d.add_argument("--lang", default=None, help="the language the artifact was compiled for (e.g. de)")
     d.add_argument("--task", default=None, help="the task the artifact was compiled for (HalluClean: qa, dialogue, "
                                                 "summarization, mwp, self_contradiction)")
-    d.add_argument("--metric", choices=list(METRICS), default="iou", help="metric the artifact was optimised for")
+    d.add_argument("--metric", choices=list(METRICS), default=None,
+                   help="metric the artifact was optimised for (default: iou for --lang, f1 for --task)")
     d.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best one")
     d.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
     d.add_argument("--list", action="store_true", help="list the versions and exit")
+    d.add_argument("--option", "-O", action="append", metavar="KEY=VALUE", default=None,
+                   help="a build option to change when loading, only those safe at load time (MEDICO: -O kb=DIR, "
+                        "-O files=a.pdf,b.docx, -O sources=context,kb, -O k=8, ...); others are refused by name")
     d.add_argument("--trust-artifact-endpoints", action="store_true",
                    help="load an artifact even if its options choose LMs, model servers or URLs (e.g. FINCH-ZK "
                         "samplers) that would receive your API keys; only for artifacts you trust")
@@ -72,9 +78,15 @@ def add_parser(subparsers) -> None:
     d.add_argument("--context", default="", help="reference text for --answer")
     d.add_argument("--output", default=None, help="output JSONL (default: stdout for --answer, "
                                                    "outputs/detect/<time>/detections.jsonl for --input)")
-    d.add_argument("--threads", type=POSITIVE_INT, default=1)
+    d.add_argument("--format", choices=FORMATS, default=None,
+                   help="what stdout shows: text (for people: the answer with its spans marked, verdict, top "
+                        "units, signals; the default on a terminal), json (the contract row as one JSON line; "
+                        "the default when stdout is a pipe or file) or jsonl (the same, one line per answer). "
+                        "With --input the rows go to --output as JSONL; text also shows each one")
+    d.add_argument("--threads", type=POSITIVE_INT, default=1,
+                   help="--input: answers run at once in this process (default 1)")
     add_max_failed_share(d, 0.0, "the run")
-    d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     d.add_argument("--retry-failed", action="store_true",
                    help="--engine ray: a rerun also retries the rows an earlier run wrote as failed")
     d.add_argument("--trace", action="store_true",
@@ -97,6 +109,8 @@ def cmd_detect(args) -> int:
         usage_error(args, "give --lang LANG or --task TASK: artifacts are stored per language or task "
                           "(compiled/<program>/<lang or task>/<metric>/)")
     key = dataset.key(lang, task)
+    if args.metric is None:
+        args.metric = "f1" if task else "iou"
     args.program, key, why = default_program(args, key, lang=lang, task=task)
     if why:
         print(f"halluscope detect: {why}", file=sys.stderr)
@@ -110,7 +124,8 @@ def cmd_detect(args) -> int:
             score = "-" if v.score is None else f"{v.score:.4f}"
             zero = zero_shot_score(m)
             flags = "".join(f"  [{f}]" for f in (("BELOW ZERO-SHOT" if r.below_zero_shot else ""),
-                                                  ("UNTRACKED" if r.untracked else "")) if f)
+                                                  ("UNTRACKED" if r.untracked else ""),
+                                                  ("RETIRED" if r.retired else "")) if f)
             print(f"{v.name}{' *best*' if r.best else '       '}  "
                   f"{m.get('created_at', '?'):<25}  {m.get('source', '?'):<32}  "
                   f"cv {args.metric}={score:<7} zero-shot={'-' if zero is None else f'{zero:.4f}':<7}  "
@@ -125,9 +140,13 @@ def cmd_detect(args) -> int:
         raise SystemExit("halluscope detect: --engine ray needs --input FILE.{jsonl,parquet}")
     check_output(args)  # before any work: an unusable --output fails now, not after every answer was detected
     check_tracking(args, "detect")  # with --trace: a store that cannot take the traces fails now
+    load_options = _load_options(args)
+    if args.answer is not None and not args.output and sys.stdout is None:
+        usage_error(args, "stdout is closed: there is nowhere to write the detection; give --output FILE")
     try:
         detector = load_compiled(args.program, lang=key, metric=args.metric, version=args.version,
-                                 root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints)
+                                 root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints,
+                                 options=load_options)
     except (ArtifactError, ValueError) as e:
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2
@@ -154,12 +173,13 @@ def cmd_detect(args) -> int:
             reason = failure_reason(det.failures)
             row = {"id": "answer", "ok": reason is None, **({"error": f"unusable output: {reason}"} if reason else {}),
                    **det.to_dict()}
-            line = json.dumps(row, ensure_ascii=False)
             if args.output:
-                out = write_text_atomic(args.output, line + "\n")
+                out = write_text_atomic(args.output, json.dumps(row, ensure_ascii=False) + "\n")
                 print(f"wrote {out}", file=sys.stderr)
+                if args.format == "text":
+                    write_row(sys.stdout, row, "text")
             else:
-                print(line)
+                write_row(sys.stdout, row, choose_format(args.format, sys.stdout))
             problem = failed_share_line(int(reason is not None), 1, args.max_failed_share,
                                         f"unusable output: {reason}", "answers")
             if problem:
@@ -174,6 +194,9 @@ def cmd_detect(args) -> int:
         except (OSError, ValueError) as e:
             print(f"halluscope detect: {e}", file=sys.stderr)
             return 2
+        if args.format == "text":
+            for r in read_rows(out):
+                write_row(sys.stdout, r, "text", header=f"— {r.get('id')} —")
         print(f"{stats['items']} answers: {stats['ok']} ok ({stats['with_spans']} with spans), "
               f"{stats['failed']} failed, {stats['seconds']:.1f} s -> {stats['output']}")
         truncated = getattr(getattr(lm, "engine", None), "stats", None)
@@ -189,6 +212,20 @@ def cmd_detect(args) -> int:
             print(f"warning: {stats['failed']} of {stats['items']} answers failed ({stats['failed_why']}); they are "
                   f"written with \"ok\": false", file=sys.stderr)
         return 0
+
+
+def _load_options(args) -> dict:
+    """``-O KEY=VALUE`` as a typed dict (the names are checked against the program when it is loaded)."""
+    try:
+        return parse_options(getattr(args, "option", None))
+    except argparse.ArgumentTypeError as e:
+        usage_error(args, f"argument --option/-O: {e}")
+
+
+def read_rows(path) -> list[dict]:
+    """The rows of a detections JSONL file just written."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def check_output(args) -> Path | None:
@@ -224,11 +261,17 @@ def default_program(args, key: str, *, lang: str | None, task: str | None) -> tu
     """``(program, artifact key, what was chosen and why)`` for ``halluscope detect``.
 
     An explicit ``--program`` is kept (``why`` is ""), except that ``grounded`` for a language without its own
-    artifact falls back to the cross-lingual one. Without ``--program``: ``grounded`` for a language (not a
-    HalluClean task) when the LM is the embedded default or another local GGUF (``--lm local...``), else
-    ``spans``."""
+    artifact falls back to the cross-lingual one. Without ``--program``: ``grounded`` for a language when the LM
+    is the embedded default or another local GGUF (``--lm local...``), and for a HalluClean task when a grounded
+    artifact was fitted for it (``optimize.py --program grounded --dataset halluclean --task qa --metric f1``,
+    issue #19), else ``spans``."""
     explicit = args.program is not None
     embedded = str(getattr(args, "lm", "local") or "local").startswith("local")
+    if args.metric is None:
+        args.metric = "f1" if task else "iou"
+    if not explicit and embedded and task and list_versions("grounded", key, args.metric, root=args.compiled_dir):
+        return "grounded", key, (f"program grounded (the default with the embedded model), its artifact fitted "
+                                 f"on {key!r} response labels (--program spans for the LM span detector)")
     program = args.program or ("grounded" if embedded and lang and not task else "spans")
     if program != "grounded" or not lang or task:
         return program, key, ""

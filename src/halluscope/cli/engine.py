@@ -16,7 +16,7 @@ from halluscope.artifacts import ArtifactError
 from halluscope.cli.common import POSITIVE_INT, failed_share_line, ranged
 from halluscope.contract import describe_failed
 from halluscope.programs.registry import get, number
-from halluscope.scale import LMConfig, RayOptions, detect_ray, evaluate_ray
+from halluscope.scale import LMConfig, RayOptions, detect_ray, evaluate_ray, parts_dir
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -35,6 +35,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="at most this many LM calls in flight across all Ray actors (a hosted LM's limit)")
     g.add_argument("--lm-per-minute", type=ranged(number(0, lo_open=True)), default=None,
                    help="at most this many LM calls started per minute across all Ray actors")
+    g.add_argument("--verbose", action="store_true",
+                   help="--engine ray: show Ray's own logs (INFO, its workers' output, its core's errors); by "
+                        "default only its warnings (the full logs stay in Ray's session folder under /tmp/ray)")
     g.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="module every Ray actor imports first (a plugin that registers programs; repeatable)")
 
@@ -44,7 +47,7 @@ def ray_options(args) -> RayOptions:
     return RayOptions(address=args.address, workers=args.workers, batch_size=args.batch_size,
                       cpus_per_worker=args.cpus_per_worker, lm_concurrency=args.lm_concurrency,
                       lm_per_minute=args.lm_per_minute, imports=tuple(args.imports),
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, verbose=getattr(args, "verbose", False))
 
 
 def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> int:
@@ -63,7 +66,15 @@ def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> in
     except (OSError, ValueError, ImportError, ArtifactError) as e:  # scale.ResumeError is a ValueError
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2
-    print_summary(stats)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every part written so far is whole
+        print(f"halluscope detect: interrupted; the rows written so far are kept in {parts_dir(out)}: run the "
+              f"same command again to resume", file=sys.stderr)
+        return 130
+    if stats.get("already_finished"):
+        print(f"nothing to do: {stats['output']} is this job's finished output ({stats['output_rows']} rows, "
+              f"{stats['output_failed']} failed; --retry-failed reruns those)")
+    else:
+        print_summary(stats)
     why = describe_failed(stats.get("failed_kinds") or {})
     problem = failed_share_line(stats["output_failed"], stats["output_rows"], args.max_failed_share,
                                 why if stats["skipped"] == 0 else "", "rows")

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from halluscope import paths
+from halluscope.cli import wall_time
 from halluscope.artifacts import ArtifactError, load_artifact_dir, load_compiled
 from halluscope.cli.common import (POSITIVE_INT, SHARE, add_data_args, add_lm_args, check_data_args, check_tracking,
                                    load_examples, parse_options, setup_lm, usage_error)
@@ -51,13 +52,14 @@ def add_parser(sub) -> None:
                         "your API keys; only for artifacts you trust")
     add_data_args(ev)
     add_lm_args(ev)
-    ev.add_argument("--threads", type=POSITIVE_INT, default=1)
+    ev.add_argument("--threads", type=POSITIVE_INT, default=1,
+                    help="items run at once in this process (default 1; the embedded model runs one at a time)")
     add_engine_args(ev)
     ev.add_argument("--out-dir", default=None, help="where predictions are written (default ./outputs)")
     ev.add_argument("--max-failed-share", type=SHARE, default=0.5,
                     help="the run FAILS (exit 1, MLflow status FAILED, not ranked by compare) when more than this "
                          "share of the items failed")
-    ev.add_argument("--no-progress", action="store_true")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     ev.add_argument("--no-mlflow", action="store_true", help="do not record an MLflow run")
     ev.add_argument("--trace", action="store_true",
                    help="record every LM call of the program as an MLflow trace (prompts and outputs, "
@@ -148,6 +150,7 @@ def cmd_evaluate(args) -> int:
                            artifacts=files, tracking_uri=args.tracking_uri, tags=tags,
                            status="FAILED" if failed_run else "FINISHED")
         print(f"mlflow run: {run_id}")
+    print(wall_time())  # around everything: imports, loading, the items, writing, MLflow
     return 1 if failed_run else 0
 
 
@@ -256,7 +259,8 @@ def print_summary(program: str, source: str, summary: dict, result) -> None:
     print(f"{'LM calls':>18}: {summary['lm_calls']} ({summary['lm_cache_hits']} from cache), "
           f"{summary['lm_calls_per_item']} per item")
     print(f"{'tokens':>18}: {summary['lm_input_tokens']} in, {summary['lm_output_tokens']} out")
-    print(f"{'wall time':>18}: {summary['seconds']:.1f} s ({summary['seconds_per_item']:.2f} s per item)")
+    print(f"{'detect time':>18}: {summary['seconds']:.1f} s ({summary['seconds_per_item']:.2f} s per item; the "
+          f"items only — the whole command's wall time is printed last)")
     for k, v in result.report.items():
         print(f"{k:>18}: {v}")
     for e in result.errors[:5]:

@@ -19,7 +19,9 @@ from halluscope.retrievers.kb import build_index
 def add_parser(subparsers) -> None:
     i = subparsers.add_parser("index", help="build a knowledge-base index (BM25 over ≤256-token passages)")
     isub = i.add_subparsers(dest="index_command", required=True)
-    b = isub.add_parser("build", help="index a folder of documents or a JSONL of {id, text} documents")
+    b = isub.add_parser("build", help="index a folder of documents or a JSONL of {id, text} documents",
+                        description="Index a folder of documents (.txt/.md/.pdf/.docx) or a JSONL file of "
+                                    "{id, text} documents for MEDICO's kb source.")
     b.add_argument("source", help="a folder (.txt/.md/.pdf/.docx, recursively) or a .jsonl file of {id, text}")
     b.add_argument("--out", required=True, help="index folder to write (reused when the corpus is unchanged)")
     b.add_argument("--max-tokens", type=POSITIVE_INT, default=256, help="passage length in tokens (default 256)")

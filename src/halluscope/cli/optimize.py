@@ -17,6 +17,7 @@ from pathlib import Path
 import dspy
 
 from halluscope.artifacts import below_zero_shot, list_versions, rank_versions, zero_shot_score
+from halluscope.cli import wall_time
 from halluscope.cli.common import (COUNT, POSITIVE_INT, SHARE, InputError, add_data_args, add_debug_arg,
                                    add_lm_args, check_data_args, check_tracking, load_examples, one_line,
                                    parse_options, ranged, run_command, setup_lm, setup_logging)
@@ -74,17 +75,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="max tokens per proposal call (default: 256 for the embedded model, whose proposals "
                         "otherwise ramble to the limit at temperature 1; --max-tokens for other LMs)")
     o = p.add_argument_group("optimizer")
-    o.add_argument("--optimizer", choices=["mipro", "bootstrap"], default=None,
-                   help="mipro = dspy.MIPROv2, bootstrap = dspy.BootstrapFewShot; default: the program's own "
-                        "(mipro, or the fit hook of a program with one). With a fit hook and an LM (medico, "
-                        "jointcq) a chosen optimizer compiles the prompts (then the hook fits the compiled "
-                        "program, or compiles with it); a program without an LM (grounded) ignores it")
+    o.add_argument("--optimizer", default=None, metavar="NAME",
+                   help="mipro = dspy.MIPROv2, bootstrap = dspy.BootstrapFewShot, gepa = dspy.GEPA (reflective "
+                        "prompt evolution from the metric's textual feedback; --prompt-lm reflects), reanchor = "
+                        "dspy.ReAnchor (calibrates the decision outputs: direct, direct+routing, halluclean, "
+                        "medico), or mipro+reanchor / bootstrap+reanchor / gepa+reanchor (prompts first, then "
+                        "calibration); default: the program's own (mipro, or the fit hook of a program with one). "
+                        "With a fit hook and an LM (medico, jointcq) a chosen optimizer compiles the prompts (then "
+                        "the hook fits the compiled program, or compiles with it); a program without an LM "
+                        "(grounded) ignores it")
     o.add_argument("--auto", choices=["light", "medium", "heavy"], default="light",
-                   help="MIPROv2 budget preset (ignored when --candidates/--trials are given)")
+                   help="MIPROv2/GEPA budget preset (ignored when --candidates/--trials or --max-metric-calls "
+                        "are given)")
+    o.add_argument("--max-metric-calls", type=int, default=None,
+                   help="GEPA's budget in metric calls (replaces --auto)")
+    o.add_argument("--decision-probs", choices=["logprobs", "verbal"], default="logprobs",
+                   help="where ReAnchor reads decision probabilities: the backend's token log-probabilities "
+                        "(default; refused with a backend that returns none) or numbers the LM writes (verbal, "
+                        "DSPy's own behaviour)")
     o.add_argument("--candidates", type=POSITIVE_INT, default=None,
                    help="MIPROv2 num_candidates (with --trials, replaces --auto)")
     o.add_argument("--trials", type=POSITIVE_INT, default=None, help="MIPROv2 num_trials (with --candidates)")
-    o.add_argument("--max-bootstrapped-demos", type=COUNT, default=2)
+    o.add_argument("--max-bootstrapped-demos", type=COUNT, default=2,
+                   help="demos the optimizer bootstraps from the program's own successful runs")
     o.add_argument("--max-labeled-demos", type=COUNT, default=0,
                    help="gold training examples as demos (programs supply the signature fields through "
                         "ProgramSpec.demo_fields; the span detector quotes the gold spans); 0 by default, which "
@@ -151,6 +164,12 @@ def validate_args(p: argparse.ArgumentParser, args) -> None:
                 f"optimise (choose from LM programs or programs with a fit hook)")
     if args.folds < 1:
         p.error(f"argument --folds: must be at least 1, not {args.folds}")
+    try:
+        OptimizerConfig(name=args.optimizer, max_metric_calls=args.max_metric_calls,
+                        decision_probs=args.decision_probs, auto=args.auto,
+                        candidates=args.candidates, trials=args.trials)
+    except ValueError as e:
+        p.error(f"argument --optimizer: {e}")
     if (args.candidates is None) != (args.trials is None):
         p.error("arguments --candidates and --trials go together (they replace --auto)")
     if args.candidates is not None and (args.candidates < 1 or args.trials < 1):
@@ -201,10 +220,11 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     opt = OptimizerConfig(name=args.optimizer, auto=args.auto, candidates=args.candidates, trials=args.trials,
                           max_bootstrapped_demos=args.max_bootstrapped_demos,
                           max_labeled_demos=args.max_labeled_demos, val_fraction=args.val_fraction,
-                          seed=args.seed, threads=args.threads, max_errors=args.max_errors)
+                          seed=args.seed, threads=args.threads, max_errors=args.max_errors,
+                          max_metric_calls=args.max_metric_calls, decision_probs=args.decision_probs)
     try:
         check_fold_sizes(len(examples), args.folds, optimizer_for(spec, opt, options))
-    except FoldSizeError as e:
+    except (FoldSizeError, ValueError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     test_examples = test_path = test_split = None
     if args.test:  # checked before any LM call
@@ -238,10 +258,14 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
 
     with lm_tracing(getattr(args, "trace", False), experiment=experiment_name(config.program, config.lang),
                     tracking_uri=args.tracking_uri, kind="optimize", during_compile=True):
-        res = run_optimize(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=_stderr,
-                           on_stage=on_stage)
+        try:
+            res = run_optimize(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=_stderr,
+                               on_stage=on_stage)
+        except ValueError as e:  # refused before any optimizer call (e.g. ReAnchor on a backend without logprobs)
+            parser.exit(2, f"{parser.prog}: error: {e}\n")
     if res.mlflow_run_id:
         print(f"mlflow run: {res.mlflow_run_id}")
+    print(wall_time())  # around everything: imports, data, the run, the artifact and MLflow
     return res.exit_code
 
 
@@ -377,7 +401,7 @@ def format_summary(res, *, compiled_dir=None) -> str:
         + f"), tokens {usage['lm_input_tokens']} in / {usage['lm_output_tokens']} out, "
         + (f"task/prompt-model calls {usage['lm_task_calls']}/{usage['lm_prompt_calls']} "
            f"(new {usage['lm_task_new_calls']}/{usage['lm_prompt_new_calls']}), " if "lm_task_calls" in usage else "")
-        + f"LM errors {usage['lm_errors']}, wall time {usage['seconds']:.1f} s")
+        + f"LM errors {usage['lm_errors']}, run time {usage['seconds']:.1f} s (the stages)")
     if new == 0 and usage["lm_calls"]:
         lines.append("  every LM call was served from DSPy's cache")
     lines.append(f"report: {res.report_path}")

@@ -20,9 +20,10 @@ from halluscope.programs.registry import names
 
 def add_parser(subparsers) -> None:
     r = subparsers.add_parser("register", help="register a compiled artifact as an MLflow model (no pickle)")
-    r.add_argument("--program", choices=names(), default="spans")
+    r.add_argument("--program", choices=names(), default="spans", help="the artifact's program (default spans)")
     r.add_argument("--lang", required=True, metavar="LANG|TASK", help="the artifact's language (or HalluClean task)")
-    r.add_argument("--metric", choices=list(METRICS), default="iou")
+    r.add_argument("--metric", choices=list(METRICS), default="iou",
+                   help="the metric the artifact was optimised for (default iou)")
     r.add_argument("--version", default=None, help="the version to register (3 or v0003); default: the best one")
     r.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
     r.add_argument("--name", default=None, help="registered model name (default halluscope-<program>-<lang>)")

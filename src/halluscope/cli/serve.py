@@ -5,6 +5,7 @@
     halluscope serve --program halluclean --task qa --version 1
     halluscope serve --model models:/halluscope-spans-de@champion    # a registered MLflow model (see register)
     HALLUSCOPE_SERVE_KEY=... halluscope serve --lang de --host 0.0.0.0   # a key is required off loopback
+    halluscope serve --lang de --workers 2                           # two processes share the port
 
 ``--model URI`` (repeatable) loads a model registered with ``halluscope register`` from the MLflow registry
 (``--tracking-uri``, default ``$MLFLOW_TRACKING_URI`` or the project's store), verified like a local artifact
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import os
 import sys
@@ -29,7 +31,7 @@ import time
 
 from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
 from halluscope.cli.common import (PORT, POSITIVE_INT, SECONDS, add_lm_args, add_max_failed_share, failed_share_line,
-                                   setup_lm)
+                                   parse_options, setup_lm)
 from halluscope.contract import describe_failed, failed_kinds, failure_reason
 from halluscope.detector import detect
 from halluscope.redact import error_text, redact
@@ -38,7 +40,7 @@ from halluscope.cli.detect import default_program
 from halluscope.detector import CompiledDetector
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
-from halluscope.serve.app import Limits, create_app
+from halluscope.serve.app import Limits, create_app, swagger_assets
 
 KEY_ENV = "HALLUSCOPE_SERVE_KEY"
 
@@ -60,22 +62,32 @@ def add_parser(subparsers) -> None:
     g.add_argument("--model", action="append", default=[], metavar="URI",
                    help="an MLflow registered model to serve, models:/NAME@ALIAS or models:/NAME/VERSION "
                         "(repeat for several; --lang/--task are then optional)")
+    g.add_argument("--option", "-O", action="append", metavar="KEY=VALUE", default=None,
+                   help="a build option to change when loading, only those safe at load time (MEDICO: -O kb=DIR, "
+                        "-O files=a.pdf, -O k=8, ...); others are refused by name")
     g.add_argument("--tracking-uri", default=None,
                    help="MLflow store holding the --model registry (default $MLFLOW_TRACKING_URI, else the "
                         "project's sqlite store)")
     n = s.add_argument_group("server")
     n.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    n.add_argument("--port", type=PORT, default=8000)
+    n.add_argument("--port", type=PORT, default=8000, help="port to listen on (default 8000)")
     n.add_argument("--require-key", default=os.environ.get(KEY_ENV), metavar="KEY",
                    help=f"API key clients must send as X-API-Key (default ${KEY_ENV}); required off loopback")
     n.add_argument("--timeout", type=SECONDS, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
-    n.add_argument("--max-body-bytes", type=POSITIVE_INT, default=Limits.max_body_bytes)
-    n.add_argument("--max-batch", type=POSITIVE_INT, default=Limits.max_batch)
+    n.add_argument("--max-body-bytes", type=POSITIVE_INT, default=Limits.max_body_bytes,
+                   help="largest request body; larger ones are refused with 413 (default %(default)s)")
+    n.add_argument("--max-batch", type=POSITIVE_INT, default=Limits.max_batch,
+                   help="most answers in one /v1/detect/batch request (default %(default)s)")
     n.add_argument("--max-upload-bytes", type=POSITIVE_INT, default=Limits.max_upload_bytes,
                    help="largest evidence file the page may upload to /v1/evidence (default %(default)s)")
+    n.add_argument("--workers", type=POSITIVE_INT, default=1,
+                   help="server processes sharing the port (uvicorn workers); each loads the detectors (and the "
+                        "LM: N times its memory) and uses a core, for CPU-bound detectors such as grounded "
+                        "without an LM scorer (default 1)")
     n.add_argument("--lm-concurrency", type=POSITIVE_INT, default=1,
                    help="requests inside LM programs at once (1 for the embedded model)")
-    n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="the server's log level (default info: one line per request)")
     n.add_argument("--no-startup-check", action="store_true",
                    help="start without running each loaded detector once on a probe answer")
     add_max_failed_share(n, 0.5, "start-up")
@@ -97,7 +109,7 @@ def _with_metric(args):
     return argparse.Namespace(**{**vars(args), "metric": args.metric or "iou"})
 
 
-def resolve_detectors(args) -> list[CompiledDetector]:
+def resolve_detectors(args, *, quiet: bool = False) -> list[CompiledDetector]:
     """The compiled detectors the arguments name, loaded and verified (raises ArtifactError/ValueError).
 
     This is the one place that knows where artifacts come from: local version folders (``--lang``/``--task``)
@@ -112,19 +124,23 @@ def resolve_detectors(args) -> list[CompiledDetector]:
         if not uri.startswith(MODEL_URI_PREFIX):
             raise ValueError(f"--model {uri!r}: expected an MLflow registered-model URI, models:/NAME@ALIAS or "
                              f"models:/NAME/VERSION")
+    try:
+        options = parse_options(getattr(args, "option", None))
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"--option/-O: {e}") from None
     detectors = []
     for key in dict.fromkeys(keys):
         if key in args.lang:  # as halluscope detect: grounded by default on the embedded model, and says so
             program, key, why = default_program(_with_metric(args), key, lang=key, task=None)
-            if why:
+            if why and not quiet:
                 print(why, file=sys.stderr)
         else:
             program = args.program or "spans"
         metric = args.metric or get(program).default_metric
         detectors.append(load_compiled(program, lang=key, metric=metric, version=args.version,
-                                       root=args.compiled_dir))
+                                       root=args.compiled_dir, options=options))
     for uri in models:
-        detectors.append(load_compiled(uri, tracking_uri=getattr(args, "tracking_uri", None)))
+        detectors.append(load_compiled(uri, tracking_uri=getattr(args, "tracking_uri", None), options=options))
     seen: dict[tuple[str, str, int], CompiledDetector] = {}
     for d in detectors:
         other = seen.setdefault((d.name, d.lang, d.version), d)
@@ -133,6 +149,36 @@ def resolve_detectors(args) -> list[CompiledDetector]:
                              f"and {d.path}); the server addresses them by program, language and version: serve "
                              f"one of them")
     return list(seen.values())
+
+
+WORKER_ENV = "HALLUSCOPE_SERVE_WORKER_ARGS"  # the arguments each worker process rebuilds the app from
+
+
+def build_app(args, *, detectors: list[CompiledDetector] | None = None, quiet: bool = False,
+              started: float | None = None, lm_ready: bool = False):
+    """The FastAPI app the arguments describe: the detectors loaded and verified (unless given), the LM set up
+    when one of them uses it. ``started`` (``time.perf_counter()``): when start-up began, for ``/healthz``'s
+    ``startup_s`` (default: now). ``lm_ready``: the caller has set the LM up already. Raises
+    ArtifactError/ValueError on bad arguments."""
+    t0 = time.perf_counter() if started is None else started
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, timeout_s=args.timeout,
+                    max_upload_bytes=args.max_upload_bytes)
+    if detectors is None:
+        detectors = resolve_detectors(args, quiet=quiet)
+    if not lm_ready and any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):
+        lm = setup_lm(args)  # else no LM configured
+        compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
+        if compiled_with and not quiet:
+            print(f"warning: compiled with {', '.join(sorted(compiled_with))}; serving with {lm.model}",
+                  file=sys.stderr)
+    return create_app(detectors, api_key=args.require_key, limits=limits, lm_concurrency=args.lm_concurrency,
+                      startup_seconds=round(time.perf_counter() - t0, 3))
+
+
+def worker_app():
+    """``uvicorn --factory`` entry of each ``--workers`` process: the app rebuilt from the parent's arguments."""
+    args = argparse.Namespace(**json.loads(os.environ[WORKER_ENV]))
+    return build_app(args, quiet=True)
 
 
 #: What the start-up check asks each loaded detector (a plain, true answer with its evidence).
@@ -180,9 +226,7 @@ def cmd_serve(args) -> int:
               f"--require-key (clients then send X-API-Key)", file=sys.stderr)
         return 2
     try:
-        limits = Limits(max_body_bytes=args.max_body_bytes, max_batch=args.max_batch, timeout_s=args.timeout,
-                        max_upload_bytes=args.max_upload_bytes)
-        detectors = resolve_detectors(args)
+        detectors = resolve_detectors(args)  # verified once here: a bad artifact fails before any worker starts
     except (ArtifactError, ValueError) as e:
         print(f"halluscope serve: {e}", file=sys.stderr)
         return 2
@@ -201,8 +245,18 @@ def cmd_serve(args) -> int:
             print(f"halluscope serve: {problem}", file=sys.stderr)
             return 1
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(detectors, api_key=args.require_key, limits=limits, lm_concurrency=args.lm_concurrency,
-                     startup_seconds=round(time.perf_counter() - t0, 3))
-    print(f"serving on http://{args.host}:{args.port}/ (API docs at /docs)", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    docs = ("API docs at /docs, the OpenAPI schema at /openapi.json" if swagger_assets() is not None else
+            "the OpenAPI schema at /openapi.json; no /docs page: no Swagger UI is installed")
+    workers = f"; {args.workers} worker processes" if args.workers > 1 else ""
+    if args.workers == 1:
+        app = build_app(args, detectors=detectors, started=t0, lm_ready=True)
+        print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers}; started in "
+              f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        return 0
+    # several processes share the port (uvicorn's supervisor); each loads the detectors (and the LM) itself
+    os.environ[WORKER_ENV] = json.dumps({k: v for k, v in vars(args).items() if k != "func"})
+    print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers})", file=sys.stderr)
+    uvicorn.run("halluscope.cli.serve:worker_app", factory=True, workers=args.workers, host=args.host,
+                port=args.port, log_level=args.log_level)
     return 0

@@ -9,6 +9,9 @@ deadlocks on the import lock and the server never binds its port. ``LITELLM_LOCA
 litellm read the copy it ships with. Telemetry is turned off too (``MLFLOW_DISABLE_TELEMETRY`` and
 ``DO_NOT_TRACK``, both read by MLflow 3.17). The server runs one worker and listens on 127.0.0.1 unless
 ``--host`` says otherwise.
+
+The server runs in a process group of its own, which ``halluscope ui`` owns: SIGTERM, SIGINT (Ctrl-C) or
+SIGHUP (the terminal closed) stop MLflow and every child it started, and the port is free again.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from halluscope import paths
 from halluscope.cli.common import PORT
 from halluscope.optimize.tracking import resolve_tracking_uri
 
-__all__ = ["OFFLINE_ENV", "add_parser", "cmd_ui", "free_port", "ui_command", "ui_env"]
+__all__ = ["OFFLINE_ENV", "add_parser", "cmd_ui", "free_port", "run_group", "stop_group", "ui_command", "ui_env"]
 
 # What the server's environment gets (over the caller's): start offline, send nothing anywhere.
 OFFLINE_ENV = paths.OFFLINE_ENV
@@ -79,13 +82,45 @@ def cmd_ui(args) -> int:
         dest.mkdir(parents=True, exist_ok=True)
     cmd = ui_command(uri, host=args.host, port=port)
     print(f"MLflow UI on {uri}\n  http://{args.host}:{port}   (Ctrl-C stops it)", flush=True)
-    proc = subprocess.Popen(cmd, env=ui_env())
+    return run_group(cmd, env=ui_env())
+
+
+def run_group(cmd: list[str], *, env: dict | None = None, grace_s: float = 10.0) -> int:
+    """Run ``cmd`` in a process group of its own and wait; SIGTERM, SIGINT (Ctrl-C) or SIGHUP to this process
+    stop the whole group (the MLflow server and every worker it started): SIGTERM first, SIGKILL to what is
+    left after ``grace_s``. Returns the server's exit status, or 0 when it was stopped by a signal."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # its own session: one group to stop
+    stopping = {"signal": None}
+
+    def stop(signum, _frame):
+        stopping["signal"] = signum
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_group(proc, grace_s)
         return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:  # any other way out (an error): never leave the server behind
+            stop_group(proc, grace_s)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL to the group after ``grace_s``; waits for ``proc``."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:  # the server's workers may outlive it by a moment: whatever is left in the group goes now
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -1,10 +1,12 @@
 """The HTTP API and web page of ``halluscope serve``.
 
-Endpoints (all JSON; the OpenAPI page is at ``/docs``, the schema at ``/openapi.json``)::
+Endpoints (all JSON; the schema is at ``/openapi.json``, and the Swagger UI page at ``/docs`` renders it
+offline from an installed copy of Swagger UI (:func:`swagger_assets`; off when none is installed))::
 
     POST /v1/detect          {answer, question?, context?, evidence?, lang?, task?, program?, version?, inputs?}
-                             -> Detection.to_dict() + {"artifact": {program, key, metric, version, content_hash},
-                                                       "seconds"}
+                             -> Detection.to_dict() + {"counts", "counts_text" (contract.counts: hard/soft spans,
+                                units flagged, labelled), "artifact": {program, key, metric, version,
+                                content_hash}, "seconds"}
     POST /v1/detect/batch    {"items": [<detect request>, ...]} (at most Limits.max_batch items)
                              -> {"results": [{"ok": true, ...} | {"ok": false, "status", "error"}], ...}
     POST /v1/evidence        {filename, content_base64} (a TXT/Markdown/PDF/DOCX file, at most Limits.max_upload_bytes)
@@ -32,22 +34,26 @@ KEY``; ``halluscope serve`` refuses to bind to a non-loopback address without on
 
 import asyncio
 import hmac
+import importlib.util
 import logging
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from importlib import resources
+from pathlib import Path
 from typing import Any, Sequence
 
 import dspy
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from halluscope import __version__
 from halluscope.artifacts import selection_score
+from halluscope.contract import Evidence, counts, describe_counts
 from halluscope.detector import CompiledDetector, detect
 from halluscope.programs.registry import get as get_spec
 from halluscope.retrievers.files import ExtractionLimits
@@ -139,6 +145,13 @@ class ApiError(Exception):
 def _request_models(limits: Limits):
     """The request bodies, with this server's limits in their JSON schema (so /docs shows them)."""
 
+    class EvidencePassage(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        text: str = Field(description="the passage")
+        source: str = Field("evidence", max_length=64, description="where it came from: evidence, file, kb, ...")
+        id: str = Field("", max_length=255, description="an id within the source, e.g. the file name")
+
     class DetectRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
@@ -146,8 +159,10 @@ def _request_models(limits: Limits):
         question: str = Field("", max_length=limits.max_question_chars, description="the question it answers")
         context: str = Field("", max_length=limits.max_evidence_chars,
                              description="reference text the detector may use (retrieved context)")
-        evidence: list[str] = Field(default_factory=list, max_length=limits.max_evidence_items,
-                                    description="evidence passages; joined to the context")
+        evidence: list[str | EvidencePassage] = Field(
+            default_factory=list, max_length=limits.max_evidence_items,
+            description="evidence passages, joined to the context: plain text, or {text, source, id} to say where "
+                        "each came from (the page sends uploaded files as source 'file', id the file name)")
         lang: str | None = Field(None, max_length=32, description="language (Mu-SHROOM code) of the artifact")
         task: str | None = Field(None, max_length=32, description="HalluClean task of a response-level artifact")
         program: str | None = Field(None, max_length=64, description="program name (default: the only one loaded)")
@@ -287,7 +302,7 @@ def create_app(
     lm_slots = asyncio.Semaphore(lm_concurrency)
     stats = {"requests": 0, "errors": 0, "timeouts": 0}
 
-    app = FastAPI(title="halluscope", version=__version__,
+    app = FastAPI(title="halluscope", version=__version__, docs_url=None, redoc_url=None,
                   description="Find hallucinated spans in LLM answers with compiled halluscope detectors.")
     app.state.detectors = table
     app.state.limits = limits
@@ -356,13 +371,20 @@ def create_app(
         if unknown:
             raise ApiError(422, f"inputs: {ld.program} takes no input(s) {unknown}; it takes "
                                 f"{list(ld.extra_inputs) or 'none'}")
-        context = "\n\n".join([p for p in [req.context, *req.evidence] if p])
+        passages = [Evidence(text=req.context, source="context")] if req.context else []
+        for i, p in enumerate(req.evidence):
+            item = Evidence(text=p, source="evidence", id=f"evidence[{i}]") if isinstance(p, str) else \
+                Evidence(text=p.text, source=p.source or "evidence", id=p.id or f"evidence[{i}]")
+            if item.text:
+                passages.append(item)
+        context = "\n\n".join(p.text for p in passages)
         if len(context) > limits.max_evidence_chars:
             raise ApiError(422, f"evidence: context and evidence together have {len(context)} characters, "
                                 f"the limit is {limits.max_evidence_chars}")
         is_task = ld.key in HALLUCLEAN_TASKS
-        return partial(detect, ld.detector, req.answer, question=req.question, context=context,
+        call = partial(detect, ld.detector, req.answer, question=req.question, context=context,
                        lang=None if is_task else ld.key, task=ld.key if is_task else None, **req.inputs)
+        return partial(with_passages, call, passages)
 
     def in_lm_context(call):
         if lm is None and adapter is None:
@@ -395,7 +417,9 @@ def create_app(
         except Exception as e:  # a program bug: logged, contained, reported
             log.exception("detection failed in %s/%s", ld.program, ld.key)
             raise ApiError(500, f"detection failed: {type(e).__name__}: {str(e)[:300]}")
-        return {**det.to_dict(), "artifact": _artifact_ref(ld), "seconds": round(time.perf_counter() - t0, 4)}
+        row = det.to_dict()
+        return {**row, "counts": counts(row), "counts_text": describe_counts(counts(row)),
+                "artifact": _artifact_ref(ld), "seconds": round(time.perf_counter() - t0, 4)}
 
     @app.post("/v1/detect", dependencies=[Depends(require_key)], summary="Detect hallucinated spans in one answer")
     async def detect_route(req: DetectRequest) -> dict:
@@ -449,9 +473,54 @@ def create_app(
             raise ApiError(404, f"no static file {name!r}")
         return _static(name)
 
+    docs = swagger_assets()
+    app.state.docs_url = "/docs" if docs is not None else None
+    if docs is not None:  # the Swagger UI page, its script and style from an installed package: no CDN
+
+        @app.get("/docs", include_in_schema=False)
+        async def docs_page() -> Response:
+            return get_swagger_ui_html(openapi_url=app.openapi_url, title="halluscope API",
+                                       swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                       swagger_css_url="/docs/assets/swagger-ui.css",
+                                       swagger_favicon_url="/docs/assets/favicon.png")
+
+        @app.get("/docs/assets/{name}", include_in_schema=False)
+        async def docs_asset(name: str) -> Response:
+            if name not in SWAGGER_FILES:
+                raise ApiError(404, f"no docs asset {name!r}")
+            return Response((docs / name).read_bytes(), media_type=SWAGGER_FILES[name],
+                            headers={"Cache-Control": "max-age=86400", "X-Content-Type-Options": "nosniff"})
+
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
                        path_limits={"/v1/evidence": max(limits.max_body_bytes, upload_body_bytes(limits))})
     return app
+
+
+SWAGGER_FILES = {"swagger-ui-bundle.js": "text/javascript; charset=utf-8", "swagger-ui.css": "text/css; charset=utf-8",
+                 "favicon.png": "image/png"}
+
+
+def swagger_assets() -> Path | None:
+    """The folder of an installed Swagger UI (5.x: it renders the OpenAPI 3.1 that FastAPI writes), or None.
+
+    The one installed here is the copy litellm ships for its proxy (litellm comes with dspy), found without
+    importing litellm; without it ``/docs`` is off and the schema stays at ``/openapi.json``."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.origin:
+        return None
+    folder = Path(spec.origin).parent / "proxy" / "swagger"
+    return folder if all((folder / name).is_file() for name in SWAGGER_FILES) else None
+
+
+def with_passages(call, passages: list[Evidence]):
+    """Run ``call`` (a detection on the joined context); when the program named no passages of its own (none,
+    or only the joined context), its ``evidence`` becomes the passages as sent, each with its source."""
+    det = call()
+    joined = "\n\n".join(p.text for p in passages)
+    if passages and (not det.evidence or (len(det.evidence) == 1 and det.evidence[0].source == "context"
+                                          and det.evidence[0].text == joined and not det.evidence[0].id)):
+        det.evidence = list(passages)
+    return det
 
 
 def _drop_result(task: asyncio.Future) -> None:

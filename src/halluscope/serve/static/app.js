@@ -203,11 +203,12 @@ function renderEvidence(evidence) {
 }
 
 function render(det) {
-  const nSpans = det.soft_labels.length;
+  // the counts come from the server (contract.describe_counts): the CLI prints the same labelled line
   const failures = Object.entries(det.failures || {}).map(([k, v]) => `${k}: ${v}`).join(", ");
+  const notes = Object.keys(det.notes || {}).join(", ");
   $("summary").textContent = `${det.label ? "Hallucination detected" : "No hallucination detected"} ` +
-    `(score ${det.score.toFixed(2)}; ${nSpans} highlighted span${nSpans === 1 ? "" : "s"})` +
-    (failures ? `. Failures: ${failures}` : "");
+    `(score ${det.score.toFixed(2)}; ${det.counts_text})` +
+    (notes ? `. Signals left out: ${notes}` : "") + (failures ? `. Failures: ${failures}` : "");
   renderHighlighted(det);
   $("rationale-box").hidden = !det.rationale;
   $("rationale").textContent = det.rationale || "";
@@ -243,7 +244,7 @@ async function submit(ev) {
         setStatus(`Error: evidence file ${e.message.startsWith(file.name) ? "" : file.name + ": "}${e.message}`, true);
         return;
       }
-      if (text) body.evidence.push(text);
+      if (text) body.evidence.push({ text, source: "file", id: file.name });
     }
     setStatus("Detecting…");
     const det = await api("/v1/detect", body);

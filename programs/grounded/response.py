@@ -1,0 +1,277 @@
+"""The response-level decision of ``grounded`` (issue #19): is the whole answer hallucinated?
+
+The unit combiner says *where* words lack support; a response label needs more than "some unit crossed the unit
+threshold" (a long, chatty, correct dialogue response always has one). Two parts:
+
+* :func:`content_mask` / :func:`units_decision` — without a fitted head, the label is decided by **content
+  units** only (numbers, and words that are not function words by the IDF of the evidence, see
+  :data:`CONTENT_IDF`): the answer is hallucinated when a content unit is above the unit threshold, so an answer
+  whose every content unit is supported is labelled correct whatever a function word scored.
+* :class:`ResponseHead` — a logistic regression (standardised, L2; :class:`.combiner.Combiner`) over
+  :func:`response_features`, aggregates of one answer's unit probabilities and unit features (max / mean /
+  top-3 unit probability, share of flagged content units, share and IDF-weighted share of unsupported content
+  units, the longest unsupported run, the worst and mean sentence support, and the mean and max of every unit
+  feature column), fitted on response labels (HalluClean dev) with a decision threshold chosen for the metric
+  on held-out folds (:func:`fit_head`). Plain JSON state.
+
+:func:`group_folds` keeps the two variants of one HalluClean item (the right and the hallucinated answer to the
+same question and evidence) in the same fold, so no fold is scored on an item whose twin it was fitted on.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from halluscope.programs.grounded.combiner import Combiner, TreeCombiner, combiner_from_dict
+
+__all__ = ["CONTENT_IDF", "RESPONSE_BASE", "content_mask", "units_decision", "response_feature_names",
+           "response_features", "ResponseHead", "fit_head", "choose_response_threshold", "group_folds",
+           "binary_scores", "pair_ranking"]
+
+#: A word is a content word when its IDF over the evidence texts of the training split is at least this (scaled
+#: IDF, 1 = in no evidence text, 0 = in every one: English "the", "of", "is" score below 0.1 on Mu-SHROOM's
+#: 50 English contexts; names and content words above 0.4). Numbers are always content units.
+CONTENT_IDF = 0.3
+
+#: aggregate features of one answer, before the per-column mean/max of the unit features
+RESPONSE_BASE = (
+    "p_max", "p_mean", "p_top3", "p_share", "p_content_max", "p_content_share",
+    "content_share", "content_unsup_share", "content_unsup_idf", "content_unsup_log", "unsup_run",
+    "num_unsup_share", "cap_unsup_share", "num_unsup_log", "cap_unsup_log", "sent_worst", "sent_mean",
+    "log_units",
+)
+
+_SENT_END = set(".!?。！？\n")
+
+
+def content_mask(units, idf_values) -> np.ndarray:
+    """True for the content units: numbers, and words/characters whose IDF is at least :data:`CONTENT_IDF`
+    (``idf_values`` is None when the program has no IDF: then every unit of 3 characters or more counts)."""
+    if idf_values is None:
+        return np.array([u.kind == "num" or len(u.norm) >= 3 for u in units], dtype=bool)
+    return np.array([u.kind == "num" or float(v) >= CONTENT_IDF for u, v in zip(units, idf_values)], dtype=bool)
+
+
+def units_decision(scaled: list[float], content: np.ndarray) -> float:
+    """The response score without a head: the highest rescaled probability (0.5 = the unit threshold) of a
+    content unit; of any unit when the answer has no content unit."""
+    s = np.asarray(scaled, dtype=float)
+    if not len(s):
+        return 0.0
+    return float(s[content].max()) if content.any() else float(s.max())
+
+
+def response_feature_names(unit_features: list[str]) -> list[str]:
+    return list(RESPONSE_BASE) + [f"mean_{f}" for f in unit_features] + [f"max_{f}" for f in unit_features]
+
+
+def _sentences(answer: str, units) -> list[list[int]]:
+    """Unit indices per sentence of the answer (a sentence ends at . ! ? or a newline)."""
+    out, cur, last = [], [], 0
+    for i, u in enumerate(units):
+        if cur and any(c in _SENT_END for c in answer[last:u.start]):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+        last = u.end
+    if cur:
+        out.append(cur)
+    return out
+
+
+def response_features(answer: str, units, X: np.ndarray, unit_features: list[str], probs, threshold: float,
+                      content: np.ndarray) -> np.ndarray:
+    """One row of :func:`response_feature_names` for an answer with ``units``, unit feature matrix ``X`` (columns
+    ``unit_features``), unit probabilities ``probs`` (before rescaling), the unit ``threshold`` and the content
+    mask. An answer without units gives a row of zeros."""
+    names = response_feature_names(unit_features)
+    n = len(units)
+    if n == 0:
+        return np.zeros(len(names))
+    p = np.asarray(probs, dtype=float)
+    p = np.where(np.isfinite(p), p, 0.0)
+    col = {f: X[:, j] for j, f in enumerate(unit_features)}
+    unsup = col.get("unsup", np.zeros(n))
+    idf = col.get("idf", np.ones(n))
+    flagged = p > threshold
+    c = content if content.any() else np.ones(n, dtype=bool)
+    cu = (unsup > 0.5) & c
+    run = best = 0
+    for v in cu:
+        run = run + 1 if v else 0
+        best = max(best, run)
+    nums, caps = col.get("is_num", np.zeros(n)) > 0, col.get("is_cap", np.zeros(n)) > 0
+    sent_support = [1.0 - float(np.mean(unsup[[i for i in s if c[i]]])) if any(c[i] for i in s) else 1.0
+                    for s in _sentences(answer, units)]
+    base = {
+        "p_max": float(p.max()), "p_mean": float(p.mean()), "p_top3": float(np.mean(np.sort(p)[-3:])),
+        "p_share": float(flagged.mean()), "p_content_max": float(p[c].max()),
+        "p_content_share": float(flagged[c].mean()), "content_share": float(c.mean()),
+        "content_unsup_share": float(cu.sum() / c.sum()),
+        "content_unsup_idf": float(np.sum(unsup[c] * idf[c]) / max(np.sum(idf[c]), 1e-9)),
+        "content_unsup_log": math.log1p(float(cu.sum())), "unsup_run": math.log1p(best),
+        "num_unsup_share": float(np.mean(unsup[nums] > 0.5)) if nums.any() else 0.0,
+        "cap_unsup_share": float(np.mean(unsup[caps] > 0.5)) if caps.any() else 0.0,
+        "num_unsup_log": math.log1p(float(np.sum(unsup[nums] > 0.5))),
+        "cap_unsup_log": math.log1p(float(np.sum(unsup[caps] > 0.5))),
+        "sent_worst": float(min(sent_support)), "sent_mean": float(np.mean(sent_support)),
+        "log_units": math.log1p(n),
+    }
+    row = [base[k] for k in RESPONSE_BASE]
+    row += [float(np.mean(X[:, j])) for j in range(len(unit_features))]
+    row += [float(np.max(X[:, j])) for j in range(len(unit_features))]
+    out = np.asarray(row, dtype=float)
+    return np.where(np.isfinite(out), out, 0.0)
+
+
+# -- the head ------------------------------------------------------------------------------------------------
+
+class ResponseHead:
+    """A fitted model over :func:`response_features` (a :class:`.combiner.Combiner` or
+    :class:`.combiner.TreeCombiner`) and its decision ``threshold`` on the probability."""
+
+    def __init__(self, model, threshold: float = 0.5, info: dict | None = None):
+        self.model, self.threshold, self.info = model, float(threshold), dict(info or {})
+
+    @property
+    def features(self) -> list[str]:
+        return list(self.model.features)
+
+    def predict(self, rows: np.ndarray) -> np.ndarray:
+        return self.model.predict(np.atleast_2d(np.asarray(rows, dtype=float)))
+
+    def to_dict(self) -> dict:
+        return {"model": self.model.to_dict(), "threshold": float(self.threshold), "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ResponseHead":
+        if not isinstance(d, dict) or "model" not in d:
+            raise ValueError("grounded: the response head has no model")
+        t = float(d.get("threshold", 0.5))
+        if not (math.isfinite(t) and 0.0 <= t <= 1.0):
+            raise ValueError(f"grounded: invalid response threshold {d.get('threshold')!r}")
+        return cls(combiner_from_dict(d["model"]), t, d.get("info") or {})
+
+
+def binary_scores(y: np.ndarray, pred: np.ndarray) -> dict:
+    """F1 of the hallucinated class, balanced accuracy, and the rates a user meets: the share of correct answers
+    labelled hallucinated (``fpr``) and of hallucinated ones caught (``tpr``)."""
+    y, pred = np.asarray(y, dtype=bool), np.asarray(pred, dtype=bool)
+    tp, fp = float(np.sum(pred & y)), float(np.sum(pred & ~y))
+    fn, tn = float(np.sum(~pred & y)), float(np.sum(~pred & ~y))
+    tpr, fpr = tp / max(tp + fn, 1.0), fp / max(fp + tn, 1.0)
+    return {"f1": 2 * tp / (2 * tp + fp + fn) if tp else 0.0, "balanced_accuracy": 0.5 * (tpr + 1.0 - fpr),
+            "accuracy": (tp + tn) / max(len(y), 1), "tpr": tpr, "fpr": fpr}
+
+
+def auc(y: np.ndarray, s: np.ndarray) -> float:
+    from scipy.stats import rankdata
+    y, s = np.asarray(y, dtype=bool), np.asarray(s, dtype=float)
+    npos, nneg = int(y.sum()), int((~y).sum())
+    if not npos or not nneg:
+        return float("nan")
+    r = rankdata(s)
+    return float((r[y].sum() - npos * (npos + 1) / 2) / (npos * nneg))
+
+
+def pair_ranking(groups: list, y: np.ndarray, s: np.ndarray) -> float:
+    """Share of items (``groups``: one key per answer) whose hallucinated answer scores above the correct one
+    (ties count a half); NaN when no group holds both."""
+    by: dict = {}
+    for g, yy, ss in zip(groups, y, s):
+        by.setdefault(g, {}).setdefault(bool(yy), []).append(float(ss))
+    wins = []
+    for d in by.values():
+        if True in d and False in d:
+            for a in d[True]:
+                for b in d[False]:
+                    wins.append(1.0 if a > b else 0.5 if a == b else 0.0)
+    return float(np.mean(wins)) if wins else float("nan")
+
+
+def choose_response_threshold(y: np.ndarray, s: np.ndarray, metric: str = "f1") -> float:
+    """The threshold ``t`` (label = ``s >= t``) maximising ``metric`` (``f1``, ``balanced_accuracy`` or
+    ``accuracy``; another name: balanced accuracy) on ``(y, s)``; ties go to the higher threshold (fewer
+    correct answers flagged)."""
+    key = metric if metric in ("f1", "balanced_accuracy", "accuracy") else "balanced_accuracy"
+    y, s = np.asarray(y, dtype=bool), np.asarray(s, dtype=float)
+    cands = np.unique(s)
+    if not len(cands):
+        return 0.5
+    mids = np.concatenate([[cands[0]], (cands[:-1] + cands[1:]) / 2.0, [cands[-1] + 1e-9]])
+    best = max(mids, key=lambda t: (binary_scores(y, s >= t)[key], t))
+    return float(min(max(best, 0.0), 1.0))
+
+
+def group_folds(groups: list, labels, k: int, seed: int = 0) -> list[list[int]]:
+    """``k`` folds of answer indices; answers with the same group key (the same item) share a fold; groups are
+    dealt round-robin after a seeded shuffle, those holding a hallucinated answer first (stratified)."""
+    by: dict = {}
+    for i, g in enumerate(groups):
+        by.setdefault(g, []).append(i)
+    keys = list(by)
+    rng = random.Random(seed)
+    rng.shuffle(keys)
+    keys.sort(key=lambda g: (not any(labels[i] for i in by[g]), not all(labels[i] for i in by[g])))
+    folds: list[list[int]] = [[] for _ in range(max(2, k))]
+    for j, g in enumerate(keys):
+        folds[j % len(folds)].extend(by[g])
+    return [sorted(f) for f in folds if f]
+
+
+def _make_model(kind: str, features: list[str]):
+    return TreeCombiner(features) if kind == "trees" else Combiner(features)
+
+
+def _fit_model(kind: str, features: list[str], X: np.ndarray, y: np.ndarray, l2: float):
+    model = _make_model(kind, features)
+    model.fit(X, y.astype(float), l2=l2)
+    return model
+
+
+def fit_head(X: np.ndarray, y, groups: list, features: list[str], *, kind: str = "logreg", l2: float = 10.0,
+             metric: str = "f1", folds: int = 5, seed: int = 0) -> tuple[ResponseHead, dict]:
+    """Fit a response head on rows ``X`` (one per answer) and labels ``y`` (True = hallucinated).
+
+    The decision threshold is chosen for ``metric`` on *held-out* probabilities: ``folds``-fold CV grouped by
+    ``groups`` (:func:`group_folds`), each fold predicted by a model fitted on the others; the final model is
+    then fitted on everything. Returns ``(head, cv)``: ``cv`` holds the held-out scores at the chosen threshold
+    (F1, balanced accuracy, FPR, TPR, AUC, pair ranking; with the threshold itself chosen on the same held-out
+    probabilities, so it is a slightly optimistic estimate — :func:`cv_head` nests it)."""
+    X = np.asarray(X, dtype=float)
+    y = np.asarray(y, dtype=bool)
+    held = np.zeros(len(y))
+    fold_list = group_folds(groups, y, folds, seed) if len(set(y.tolist())) == 2 and len(y) >= 2 * folds else []
+    for fold in fold_list:
+        train = np.ones(len(y), dtype=bool)
+        train[fold] = False
+        held[fold] = _fit_model(kind, features, X[train], y[train], l2).predict(X[fold])
+    model = _fit_model(kind, features, X, y, l2)
+    s = held if fold_list else model.predict(X)
+    t = choose_response_threshold(y, s, metric)
+    cv = {"folds": len(fold_list), "seed": seed, "metric": metric, "threshold": t,
+          **binary_scores(y, s >= t), "auc": auc(y, s), "pair_ranking": pair_ranking(groups, y, s),
+          "n": int(len(y)), "n_hallucinated": int(y.sum())}
+    head = ResponseHead(model, t, {"kind": kind, "l2": l2, "metric": metric, "n": int(len(y)),
+                                   "n_hallucinated": int(y.sum()), "held_out": cv})
+    return head, cv
+
+
+def cv_head(X: np.ndarray, y, groups: list, features: list[str], *, kind: str = "logreg", l2: float = 10.0,
+            metric: str = "f1", folds: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Nested CV: ``(probabilities, labels)`` of every answer from a head (model *and* threshold, by
+    :func:`fit_head` on the training folds alone) that never saw the answer or its twin."""
+    X = np.asarray(X, dtype=float)
+    y = np.asarray(y, dtype=bool)
+    probs, labels = np.zeros(len(y)), np.zeros(len(y), dtype=bool)
+    for fold in group_folds(groups, y, folds, seed):
+        train = np.ones(len(y), dtype=bool)
+        train[fold] = False
+        head, _ = fit_head(X[train], y[train], [g for g, m in zip(groups, train) if m], features, kind=kind,
+                           l2=l2, metric=metric, folds=folds, seed=seed)
+        probs[fold] = head.predict(X[fold])
+        labels[fold] = probs[fold] >= head.threshold
+    return probs, labels

@@ -1,0 +1,112 @@
+"""``halluscope detect`` for people (#23 item 1): ``--format text`` with rich, brackets without colour, long
+answers wrapped whole, JSON when stdout is not a terminal, a closed stdout refused before any work."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+from rich.console import Console
+
+from halluscope.cli import main
+from halluscope.cli.render import choose_format, marked_answer, render_detection
+from halluscope.contract import Detection, Evidence, Span, Unit
+
+ANSWER = "The capital of Spain is Barcelona, founded in 1492."
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _row(answer: str = ANSWER) -> dict:
+    b, y = answer.index("Barcelona"), answer.index("1492")
+    det = Detection(answer=answer, spans=[Span(b, b + 9, 0.9), Span(y, y + 4, 0.3)], label=True, score=0.9,
+                    units=[Unit("word", b, b + 9, "Barcelona", "unsupported", 0.9, "not in the evidence"),
+                           Unit("num", y, y + 4, "1492", "supported", 0.3)],
+                    notes={"no_logits": 1}, evidence=[Evidence("Madrid is the capital.", "context")])
+    return {"id": "answer", "ok": True, **det.to_dict()}
+
+
+def test_brackets_mark_hard_and_soft_spans_without_colour():
+    row = _row()
+    text = marked_answer(row["answer"], row["soft_labels"], row["hard_labels"], colour=False).plain
+    assert text == "The capital of Spain is [[Barcelona]], founded in {{1492}}."
+
+
+def test_colour_marks_spans_by_probability_and_keeps_the_answer_whole():
+    row = _row()
+    text = marked_answer(row["answer"], row["soft_labels"], row["hard_labels"], colour=True)
+    assert text.plain == ANSWER
+    styles = {ANSWER[s.start:s.end]: str(s.style) for s in text.spans}
+    assert "red" in styles["Barcelona"] and "yellow" in styles["1492"]
+
+
+def _render(row, width: int = 60, **console_kw) -> str:
+    buf = io.StringIO()
+    render_detection(Console(file=buf, width=width, **console_kw), row)
+    return buf.getvalue()
+
+
+def test_text_view_off_a_terminal_has_no_escape_codes_and_says_everything():
+    out = _render(_row(), width=200)
+    assert not ANSI.search(out)
+    assert "HALLUCINATED" in out and "score 0.90" in out
+    assert "1 hallucinated span (p > 0.5) · 2 marked spans (p > 0) · 1 of 2 units flagged" in out
+    assert "[[Barcelona]]" in out and "{{1492}}" in out
+    assert "0.90" in out and "not in the evidence" in out  # the top unit with its probability and reason
+    assert "evidence: 1 context passage" in out and "left out: no_logits" in out
+    assert "failures" not in out  # a missing optional signal is no failure
+
+
+def test_no_color_on_a_terminal_uses_brackets(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = _render(_row(), force_terminal=True)
+    assert "[[Barcelona]]" in out and "\x1b[41m" not in out and not re.search(r"\x1b\[[0-9;]*4[13]m", out)
+
+
+def test_colour_on_a_terminal_highlights_instead_of_brackets(monkeypatch):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    out = _render(_row(), force_terminal=True, color_system="standard")
+    assert ANSI.search(out) and "[[Barcelona]]" not in out and "Barcelona" in ANSI.sub("", out)
+
+
+def test_a_very_long_answer_wraps_and_is_never_cut():
+    answer = ANSWER + " " + " ".join(f"word{i}" for i in range(400)) + " " + "x" * 150 + " END"
+    out = _render(_row(answer))
+    assert max(len(line) for line in out.splitlines()) <= 60
+    body = re.sub(r"\s+", "", out)
+    assert re.sub(r"\s+", "", answer.replace("Barcelona", "[[Barcelona]]").replace("1492", "{{1492}}")) in body
+
+
+def test_json_is_the_default_off_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert choose_format(None, io.StringIO()) == "json"
+    assert choose_format(None, Tty()) == "text"
+    assert choose_format(None, None) == "json"
+    assert choose_format("jsonl", Tty()) == "jsonl"
+
+
+GROUNDED = ["detect", "--lang", "de", "--program", "grounded", "--answer",
+            "Die Hauptstadt von Frankreich ist Lyon.", "--context", "Die Hauptstadt von Frankreich ist Paris."]
+
+
+def test_detect_prints_json_to_a_pipe_and_text_when_asked(capsys):
+    assert main(GROUNDED) == 0  # the committed grounded artifact for de; no LM
+    row = json.loads(capsys.readouterr().out)
+    assert row["ok"] and row["notes"] == {"no_logits": 1} and "no_logits" not in row["failures"]
+    assert row["evidence"] == [{"text": "Die Hauptstadt von Frankreich ist Paris.", "source": "context", "id": "",
+                                "score": 0.0}]
+    assert main([*GROUNDED, "--format", "text"]) == 0
+    out = capsys.readouterr().out
+    assert "[[Lyon]]" in out and "left out: no_logits" in out and not ANSI.search(out)
+
+
+def test_detect_with_a_closed_stdout_is_refused_before_any_work(monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdout", None)
+    with pytest.raises(SystemExit) as e:
+        main(GROUNDED)
+    assert e.value.code == 2
+    assert "stdout is closed" in capsys.readouterr().err

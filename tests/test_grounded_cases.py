@@ -1,0 +1,63 @@
+"""The hand-written case suite (tests/grounded_cases.py) against the committed artifacts (#19).
+
+Two views: the newest committed version of each language (what scripts/refit_committed.sh wrote with the #19
+signals), and what ``halluscope detect --lang xx`` serves by default. The pre-#19 versions are retired (their
+RETIRED file says why), so the served one carries the #19 signals and must pass every case."""
+
+from __future__ import annotations
+
+import pytest
+
+from halluscope.artifacts import list_versions, load_compiled
+from tests.grounded_cases import CASES
+
+
+def flagged_words(pred, answer: str) -> set[str]:
+    """The words of ``answer`` (its units' texts) with at least one character inside a hard label."""
+    marked = set()
+    for a, b in pred.hard_labels:
+        marked.update(range(a, b))
+    return {u["text"] for u in pred.units if any(i in marked for i in range(u["start"], u["end"]))}
+
+
+def case_problems(detector, case) -> list[str]:
+    """What ``detector`` gets wrong on ``case`` (empty: it passes)."""
+    cid, lang, kind, evidence, question, answer, flag, keep, correct = case
+    pred = detector(question=question, answer=answer, context=evidence, lang=lang)
+    got = flagged_words(pred, answer)
+    problems = [f"{w!r} not flagged" for w in flag if w not in got]
+    problems += [f"{w!r} flagged" for w in keep if w in got]
+    if correct and (got or pred.label):
+        problems.append(f"label should be correct, flagged {sorted(got)}")
+    return problems
+
+
+_DETECTORS: dict = {}
+
+
+def loaded(lang: str, newest: bool):
+    key = (lang, newest)
+    if key not in _DETECTORS:
+        version = max(v.version for v in list_versions("grounded", lang, "iou")) if newest else None
+        _DETECTORS[key] = load_compiled("grounded", lang=lang, metric="iou", version=version).program
+    return _DETECTORS[key]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_newest_committed_artifact_on_hand_written_case(case):
+    assert case_problems(loaded(case[1], newest=True), case) == []
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_served_artifact_on_hand_written_case(case):
+    det = loaded(case[1], newest=False)
+    assert "al_verb" in det.features, f"the served grounded/{case[1]} artifact has no #19 signals"
+    assert case_problems(det, case) == []
+
+
+def test_the_suite_covers_what_issue_19_asks():
+    kinds = {c[2] for c in CASES}
+    assert {"numbers verbatim", "numbers format-variant", "substituted name", "substituted place",
+            "substituted number", "substituted date", "negation flipped", "paraphrased correct sentence",
+            "fully correct answer"} <= kinds
+    assert len({c[1] for c in CASES}) >= 4
