@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import inspect
 import json
@@ -58,7 +59,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from halluscope import paths
-from halluscope.artifacts import git_commit, mark_tracked, write_artifact
+from halluscope.artifacts import git_commit, load_compiled, mark_tracked, write_artifact
 from halluscope.files import write_text_atomic
 from halluscope.lm import describe, history_since, usage_of
 from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
@@ -348,6 +349,10 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
     log = log or logger.info
     spec = get(config.program)
     fit = getattr(spec, "fit", None)
+    if fit is not None and "load_compiled" in inspect.signature(fit).parameters:
+        # a fit hook that builds on committed artifacts (grounded on response labels takes the unit part of the
+        # span artifact) gets the loader from here: programs sit below the artifact layer and never import it
+        fit = functools.partial(fit, load_compiled=load_compiled)
     check = getattr(spec, "check_options", None)
     options = check(dict(config.program_options)) if check else {**spec.options, **config.program_options}
     uses_lm = spec.needs_lm(options) if hasattr(spec, "needs_lm") else spec.uses_lm

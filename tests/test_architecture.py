@@ -30,7 +30,7 @@ FOLDERS = {
 }
 
 # The layers, bottom up: a module may import its own layer and the layers below, never above.
-CORE = {"halluscope.contract", "halluscope.text", "halluscope.lm", "halluscope.files", "halluscope.literals", "halluscope.paths", "halluscope.redact",
+CORE = {"halluscope.contract", "halluscope.text", "halluscope.lm", "halluscope.lm_server", "halluscope.files", "halluscope.literals", "halluscope.paths", "halluscope.redact",
         "halluscope.parallel", "halluscope.retrieval", "halluscope.tasks", "halluscope.testing",
         "halluscope.decisions"}
 LAYER_OF_PACKAGE = {

@@ -45,6 +45,7 @@ register(ProgramSpec(
     lm_when=lambda options: bool(str(options.get("detectors") or "").strip()),
     option_types={"lm_model": text(what="a GGUF file path, or \"\" for the embedded model", check=_lm_model_problem),
                   "lm_evidence_tokens": whole(0), "lm_item_tokens": whole(0), "window": whole(0),
-                  "l2": number(0, lo_open=True), "aggregate": text("max", "top3"),
+                  "l2": number(0, lo_open=True), "head_l2": number(0, lo_open=True), "aggregate": text("max", "top3"),
+                  "combiner": text("logreg", "trees"), "head": text("logreg", "trees"),
                   "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))

@@ -462,15 +462,15 @@ def training_hash(trainset) -> str:
     return h.hexdigest()
 
 
-def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou") -> dict:
+def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *, load_compiled=None) -> dict:
     """ProgramSpec.fit, in place.
 
     * Span labels (Mu-SHROOM): the IDF table (on the training items' evidence, no labels), the unit combiner
       (on the units' soft labels) and the threshold/floor (on the training items, for ``metric_name``); with
       ``response_data`` also a response head on those HalluClean dev tasks, pooled (:func:`fit_response_head`).
     * Response labels only (a HalluClean task, ``label``): the unit part is taken from the committed span
-      artifact (``units_from``) and a response head is fitted on the labels, its threshold chosen for
-      ``metric_name`` on held-out folds."""
+      artifact (``units_from``, read with ``load_compiled``: the artifact layer's loader, which optimize passes
+      in) and a response head is fitted on the labels, its threshold chosen for ``metric_name`` on held-out folds."""
     t0 = time.perf_counter()
     trainset = list(trainset)
     labelled = [ex for ex in trainset if _get(ex, "soft_labels") or _get(ex, "hard_labels") is not None]
@@ -479,7 +479,7 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou") -
         if not responses:
             raise ValueError("grounded fits on span labels (soft_labels/hard_labels) or response labels (label); "
                              "the training set has neither")
-        units = units_from_artifact(module, _get(responses[0], "lang", "en") or "en")
+        units = units_from_artifact(module, _get(responses[0], "lang", "en") or "en", load_compiled)
         info = fit_response_head(module, responses, metric_name, data="the training items' response labels")
         module.fitted = {"metric": metric_name, "level": "response", "units_from": units,
                          "n_items": len(responses), "train_hash": training_hash(responses), "response": info}
@@ -582,20 +582,23 @@ def fit_pooled_head(module: GroundedDetector) -> dict:
     return {**info, "tasks": tasks, "data_hash": h.hexdigest()}
 
 
-def units_from_artifact(module: GroundedDetector, lang: str) -> str:
+def units_from_artifact(module: GroundedDetector, lang: str, load_compiled=None) -> str:
     """Take the unit part (combiner, threshold, floor, IDF) from the best committed ``grounded/<key>/iou``
     artifact whose features equal the module's (``units_from``: "auto" = ``lang`` then "all"); returns where it
-    came from ("hand-set weights" when none fits or ``units_from`` is "none")."""
-    from halluscope.artifacts import ArtifactError, load_compiled
-
+    came from ("hand-set weights" when none fits, ``units_from`` is "none" or no loader was given).
+    ``load_compiled(program, lang=, metric=)`` is :func:`halluscope.artifacts.load_compiled` (injected: this layer
+    does not import the artifact layer); it raises ``ValueError`` (``ArtifactError`` is one) when none loads."""
     if module.units_from == "none":
         return "hand-set weights (units_from=none)"
+    if load_compiled is None:
+        logger.warning("grounded: no artifact loader given to take the unit part from: hand-set weights")
+        return "hand-set weights (no artifact loader)"
     keys = [lang, "all"] if module.units_from == "auto" else [module.units_from]
     tried = []
     for key in keys:
         try:
             det = load_compiled("grounded", lang=key, metric="iou")
-        except (ArtifactError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever the loader raises, this key has no usable artifact
             tried.append(f"{key}: {type(e).__name__}")
             continue
         prog = det.program

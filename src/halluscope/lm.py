@@ -26,7 +26,6 @@ import hashlib
 import importlib.util
 import json
 import logging
-import math
 import os
 import threading
 from collections import Counter
@@ -39,11 +38,12 @@ from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
 from dspy.clients.cache import Cache
 from halluscope.decisions import with_logprob_decisions
-from dspy.lm15 import Message, Response, TokenLogprob, TopLogprob, Usage, response_to_events
+from dspy.lm15 import Message, Response, Usage, response_to_events
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope import paths
-from halluscope.lm_server import SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials
+from halluscope.lm_server import (SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials,
+                                  token_logprobs)
 from halluscope.redact import redact, redact_url, register_secret
 
 logger = logging.getLogger(__name__)
@@ -124,32 +124,6 @@ def limit_schema(schema: Any, max_items: int, max_string: int, _nested: bool = F
     if out.get("type") == "string" and _nested and "enum" not in out:
         out.setdefault("maxLength", max_string)
     return out
-
-
-def token_logprobs(logprobs: Any) -> tuple[TokenLogprob, ...] | None:
-    """llama-cpp-python's OpenAI-style ``{"content": [{"token", "logprob", "top_logprobs": [...]}]}`` as DSPy's
-    :class:`TokenLogprob` tuple (None when absent; entries without a finite logprob are skipped)."""
-    content = (logprobs or {}).get("content") if isinstance(logprobs, dict) else None
-    if not content:
-        return None
-    out = []
-    for e in content:
-        try:
-            lp = float(e["logprob"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if not math.isfinite(lp):
-            continue
-        alts = []
-        for a in e.get("top_logprobs") or []:
-            try:
-                alp = float(a["logprob"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if math.isfinite(alp):
-                alts.append(TopLogprob(str(a.get("token", "")), alp))
-        out.append(TokenLogprob(str(e.get("token", "")), lp, top=tuple(alts)))
-    return tuple(out)
 
 
 def schema_bounds(budget: int | None, max_items: int, max_string: int) -> tuple[int, int]:
@@ -632,7 +606,7 @@ fits the call's ``max_tokens``: :func:`schema_bounds`); ``None`` leaves it as is
                 schema = limit_schema(schema, items, chars)
             lm_kwargs["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": model.__name__, "schema": schema, "strict": True}}
-        if budget and not isinstance(getattr(lm, "engine", None), OpenAICompatEngine):  # LiteLLM's path
+        if budget and getattr(lm, "engine", None) is None:  # LiteLLM's path (an engine gets max_tokens itself)
             lm_kwargs["extra_body"] = {**(lm_kwargs.get("extra_body") or {}), "max_tokens": int(budget)}
 
 

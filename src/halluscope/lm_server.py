@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import logging
 import re
 import threading
@@ -39,7 +40,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 from dspy import lm15
-from dspy.lm15 import Message, Response, Usage, response_to_events
+from dspy.lm15 import Message, Response, TokenLogprob, TopLogprob, Usage, response_to_events
 
 from halluscope.redact import redact, redact_url, register_secret
 
@@ -74,6 +75,32 @@ def note_finish(reason: str | None) -> None:
 
 def last_finish() -> str | None:
     return getattr(_FINISH, "reason", None)
+
+
+def token_logprobs(logprobs: Any) -> tuple[TokenLogprob, ...] | None:
+    """llama-cpp-python's OpenAI-style ``{"content": [{"token", "logprob", "top_logprobs": [...]}]}`` as DSPy's
+    :class:`TokenLogprob` tuple (None when absent; entries without a finite logprob are skipped)."""
+    content = (logprobs or {}).get("content") if isinstance(logprobs, dict) else None
+    if not content:
+        return None
+    out = []
+    for e in content:
+        try:
+            lp = float(e["logprob"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not math.isfinite(lp):
+            continue
+        alts = []
+        for a in e.get("top_logprobs") or []:
+            try:
+                alp = float(a["logprob"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if math.isfinite(alp):
+                alts.append(TopLogprob(str(a.get("token", "")), alp))
+        out.append(TokenLogprob(str(e.get("token", "")), lp, top=tuple(alts)))
+    return tuple(out)
 
 
 def server_capabilities() -> dict[str, dict[str, Any]]:
@@ -403,8 +430,6 @@ class OpenAICompatEngine:
         return out
 
     def _response(self, out: dict, max_tokens: int, logprobs: bool) -> Response:
-        from halluscope.lm import token_logprobs
-
         choice = out["choices"][0]
         usage = out.get("usage") or {}
         n_out = _int(usage.get("completion_tokens"))
