@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from halluscope.cli import main
-from halluscope.cli.render import choose_format, marked_answer, render_detection
+from halluscope.cli.render import choose_format, marked_answer, render_detection, verdict_text
 from halluscope.contract import Detection, Evidence, Span, Unit
 
 ANSWER = "The capital of Spain is Barcelona, founded in 1492."
@@ -45,6 +45,16 @@ def _render(row, width: int = 60, **console_kw) -> str:
     buf = io.StringIO()
     render_detection(Console(file=buf, width=width, **console_kw), row)
     return buf.getvalue()
+
+
+def test_the_verdict_never_says_no_hallucination_above_flagged_spans():
+    # a response head may judge the answer correct overall while words stay flagged: the verdict says both
+    row = {**_row(), "label": False, "score": 0.3}
+    assert verdict_text(row) == "likely correct overall (response level), but 1 span flagged: check it"
+    assert "no hallucination found" not in _render(row, width=200)
+    assert verdict_text({**row, "hard_labels": [[0, 1], [2, 3]]}).endswith("but 2 spans flagged: check them")
+    assert verdict_text({**row, "hard_labels": []}) == "no hallucination found"
+    assert verdict_text({**row, "label": True}) == "HALLUCINATED"
 
 
 def test_text_view_off_a_terminal_has_no_escape_codes_and_says_everything():

@@ -92,6 +92,19 @@ def _signals(row: dict) -> str:
     return "; ".join(parts)
 
 
+def verdict_text(row: dict) -> str:
+    """The response-level verdict in words. The response label and the word-level spans can disagree (a response
+    head fitted on response labels may judge an answer correct overall while some words stay flagged): the
+    verdict then says both, never "no hallucination found" above highlighted spans."""
+    if row.get("label"):
+        return "HALLUCINATED"
+    flagged = len(row.get("hard_labels") or [])
+    if flagged:
+        return (f"likely correct overall (response level), but {flagged} span{'' if flagged == 1 else 's'} "
+                f"flagged: check {'it' if flagged == 1 else 'them'}")
+    return "no hallucination found"
+
+
 def render_detection(console: Console, row: dict, *, top: int = 5, header: str = "") -> None:
     """Draw one output row (``{"id", "ok", ...Detection.to_dict()}``) on ``console``."""
     if header:
@@ -100,9 +113,10 @@ def render_detection(console: Console, row: dict, *, top: int = 5, header: str =
         console.print(Text(f"failed: {row.get('error', 'unknown error')}", style="bold red", overflow="fold"))
         return
     colour = colour_on(console)
-    verdict = "HALLUCINATED" if row.get("label") else "no hallucination found"
-    line = Text()
-    line.append(f"{verdict}", style=("bold red" if row.get("label") else "bold green") if colour else "")
+    verdict = verdict_text(row)
+    line = Text(overflow="fold")
+    style = "bold red" if row.get("label") else ("bold yellow" if row.get("hard_labels") else "bold green")
+    line.append(f"{verdict}", style=style if colour else "")
     line.append(f"   score {float(row.get('score', 0.0)):.2f}")
     console.print(line)
     console.print(Text(describe_counts(counts(row)), overflow="fold"))

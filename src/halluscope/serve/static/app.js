@@ -206,7 +206,12 @@ function render(det) {
   // the counts come from the server (contract.describe_counts): the CLI prints the same labelled line
   const failures = Object.entries(det.failures || {}).map(([k, v]) => `${k}: ${v}`).join(", ");
   const notes = Object.keys(det.notes || {}).join(", ");
-  $("summary").textContent = `${det.label ? "Hallucination detected" : "No hallucination detected"} ` +
+  // the response label and the word-level spans can disagree (a response head): say both, as the CLI does
+  const flagged = (det.hard_labels || []).length;
+  const verdict = det.label ? "Hallucination detected"
+    : flagged ? `Likely correct overall (response level), but ${flagged} span${flagged === 1 ? "" : "s"} flagged: check ${flagged === 1 ? "it" : "them"}`
+    : "No hallucination detected";
+  $("summary").textContent = `${verdict} ` +
     `(score ${det.score.toFixed(2)}; ${det.counts_text})` +
     (notes ? `. Signals left out: ${notes}` : "") + (failures ? `. Failures: ${failures}` : "");
   renderHighlighted(det);
