@@ -52,6 +52,10 @@ CASES = [
     ("en-negation", "en", "negation flipped", EN_EVIDENCE, EN_Q,
      "The Eiffel Tower was not built by the company of Gustave Eiffel.",
      ["not"], ["Gustave"], False),
+    ("en-unit-format", "en", "numbers format-variant",
+     "The Eiffel Tower in Paris was completed in 1889. It is 330 m tall.", "Tell me about the Eiffel Tower.",
+     "The Eiffel Tower is 330 metres tall and was completed in 1889 in Paris.",
+     [], ["330", "metres", "1889", "Paris"], True),   # the unit abbreviated in the evidence, spelled out here
     ("en-paraphrase", "en", "paraphrased correct sentence", EN_EVIDENCE, EN_Q,
      "The Eiffel Tower in Paris was built by the company of Gustave Eiffel from 1887 to 1889.",
      [], ["Paris", "Gustave", "1887"], True),

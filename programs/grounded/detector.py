@@ -411,7 +411,8 @@ def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin:
                 sentences: bool = True) -> list[float]:
     """The #19 rules on rescaled unit probabilities (threshold = 0.5). A unit is *supported* when it is in the
     evidence (``unsup`` = 0), verbatim in its aligned evidence sentence (``al_verb`` = 1) and not a substitution;
-    supported numbers and every unit of a sentence whose units are all supported go below 0.5 (at most
+    supported numbers, every unit of a value mention the evidence holds (``ctx_value`` = 1: the number and its unit
+    word, in any format) and every unit of a sentence whose units are all supported go below 0.5 (at most
     ``0.5 - margin``): a verbatim number is not flagged, an answer whose every unit is supported is labelled
     correct. A substitution in the same slot or a negation cue missing from the aligned sentence goes above it
     (at least ``0.5 + margin``). A no-op when the features are not there (an older artifact)."""
@@ -419,13 +420,16 @@ def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin:
     if not all(n in features for n in need) or not len(X):
         return scaled
     j = {n: features.index(n) for n in need}
+    value = features.index("ctx_value") if "ctx_value" in features else None
     out = []
     for s, row in zip(scaled, X):
         conflict = row[j["al_subst"]] >= 1.0 or row[j["al_neg"]] >= 1.0
         supported = row[j["unsup"]] <= 0.0 and row[j["al_verb"]] >= 1.0 and row[j["al_subst"]] <= 0.0
+        # a quantity the evidence holds in another format ("330 metres" for "330 m"): its unit word too
+        value_held = value is not None and row[value] >= 1.0 and row[j["al_subst"]] <= 0.0
         if conflict:
             s = max(s, 0.5 + margin)
-        elif supported and (row[j["is_num"]] >= 1.0 or (sentences and row[j["sent_unsup"]] <= 0.0)):
+        elif value_held or (supported and (row[j["is_num"]] >= 1.0 or (sentences and row[j["sent_unsup"]] <= 0.0))):
             s = min(s, 0.5 - margin)
         out.append(s)
     return out
