@@ -18,13 +18,6 @@ from halluscope.testing import scripted_lm
 COMPILED = Path(__file__).resolve().parent.parent / "compiled"  # the committed artifacts
 
 
-@pytest.fixture(autouse=True)
-def _restore_dspy_settings():
-    lm, adapter = dspy.settings.lm, dspy.settings.adapter
-    yield
-    dspy.configure(lm=lm, adapter=adapter)
-
-
 @pytest.fixture
 def demo_env(monkeypatch, tmp_path):
     monkeypatch.delenv("HALLUSCOPE_DATA_DIR", raising=False)

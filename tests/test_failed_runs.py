@@ -12,13 +12,6 @@ from halluscope.cli import main as cli_main
 from halluscope.programs import registry
 
 
-@pytest.fixture(autouse=True)
-def _restore_dspy_settings():
-    lm, adapter = dspy.settings.lm, dspy.settings.adapter
-    yield
-    dspy.configure(lm=lm, adapter=adapter)
-
-
 @pytest.fixture
 def demo_env(monkeypatch):
     monkeypatch.delenv("HALLUSCOPE_DATA_DIR", raising=False)

@@ -38,14 +38,6 @@ def _responder(call):
             "program_description": "Finds wrong spans.", "module_description": "Extracts wrong spans."}
 
 
-@pytest.fixture(autouse=True)
-def _restore_dspy_settings():
-    """run_optimize/detect configure DSPy globally; leave other test modules the settings they had."""
-    lm, adapter = dspy.settings.lm, dspy.settings.adapter
-    yield
-    dspy.configure(lm=lm, adapter=adapter)
-
-
 @pytest.fixture
 def scripted():
     lm = scripted_lm(_responder)

@@ -79,13 +79,6 @@ def fit_program(monkeypatch):
     yield spec
 
 
-@pytest.fixture(autouse=True)
-def _restore_dspy_settings():
-    lm, adapter = dspy.settings.lm, dspy.settings.adapter
-    yield
-    dspy.configure(lm=lm, adapter=adapter)
-
-
 def _examples(n: int = 8, offset: int = 0) -> list[dspy.Example]:
     """Longer answers are the hallucinated ones (a threshold separates them)."""
     out = []

@@ -18,13 +18,6 @@ KEY = "cli-key-Zq8w3LmP0x"  # shaped like no known provider key: only registrati
 URL = "http://alice:pw-Hx71bq@127.0.0.1:9/v1?api_key=qk-91aa77bb&x=1"
 
 
-@pytest.fixture(autouse=True)
-def _restore_dspy_settings():
-    lm, adapter = dspy.settings.lm, dspy.settings.adapter
-    yield
-    dspy.configure(lm=lm, adapter=adapter)
-
-
 def _no_secret(text: str) -> None:
     for s in (KEY, "pw-Hx71bq", "alice:", "qk-91aa77bb"):
         assert s not in text, f"{s!r} leaked"

@@ -31,12 +31,8 @@ SECRET = "sk-halluscope-FAULT-LEAK-1b2c3d4e5f"
 
 @pytest.fixture(autouse=True)
 def fresh_caps():
-    """Each test starts with no learnt server capabilities and leaves DSPy's global LM and adapter as it found
-    them (``configure`` sets both: a later test must not inherit this file's adapter)."""
     reset_server_capabilities()
-    lm, adapter = dspy.settings.lm, dspy.settings.adapter
     yield
-    dspy.configure(lm=lm, adapter=adapter)
     reset_server_capabilities()
 
 

@@ -32,9 +32,7 @@ def _examples():
 def store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MY_SERVICE_API_KEY", SECRET_ENV)
-    lm, adapter = dspy.settings.lm, dspy.settings.adapter  # the commands configure DSPy globally: restore it
-    yield f"sqlite:///{tmp_path / 'mlflow.db'}"
-    dspy.configure(lm=lm, adapter=adapter)
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
 def test_trace_records_each_lm_call_redacted(store):
