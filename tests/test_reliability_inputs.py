@@ -18,6 +18,7 @@ import pytest
 
 from halluscope.literals import TextValueError, parse_text_list, parse_text_value
 from halluscope.loaders import load_mushroom
+from tests.test_retrievers import assemble_pdf
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -177,13 +178,7 @@ def _pdf(pages: list[bytes], *, flate: bool = False) -> bytes:
                     b"/Resources << /Font << /F1 3 0 R >> >> >>" % (5 + 2 * i))
         objs.append(b"<< /Length %d%s >>\nstream\n" % (len(data), b" /Filter /FlateDecode" if flate else b"")
                     + data + b"\nendstream")
-    out, offsets = b"%PDF-1.4\n", []
-    for i, o in enumerate(objs, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % i + o + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    return assemble_pdf(objs)
 
 
 def _text_page(text: str) -> bytes:

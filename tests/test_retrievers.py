@@ -19,6 +19,17 @@ from halluscope.retrievers.kg import KGRetriever, TripleFormatError, linearize
 from halluscope.retrievers.search import SearchError, SearchRetriever
 
 
+def assemble_pdf(objs: list[bytes]) -> bytes:
+    """A PDF file of the objects ``objs`` (object 1 the catalog), with its xref table and trailer."""
+    out, offsets = b"%PDF-1.4\n", []
+    for i, o in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + o + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+
+
 def text_pdf(text: str) -> bytes:
     """A minimal one-page PDF showing ``text`` in Helvetica (hand-written objects and xref)."""
     stream = f"BT /F1 12 Tf 20 100 Td ({text}) Tj ET".encode()
@@ -27,13 +38,7 @@ def text_pdf(text: str) -> bytes:
             b"/Resources << /Font << /F1 5 0 R >> >> >>",
             b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
             b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
-    out, offsets = b"%PDF-1.4\n", []
-    for i, o in enumerate(objs, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % i + o + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objs) + 1) + b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objs) + 1, xref)
+    return assemble_pdf(objs)
 
 
 # -- tokens, chunks, BM25 ---------------------------------------------------------------------------------------

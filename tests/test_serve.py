@@ -323,6 +323,17 @@ def test_a_failing_program_is_a_contained_500(mixed):
 
 # -- a real server process: start-up, disconnects ----------------------------------------------------------
 
+def wait_healthy(proc, base: str, tries: int) -> None:
+    """Poll ``base``/healthz until the server answers 200 (0.1 s apart); fail with its output if it never does."""
+    for _ in range(tries):
+        try:
+            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    pytest.fail("server did not start: " + (proc.stdout.read() if proc.poll() is not None else ""))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -341,14 +352,7 @@ def test_real_server_survives_clients_that_disconnect(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("server did not start: " + (proc.stdout.read() if proc.poll() is not None else ""))
+        wait_healthy(proc, base, tries=300)
         assert httpx.get(base + "/healthz").json()["startup_s"] > 0
         body = json.dumps({"answer": "Eins zwei.", "lang": "de"}).encode()
         # 1. a client that sends half the body and hangs up
@@ -516,14 +520,7 @@ def test_workers_share_the_port_and_stop_together(tmp_path):
                             cwd=tmp_path)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("server did not start: " + (proc.stdout.read() if proc.poll() is not None else ""))
+        wait_healthy(proc, base, tries=600)
         children = {int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                                    text=True).stdout.split()}
         assert len(children) >= 2  # the two workers (and multiprocessing's resource tracker)
