@@ -12,7 +12,7 @@ Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``quest
 ``context``, ``lang`` and ``id`` are optional. Each output row is ``{"id", "ok", ...Detection.to_dict()}``
 (``spans``, ``soft_labels``, ``hard_labels``, ``label``, ``score``, ...); a failed item is
 ``{"id", "ok": false, "error"}`` and is counted; so is a detection without usable output
-(:func:`halluscope.contract.item_failure`), written with its contract fields and ``"ok": false``.
+(:func:`halluscope.core.contract.item_failure`), written with its contract fields and ``"ok": false``.
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ from typing import Iterable
 
 import dspy
 
-from halluscope.contract import Detection, Evidence, describe_failed, failed_kinds, failure_reason
-from halluscope.files import read_jsonl, write_text_atomic
-from halluscope.parallel import map_items
-from halluscope.redact import redact
-from halluscope.tasks import HALLUCLEAN_TASKS
+from halluscope.core.contract import Detection, Evidence, describe_failed, failed_kinds, failure_reason
+from halluscope.core.fileio import read_jsonl, write_text_atomic
+from halluscope.core.parallel import map_items
+from halluscope.core.redact import redact
+from halluscope.core.tasks import HALLUCLEAN_TASKS
 
 __all__ = ["CompiledDetector", "detect", "detect_jsonl", "read_answers"]
 
 
 @dataclass(frozen=True)
 class CompiledDetector:
-    """A verified compiled program with the manifest it was written with (see :mod:`halluscope.artifacts`).
+    """A verified compiled program with the manifest it was written with (see :mod:`halluscope.artifacts.store`).
 
     Call it like :func:`detect`: ``detector(answer, question=..., context=...)`` returns a ``Detection``."""
 

@@ -1,6 +1,6 @@
 """Versioned compiled-program artifacts: write once, verify on load, never unpickle.
 
-Layout (``root`` defaults to :func:`halluscope.paths.compiled_dir`, ``./compiled``)::
+Layout (``root`` defaults to :func:`halluscope.core.paths.compiled_dir`, ``./compiled``)::
 
     compiled/<program>/<lang>/<metric>/v0001/program.json    # DSPy per-predictor state (JSON, no pickle)
     compiled/<program>/<lang>/<metric>/v0001/manifest.json   # what it is, how it was made, how good it is
@@ -38,11 +38,11 @@ import dspy
 import orjson
 from dspy.utils.saving import get_dependency_versions
 
-from halluscope import paths
-from halluscope.redact import redact, redact_obj
-from halluscope.detector import CompiledDetector
+from halluscope.core import paths
+from halluscope.core.redact import redact, redact_obj
+from halluscope.artifacts.compiled import CompiledDetector
 from halluscope.programs.registry import get
-from halluscope.tasks import HALLUCLEAN_TASKS
+from halluscope.core.tasks import HALLUCLEAN_TASKS
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -81,7 +81,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ARTIFACT_FORMAT = "halluscope-compiled/1"
-MODEL_URI_PREFIX = "models:/"  # an MLflow registered model (see halluscope.model_registry)
+MODEL_URI_PREFIX = "models:/"  # an MLflow registered model (see halluscope.tracking.model_registry)
 PROGRAM_FILE = "program.json"
 MANIFEST_FILE = "manifest.json"
 # Beside the two files of a version made by a tracked run until its MLflow run is recorded (then removed): a
@@ -236,7 +236,7 @@ def selection_score(manifest: dict) -> float | None:
 
 def git_commit(cwd: str | os.PathLike | None = None) -> dict:
     """``{"commit": sha or None, "dirty": bool or None}`` of the git checkout at ``cwd`` (default: the home
-    folder, see :mod:`halluscope.paths`)."""
+    folder, see :mod:`halluscope.core.paths`)."""
     cwd = Path(cwd) if cwd is not None else paths.home()
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
@@ -782,7 +782,7 @@ def load_model_uri(uri: str, *, tracking_uri: str | None = None, expect: dict | 
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    # as halluscope.optimize.tracking.resolve_tracking_uri (not imported: it imports this module)
+    # as halluscope.tracking.runs.resolve_tracking_uri (not imported: it imports this module)
     uri_store = (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                  or f"sqlite:///{paths.tracking_dir() / 'mlflow.db'}")
     name, ref = _parse_model_uri(uri)

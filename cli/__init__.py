@@ -22,7 +22,7 @@ import sys
 import time
 
 from halluscope.cli.log import setup_logging
-from halluscope.paths import set_offline_defaults
+from halluscope.core.paths import set_offline_defaults
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 

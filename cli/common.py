@@ -10,11 +10,11 @@ import sys
 from typing import NoReturn
 
 from halluscope.cli.log import setup_logging  # noqa: F401 — re-exported: commands import it from here
-from halluscope.paths import set_offline_defaults
+from halluscope.core.paths import set_offline_defaults
 
 set_offline_defaults()  # before anything imports litellm (through dspy) or MLflow
 
-from halluscope.lm import LMCheckError, check_lm, configure  # noqa: E402
+from halluscope.lm.models import LMCheckError, check_lm, configure  # noqa: E402
 from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_names, get_dataset
 from halluscope.loaders.generic import FIELDS, parse_column_mapping
 from halluscope.loaders.mushroom import CONTEXT_VARIANTS
@@ -59,7 +59,7 @@ PORT = ranged(whole(0, 65535))
 
 def add_max_failed_share(p, default: float, what: str) -> None:
     """``--max-failed-share``: the command fails (exit 1, the reason in one line) when more than this share of
-    its items failed: raised, or returned no usable output (:func:`halluscope.contract.item_failure`)."""
+    its items failed: raised, or returned no usable output (:func:`halluscope.core.contract.item_failure`)."""
     p.add_argument("--max-failed-share", type=SHARE, default=default,
                    help=f"{what} FAILS (exit 1, the reason in one line) when more than this share of the items failed "
                         f"(raised, or an LM output that could not be read, was cut or failed) (default {default:g})")
@@ -80,7 +80,7 @@ def check_tracking(args, command: str) -> None:
     or hanging store is one line and exit status 2 within a few seconds, not a warning after the work."""
     if getattr(args, "no_mlflow", True) and not getattr(args, "trace", False):
         return
-    from halluscope.optimize.tracking import TrackingStoreError, check_tracking_store  # mlflow: only when tracking
+    from halluscope.tracking.runs import TrackingStoreError, check_tracking_store  # mlflow: only when tracking
 
     try:
         check_tracking_store(getattr(args, "tracking_uri", None))

@@ -5,7 +5,7 @@
 ``<metric>-by-language.png``: grouped bars; ``<metric>-grid.png``: programs × languages (or tasks) with the sd
 over CV folds; ``<metric>-frontier.png``: the metric against LM calls (``--cost tokens``: tokens) per item,
 one point per program, setting (options that differ from the defaults, optimizer setting, artifact version) and
-LM, Pareto front marked (see :mod:`halluscope.optimize.compare`). The PNGs and the rows are also logged as an
+LM, Pareto front marked (see :mod:`halluscope.tracking.views`). The PNGs and the rows are also logged as an
 MLflow run of the experiment ``halluscope-compare`` (``--no-mlflow`` to skip).
 """
 
@@ -15,11 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from halluscope import paths
+from halluscope.core import paths
 from halluscope.cli.common import POSITIVE_INT
 from halluscope.metrics.adapters import METRICS
-from halluscope.optimize.compare import add_run_settings, log_views, plot_frontier, plot_grid
-from halluscope.optimize.tracking import format_table, plot_scores, resolve_tracking_uri, runs_table
+from halluscope.tracking.views import add_run_settings, log_views, plot_frontier, plot_grid
+from halluscope.tracking.runs import format_table, plot_scores, resolve_tracking_uri, runs_table
 
 
 def add_parser(subparsers) -> None:

@@ -16,7 +16,7 @@ Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``quest
 (``spans``, ``soft_labels``, ``hard_labels``, ``label``, ``score``, ...); a failed item is
 ``{"id", "ok": false, "error"}`` and is counted.
 
-With ``--engine ray`` (see :mod:`halluscope.scale`) the input may be JSONL or Parquet and the output
+With ``--engine ray`` (see :mod:`halluscope.evaluation.scale`) the input may be JSONL or Parquet and the output
 ``.parquet`` (the contract flattened into columns, spans as JSON) or ``.jsonl``; the job is resumable:
 rerun the same command and the rows already in ``<output>.parts/`` are skipped.
 """
@@ -31,21 +31,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from halluscope import paths
-from halluscope.artifacts import ArtifactError, list_versions, load_compiled, rank_versions, zero_shot_score
+from halluscope.core import paths
+from halluscope.artifacts.store import ArtifactError, list_versions, load_compiled, rank_versions, zero_shot_score
 from halluscope.cli.common import (POSITIVE_INT, add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
                                    parse_options, resolve_dataset, setup_lm, usage_error)
-from halluscope.contract import failure_reason
+from halluscope.core.contract import failure_reason
 from halluscope.cli.engine import add_engine_args, detect_with_ray
 from halluscope.cli.render import FORMATS, choose_format, write_row
-from halluscope.optimize.tracing import lm_tracing
-from halluscope.optimize.tracking import experiment_name
-from halluscope.detector import detect, detect_jsonl
-from halluscope.files import create_unique_dir, write_text_atomic
+from halluscope.tracking.traces import lm_tracing
+from halluscope.tracking.runs import experiment_name
+from halluscope.artifacts.compiled import detect, detect_jsonl
+from halluscope.core.fileio import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
-from halluscope.redact import error_text, redact
+from halluscope.core.redact import error_text, redact
 
 
 def add_parser(subparsers) -> None:

@@ -1,4 +1,4 @@
-"""``--engine inprocess|ray`` for ``halluscope detect`` and ``halluscope evaluate`` (see :mod:`halluscope.scale`).
+"""``--engine inprocess|ray`` for ``halluscope detect`` and ``halluscope evaluate`` (see :mod:`halluscope.evaluation.scale`).
 
 The arguments, and the Ray side of both commands: the job runs in Ray actors that each build or load the
 program and configure their own LM, so no LM is set up in the driver. Ray is imported only when a job runs.
@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-from halluscope import paths
-from halluscope.artifacts import ArtifactError
+from halluscope.core import paths
+from halluscope.artifacts.store import ArtifactError
 from halluscope.cli.common import POSITIVE_INT, failed_share_line, ranged
-from halluscope.contract import describe_failed
+from halluscope.core.contract import describe_failed
 from halluscope.programs.registry import get, number
-from halluscope.scale import LMConfig, RayOptions, detect_ray, evaluate_ray, parts_dir
+from halluscope.evaluation.scale import LMConfig, RayOptions, detect_ray, evaluate_ray, parts_dir
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

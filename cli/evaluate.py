@@ -15,20 +15,20 @@ import os
 import sys
 from pathlib import Path
 
-from halluscope import paths
+from halluscope.core import paths
 from halluscope.cli import wall_time
-from halluscope.artifacts import ArtifactError, load_artifact_dir, load_compiled
+from halluscope.artifacts.store import ArtifactError, load_artifact_dir, load_compiled
 from halluscope.cli.common import (POSITIVE_INT, SHARE, add_data_args, add_lm_args, check_data_args, check_tracking,
                                    load_examples, parse_options, setup_lm, usage_error)
 from halluscope.cli.engine import add_engine_args, evaluate_with_ray
-from halluscope.files import create_unique_dir, write_text_atomic
+from halluscope.core.fileio import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetSpec, get_dataset
 from halluscope.metrics.adapters import METRICS
-from halluscope.optimize.tracing import lm_tracing
-from halluscope.optimize.tracking import experiment_name, track_run
+from halluscope.tracking.traces import lm_tracing
+from halluscope.tracking.runs import experiment_name, track_run
 from halluscope.programs.registry import get, names
-from halluscope.redact import redact_obj
-from halluscope.runner import run_eval
+from halluscope.core.redact import redact_obj
+from halluscope.evaluation.runner import run_eval
 
 
 def add_parser(sub) -> None:
@@ -122,7 +122,7 @@ def cmd_evaluate(args) -> int:
         if lm.engine.stats.truncated:
             print(f"warning: {lm.engine.stats.truncated} prompts were longer than the model's context and were cut "
                   f"in the middle (engine_truncated_prompts)", file=sys.stderr)
-    n_failed = result.failed_items  # raised, or no usable output (halluscope.contract.item_failure)
+    n_failed = result.failed_items  # raised, or no usable output (halluscope.core.contract.item_failure)
     summary["failed_items"] = n_failed
     failed_run = bool(result.n) and n_failed / result.n > args.max_failed_share
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -156,7 +156,7 @@ def cmd_evaluate(args) -> int:
 
 def load_artifact_arg(args):
     """The compiled artifact ``--artifact`` names, loaded by the checked loader ``detect`` uses
-    (:func:`halluscope.artifacts.load_compiled` / :func:`~halluscope.artifacts.load_artifact_dir`: content hash,
+    (:func:`halluscope.artifacts.store.load_compiled` / :func:`~halluscope.artifacts.store.load_artifact_dir`: content hash,
     manifest, signature fields, endpoint options unless ``--trust-artifact-endpoints``). A refused or missing
     artifact, or ``-O`` beside it, is one line and exit status 2."""
     if args.option:

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import dspy
 
-from halluscope.artifacts import below_zero_shot, list_versions, rank_versions, zero_shot_score
+from halluscope.artifacts.store import below_zero_shot, list_versions, rank_versions, zero_shot_score
 from halluscope.cli import wall_time
 from halluscope.cli.common import (COUNT, POSITIVE_INT, SHARE, InputError, add_data_args, add_debug_arg,
                                    add_lm_args, check_data_args, check_tracking, load_examples, one_line,
                                    parse_options, ranged, run_command, setup_lm, setup_logging)
-from halluscope.lm import make_lm
+from halluscope.lm.models import make_lm
 from halluscope.loaders import get_dataset
 from halluscope.loaders.mushroom import load_mushroom
 from halluscope.metrics.adapters import METRIC_LEVEL, METRICS, SPAN_METRICS
 from halluscope.optimize.cv import FoldSizeError, OptimizerConfig, check_fold_sizes
 from halluscope.optimize.run import OptimizeConfig, optimizer_for, run_optimize
-from halluscope.optimize.tracing import lm_tracing
-from halluscope.optimize.tracking import experiment_name
+from halluscope.tracking.traces import lm_tracing
+from halluscope.tracking.runs import experiment_name
 from halluscope.programs.registry import get, names, number
 
 

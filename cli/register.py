@@ -5,16 +5,16 @@
 
 Then ``load_compiled("models:/halluscope-spans-de@champion")`` or
 ``mlflow models serve -m models:/halluscope-spans-de@champion --env-manager local`` (see
-:mod:`halluscope.model_registry`).
+:mod:`halluscope.tracking.model_registry`).
 """
 
 from __future__ import annotations
 
 import sys
 
-from halluscope.artifacts import ArtifactError, best_version, list_versions
+from halluscope.artifacts.store import ArtifactError, best_version, list_versions
 from halluscope.metrics.adapters import METRICS
-from halluscope.model_registry import register_artifact
+from halluscope.tracking.model_registry import register_artifact
 from halluscope.programs.registry import names
 
 

@@ -2,7 +2,7 @@
 
 The answer with its marked spans (colour on a terminal; ``[[hallucinated]]`` and ``{{possibly}}`` brackets
 when colour is off: a pipe, ``NO_COLOR``, ``TERM=dumb``), the verdict and score, the counts labelled as
-:func:`halluscope.contract.describe_counts` labels them (the web page shows the same line), the top units with
+:func:`halluscope.core.contract.describe_counts` labels them (the web page shows the same line), the top units with
 their probability and reason, the signals used (evidence passages by source, optional signals left out) and
 any failures. Long answers wrap at the terminal's width (80 columns off a terminal); nothing is cut.
 """
@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from halluscope.contract import NOTE_TEXT, counts, describe_counts
+from halluscope.core.contract import NOTE_TEXT, counts, describe_counts
 
 __all__ = ["FORMATS", "choose_format", "make_console", "marked_answer", "render_detection", "write_row"]
 

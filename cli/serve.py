@@ -29,15 +29,15 @@ import os
 import sys
 import time
 
-from halluscope.artifacts import MODEL_URI_PREFIX, ArtifactError, load_compiled
+from halluscope.artifacts.store import MODEL_URI_PREFIX, ArtifactError, load_compiled
 from halluscope.cli.common import (PORT, POSITIVE_INT, SECONDS, add_lm_args, add_max_failed_share, failed_share_line,
                                    parse_options, setup_lm)
-from halluscope.contract import describe_failed, failed_kinds, failure_reason
-from halluscope.detector import detect
-from halluscope.redact import error_text, redact
-from halluscope.tasks import HALLUCLEAN_TASKS
+from halluscope.core.contract import describe_failed, failed_kinds, failure_reason
+from halluscope.artifacts.compiled import detect
+from halluscope.core.redact import error_text, redact
+from halluscope.core.tasks import HALLUCLEAN_TASKS
 from halluscope.cli.detect import default_program
-from halluscope.detector import CompiledDetector
+from halluscope.artifacts.compiled import CompiledDetector
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
 from halluscope.serve.app import Limits, create_app, swagger_assets
@@ -188,7 +188,7 @@ PROBE = {"question": "Where is the Eiffel Tower?", "answer": "The Eiffel Tower i
 
 def startup_check(detectors: list[CompiledDetector], max_share: float) -> str | None:
     """Run each detector once on :data:`PROBE` (its LM, if it has one, answers for real): a detector that raises
-    or gives no usable output (:func:`halluscope.contract.item_failure`: unreadable, truncated, LM error) failed.
+    or gives no usable output (:func:`halluscope.core.contract.item_failure`: unreadable, truncated, LM error) failed.
     Returns the one line saying why the server must not start when more than ``max_share`` of them failed, else
     None (failures at or below the share are printed as a warning)."""
     reasons, named = [], []

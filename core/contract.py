@@ -286,7 +286,7 @@ def to_prediction(detection: Detection, **extra: Any) -> dspy.Prediction:
 
 #: ``failures`` keys a program records when the LM's answer for the item could not be used: its output did not
 #: parse (``parse``; jointcq's claims: ``generate_parse``), was cut at ``max_tokens`` (``truncated``, added by
-#: :func:`halluscope.runner.run_eval` from the LM layer), or gave no usable verdict (``verdict``). Such an item
+#: :func:`halluscope.evaluation.runner.run_eval` from the LM layer), or gave no usable verdict (``verdict``). Such an item
 #: returned a prediction, but it is garbage, never success: it counts as a failed item (``--max-failed-share``).
 OUTPUT_FAILURE_KEYS = ("parse", "truncated", "generate_parse", "verdict")
 

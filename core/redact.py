@@ -3,7 +3,7 @@ manifests, summaries and MLflow params.
 
 What is replaced by ``***``:
 
-* every value registered with :func:`register_secret` (``halluscope.lm.make_lm`` registers the ``api_key`` it is
+* every value registered with :func:`register_secret` (``halluscope.lm.models.make_lm`` registers the ``api_key`` it is
   given, so ``--api-key KEY`` never reaches a file);
 * the value of any environment variable whose name says key/token/secret/password/credential (8+ characters);
 * credentials inside URLs: ``scheme://user:pass@host`` -> ``scheme://***@host``, and query parameters such as

@@ -1,4 +1,4 @@
-"""The evidence seam: a :class:`Retriever` turns a query into ranked :class:`~halluscope.contract.Evidence`.
+"""The evidence seam: a :class:`Retriever` turns a query into ranked :class:`~halluscope.core.contract.Evidence`.
 
 Retrievers are configured like LMs: by a spec string (``"context"`` today; the knowledge-base, file, graph
 and search retrievers register their own prefixes) through :func:`make_retriever`, and cached on disk like
@@ -22,8 +22,8 @@ from typing import Callable, Protocol, runtime_checkable
 
 import diskcache
 
-from halluscope import paths
-from halluscope.contract import Evidence
+from halluscope.core import paths
+from halluscope.core.contract import Evidence
 
 __all__ = ["Retriever", "ContextRetriever", "CachedRetriever", "register_retriever", "make_retriever",
            "retriever_names"]

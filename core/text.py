@@ -20,7 +20,7 @@ from typing import Any
 import pysbd
 from rapidfuzz import fuzz
 
-from halluscope.contract import Span
+from halluscope.core.contract import Span
 
 __all__ = ["MappingStats", "map_substrings", "salvage_quotes", "segment", "Segment", "diff_spans", "word_spans"]
 

@@ -4,7 +4,7 @@
 prediction counted under ``failures["error:<ExceptionType>"]``, and the failures a program records in its
 prediction (``parse``, ``unmatched``, ...) are summed. An item is a *failed item* (``EvalResult.failed``, what
 ``--max-failed-share`` counts) when its program raised or its prediction records a failure that leaves no usable
-prediction (:func:`halluscope.contract.item_failure`: an unreadable or truncated LM output, an LM error). Items
+prediction (:func:`halluscope.core.contract.item_failure`: an unreadable or truncated LM output, an LM error). Items
 that raised are scored as the empty prediction; the others as the prediction they returned.
 """
 
@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 import dspy
 
-from halluscope.contract import describe_failed, failed_kinds, failure_reason, item_failure
-from halluscope.lm import LMUsage, history_since, item_scope, usage_of
-from halluscope.parallel import map_items
-from halluscope.redact import redact
+from halluscope.core.contract import describe_failed, failed_kinds, failure_reason, item_failure
+from halluscope.lm.models import LMUsage, history_since, item_scope, usage_of
+from halluscope.core.parallel import map_items
+from halluscope.core.redact import redact
 from halluscope.metrics.adapters import RESPONSE_METRICS, SPAN_METRICS, aggregate
 from halluscope.metrics.classification import classification_report
 
@@ -47,7 +47,7 @@ class EvalResult:
     @property
     def item_failures(self) -> list[str | None]:
         """Per item, why it failed (``"error:<Type>"``/``"error"``: the program raised; ``"parse"``,
-        ``"truncated"``, ...: its LM output was unusable, :func:`halluscope.contract.item_failure`), or None."""
+        ``"truncated"``, ...: its LM output was unusable, :func:`halluscope.core.contract.item_failure`), or None."""
         if len(self.failed) == len(self.predictions):
             return list(self.failed)
         return [item_failure(p) for p in self.predictions]

@@ -12,7 +12,7 @@ How a detection job runs (:func:`detect_ray`)
 * Rows are read by Ray Data (``read_parquet``, or ``read_text`` for JSONL so that a malformed line becomes a
   failed row instead of stopping the job) and mapped in batches by a pool of actors (:class:`DetectWorker`).
 * Each actor loads the compiled artifact itself, **by path and content hash** (never a pickled program):
-  :func:`halluscope.artifacts.load_compiled` verifies the files, then the actor refuses them unless their
+  :func:`halluscope.artifacts.store.load_compiled` verifies the files, then the actor refuses them unless their
   hash equals the one the driver saw. Each actor configures its own LM once (the embedded model: one copy
   per actor). A hosted LM gets one global gate (:class:`LMGate`, a named Ray actor) that every actor's
   DSPy callback passes through, so N workers together keep to the provider's concurrency and rate limit.
@@ -20,7 +20,7 @@ How a detection job runs (:func:`detect_ray`)
   atomic Parquet part under ``<output>.parts/``, with the contract's fields flattened into columns
   (:data:`OUTPUT_COLUMNS`; spans, labels, units, evidence, failures and notes as JSON strings). A row that fails
   (missing answer, malformed line, program error, or a detection without usable output:
-  :func:`halluscope.contract.item_failure`) is written with ``ok=false`` and its ``error``.
+  :func:`halluscope.core.contract.item_failure`) is written with ``ok=false`` and its ``error``.
 * At the end the parts are merged, in input order, into ``--output`` (``.parquet``: the flat columns;
   ``.jsonl``: the in-process engine's nested rows plus the LM columns).
 
@@ -49,14 +49,14 @@ from typing import Any, Callable, Sequence
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from halluscope.artifacts import ArtifactIntegrityError, load_artifact_dir, load_compiled
-from halluscope.contract import Detection, failure_reason, to_prediction
-from halluscope.detector import CompiledDetector, detect
-from halluscope.files import write_text_atomic
-from halluscope.lm import LMUsage, configure, history_since, usage_of
+from halluscope.artifacts.store import ArtifactIntegrityError, load_artifact_dir, load_compiled
+from halluscope.core.contract import Detection, failure_reason, to_prediction
+from halluscope.artifacts.compiled import CompiledDetector, detect
+from halluscope.core.fileio import write_text_atomic
+from halluscope.lm.models import LMUsage, configure, history_since, usage_of
 from halluscope.programs.registry import get
-from halluscope.redact import error_text
-from halluscope.runner import EvalResult, score_predictions
+from halluscope.core.redact import error_text
+from halluscope.evaluation.runner import EvalResult, score_predictions
 
 __all__ = [
     "RayOptions",
@@ -125,7 +125,7 @@ class RayOptions:
 
 @dataclass
 class LMConfig:
-    """What each actor passes to :func:`halluscope.lm.configure` (the same arguments as the CLI's LM flags).
+    """What each actor passes to :func:`halluscope.lm.models.configure` (the same arguments as the CLI's LM flags).
     An ``api_key`` given here travels to the actors in their constructor arguments; prefer the provider's
     environment variable on the cluster."""
 
@@ -685,7 +685,7 @@ def _run_detect(ray, opts, detector, in_path, out_path, parts, job, fmt, n_rows,
 
 def error_kind(error: str | None) -> str:
     """The failure kind of a failed row's ``error``: ``parse`` for ``unusable output: parse``, ``error:ValueError``
-    for ``ValueError: ...`` (as :func:`halluscope.contract.describe_failed` names them)."""
+    for ``ValueError: ...`` (as :func:`halluscope.core.contract.describe_failed` names them)."""
     text = str(error or "")
     if text.startswith("unusable output: "):
         return text[len("unusable output: "):]
@@ -809,7 +809,7 @@ class EvalWorker:
 def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], *, opts: RayOptions,
                  lm: LMConfig | None = None, artifact: tuple[str, str] | None = None,
                  trust_endpoints: bool = False) -> EvalResult:
-    """:func:`halluscope.runner.run_eval` on a pool of Ray actors: the same :class:`EvalResult` (scores,
+    """:func:`halluscope.evaluation.runner.run_eval` on a pool of Ray actors: the same :class:`EvalResult` (scores,
     failures, LM usage summed over the actors, predictions in example order). ``artifact`` = ``(version folder,
     content hash)`` runs that compiled artifact instead of the program built from ``options``."""
     spec = get(program)

@@ -37,14 +37,14 @@ import dspy
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
 from dspy.clients.cache import Cache
-from halluscope.decisions import with_logprob_decisions
+from halluscope.core.decisions import with_logprob_decisions
 from dspy.lm15 import Message, Response, Usage, response_to_events
 from dspy.utils.exceptions import AdapterParseError
 
-from halluscope import paths
-from halluscope.lm_server import (SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials,
+from halluscope.core import paths
+from halluscope.lm.openai_client import (SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials,
                                   token_logprobs)
-from halluscope.redact import redact, redact_url, register_secret
+from halluscope.core.redact import redact, redact_url, register_secret
 
 logger = logging.getLogger(__name__)
 
@@ -402,7 +402,7 @@ def make_lm(
             api_key = "not-needed"  # OpenAI-compatible local servers ignore it, the client insists on one
     if api_key:
         extra["api_key"] = api_key
-        register_secret(api_key)  # never written anywhere halluscope records text (halluscope.redact)
+        register_secret(api_key)  # never written anywhere halluscope records text (halluscope.core.redact)
     return dspy.LM(spec, temperature=temperature, max_tokens=max_tokens, cache=cache, **extra, **kwargs)
 
 
@@ -461,7 +461,7 @@ _ITEM = threading.local()
 @contextlib.contextmanager
 def item_scope() -> Iterator[Counter]:
     """Collect what the LM layer notices while this thread runs one item (``"truncated"``: a generation cut at
-    ``max_tokens`` that was made a parse failure). :func:`halluscope.runner.run_eval` opens one per item and adds
+    ``max_tokens`` that was made a parse failure). :func:`halluscope.evaluation.runner.run_eval` opens one per item and adds
     the counts to the item's ``failures``."""
     prev = getattr(_ITEM, "ledger", None)
     _ITEM.ledger = ledger = Counter()
@@ -620,7 +620,7 @@ def configure(
 ) -> dspy.LM:
     """Make ``lm`` (a spec or an LM) the default, with DSPy's disk cache in ``cache_dir``.
 
-    ``cache_dir`` defaults to :func:`halluscope.paths.cache_dir`. ``adapter`` is
+    ``cache_dir`` defaults to :func:`halluscope.core.paths.cache_dir`. ``adapter`` is
     "json" or "chat"; by default JSON for the embedded model (constrained decoding) and DSPy's chat
     adapter otherwise. ``response_schema`` (default: on for a model served from an ``api_base``, unless the
     chat adapter is asked for) sends each signature's JSON schema and output budget to the server
@@ -719,7 +719,7 @@ def check_lm(lm: dspy.BaseLM, *, timeout: float = 60.0) -> None:
             engine.check(timeout)
             return
         if engine is not None and not isinstance(engine, str):
-            return  # another in-process engine (e.g. halluscope.testing.ScriptedEngine)
+            return  # another in-process engine (e.g. halluscope.lm.scripted.ScriptedEngine)
         probe = lm.copy(cache=False, num_retries=0, timeout=timeout)
         probe("Reply with OK.")
     except Exception as e:  # noqa: BLE001 - any failure means no item could run

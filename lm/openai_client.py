@@ -2,7 +2,7 @@
 
 llama-cpp-python's server, llama.cpp's ``llama-server``, vLLM, Ollama, LM Studio and hosted APIs each accept a
 different part of the OpenAI API. :class:`OpenAICompatEngine` is a DSPy engine (``dspy.LM(model, engine=...)``,
-like the embedded :class:`halluscope.lm.LlamaCppEngine`) that speaks to any of them over HTTP:
+like the embedded :class:`halluscope.lm.models.LlamaCppEngine`) that speaks to any of them over HTTP:
 
 * **structured output negotiation**: a request that asks for JSON is sent with the strongest form the server
   accepts, tried in the order of :data:`FORMATS` — ``json_schema`` (OpenAI's structured outputs), ``json_object``
@@ -15,7 +15,7 @@ like the embedded :class:`halluscope.lm.LlamaCppEngine`) that speaks to any of t
   generates more than it was asked is remembered and gets ``max_completion_tokens`` as well from then on, and is
   counted (``stats.over_budget``); a generation cut at the budget (``finish_reason=length``) is counted
   (``stats.cut_generations``) and reported to the adapter, which makes it a parse failure of that call
-  (:class:`halluscope.lm.TruncatedOutputError`);
+  (:class:`halluscope.lm.models.TruncatedOutputError`);
 * **retries**: connection errors, timeouts, HTTP 429 (its ``Retry-After`` honoured, capped) and 5xx are retried
   ``retries`` times with exponential backoff, then raised as DSPy's LM errors with one clean line (server text
   without tracebacks, credentials redacted); a reply that is not a usable chat completion (HTML, an empty choice
@@ -42,7 +42,7 @@ import httpx
 from dspy import lm15
 from dspy.lm15 import Message, Response, TokenLogprob, TopLogprob, Usage, response_to_events
 
-from halluscope.redact import redact, redact_url, register_secret
+from halluscope.core.redact import redact, redact_url, register_secret
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def split_url_credentials(url: str) -> ServerURL:
 
     ``user:pw`` becomes HTTP Basic authorization; a key in the query (``api_key``, ``key``, ``token``,
     ``access_token``, ``auth``) becomes ``Authorization: Bearer``; other query parameters stay. The credentials
-    are registered with :func:`halluscope.redact.register_secret`. Raises ValueError (redacted) for a URL that is
+    are registered with :func:`halluscope.core.redact.register_secret`. Raises ValueError (redacted) for a URL that is
     not http(s) or has no host.
 
     >>> split_url_credentials("http://127.0.0.1:8080/v1/").base
@@ -463,7 +463,7 @@ class OpenAICompatEngine:
         )
 
     def check(self, timeout: float | None = None) -> None:
-        """One tiny request without retries (``halluscope.lm.check_lm``); raises an LM error when it fails."""
+        """One tiny request without retries (``halluscope.lm.models.check_lm``); raises an LM error when it fails."""
         saved, self.retries = (self.retries, self.timeout), 0
         client = self._client
         try:

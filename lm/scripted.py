@@ -16,7 +16,7 @@ adapter's format.
 
 ``scripted_lm(responder, logprobs=fn)`` also answers requests for token log-probabilities: ``fn(call)`` returns
 ``{field: {label: probability}}`` for the decision fields of that call, and the response carries one token per
-value with those labels as its alternatives (what :mod:`halluscope.decisions` reads); without ``logprobs`` the
+value with those labels as its alternatives (what :mod:`halluscope.core.decisions` reads); without ``logprobs`` the
 engine, like a backend without them, returns none.
 """
 

@@ -50,7 +50,7 @@ from halluscope.loaders.registry import (
     level_of,
     register_dataset,
 )
-from halluscope.tasks import HALLUCLEAN_TASKS, canonical_task
+from halluscope.core.tasks import HALLUCLEAN_TASKS, canonical_task
 
 logger = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from halluscope.contract import hard_labels_from_soft
-from halluscope.files import file_lock, write_text_atomic
-from halluscope import paths
+from halluscope.core.contract import hard_labels_from_soft
+from halluscope.core.fileio import file_lock, write_text_atomic
+from halluscope.core import paths
 
 __all__ = [
     "DemoItem",
@@ -504,7 +504,7 @@ def write_demo_data(root: str | os.PathLike) -> Path:
 
 
 def demo_data_dir(root: str | os.PathLike | None = None) -> Path:
-    """``root`` (default :func:`halluscope.paths.demo_data_dir`: ``<home>/demo_data``), written on first use.
+    """``root`` (default :func:`halluscope.core.paths.demo_data_dir`: ``<home>/demo_data``), written on first use.
 
     Idempotent: rewritten only when its ``VERSION`` file differs from :data:`DEMO_VERSION` (the
     generator or the items changed); stale ``val/`` and ``context/`` are removed first. The check-and-write runs

@@ -59,8 +59,8 @@ from typing import Any
 import dspy
 
 from halluscope.loaders.halluclean import INPUT_FIELDS
-from halluscope.files import iter_jsonl
-from halluscope.literals import parse_text_value
+from halluscope.core.fileio import iter_jsonl
+from halluscope.core.literals import parse_text_value
 from halluscope.loaders.mushroom import check_gold, gold_from_record
 from halluscope.loaders.registry import DatasetArgumentError
 
@@ -163,7 +163,7 @@ def decode_label(value: Any) -> bool | None:
 
 def _spans(v: Any) -> Any:
     """A span column's value: a list, or its text as JSON or a Python repr (a CSV; pandas writes lists so, read by
-    :func:`halluscope.literals.parse_text_value`, never evaluated); missing -> None."""
+    :func:`halluscope.core.literals.parse_text_value`, never evaluated); missing -> None."""
     if _missing(v):
         return None
     if isinstance(v, str):

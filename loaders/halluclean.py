@@ -37,8 +37,8 @@ from pathlib import Path
 
 import dspy
 
-from halluscope import paths
-from halluscope.tasks import HALLUCLEAN_TASKS, TASK_ALIASES, canonical_task
+from halluscope.core import paths
+from halluscope.core.tasks import HALLUCLEAN_TASKS, TASK_ALIASES, canonical_task
 
 logger = logging.getLogger(__name__)
 

@@ -38,11 +38,11 @@ from typing import Any
 
 import dspy
 
-from halluscope.files import read_jsonl, write_text_atomic
-from halluscope.literals import TextValueError, parse_text_list
+from halluscope.core.fileio import read_jsonl, write_text_atomic
+from halluscope.core.literals import TextValueError, parse_text_list
 
-from halluscope.contract import hard_labels_from_soft
-from halluscope import paths
+from halluscope.core.contract import hard_labels_from_soft
+from halluscope.core import paths
 
 __all__ = [
     "LANGS",
@@ -237,7 +237,7 @@ def check_gold(rec: Mapping, where: str) -> None:
 
 def _json_list(value: Any, where: str) -> list:
     """A list, or a string holding one as JSON or as a Python repr (the official Catalan test file writes tokens
-    and logits as ``"['El', ' gat']"``); read by :func:`halluscope.literals.parse_text_list`, never evaluated."""
+    and logits as ``"['El', ' gat']"``); read by :func:`halluscope.core.literals.parse_text_list`, never evaluated."""
     if isinstance(value, str):
         try:
             value = parse_text_list(value)
@@ -476,7 +476,7 @@ def write_submission(
 ) -> Path:
     """Write the official submission JSONL (``{"id", "hard_labels", "soft_labels"}`` a line).
 
-    Each prediction may be a ``dspy.Prediction``, a :class:`halluscope.contract.Detection` or a
+    Each prediction may be a ``dspy.Prediction``, a :class:`halluscope.core.contract.Detection` or a
     dict with ``hard_labels`` and/or ``soft_labels`` (a missing one is derived from the other).
     The file is written atomically: a temp file in the same folder, then ``os.replace``.
     """

@@ -7,7 +7,7 @@
 * response-level data: ``label`` (bool, True = hallucinated).
 
 ``prediction`` is a ``dspy.Prediction`` (or a mapping) as built by
-:func:`halluscope.contract.to_prediction`: ``hard_labels``, ``soft_labels``, ``label``, ``score``.
+:func:`halluscope.core.contract.to_prediction`: ``hard_labels``, ``soft_labels``, ``label``, ``score``.
 
 Failures
 --------

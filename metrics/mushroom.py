@@ -1,6 +1,6 @@
 """Span-level metrics: the official Mu-SHROOM (SemEval-2025 Task 3) definitions.
 
-Conventions (the same as :mod:`halluscope.contract` and the Mu-SHROOM data)
+Conventions (the same as :mod:`halluscope.core.contract` and the Mu-SHROOM data)
 ----------------------------------------------------------------------------
 * Offsets are Python string indices (code points) into the checked text, ``end`` excluded.
 * Hard labels are ``[[start, end], ...]``; soft labels are ``[{"start", "end", "prob"}, ...]``.
@@ -53,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from halluscope.contract import hard_labels_from_soft
-from halluscope.files import read_jsonl
+from halluscope.core.contract import hard_labels_from_soft
+from halluscope.core.fileio import read_jsonl
 
 __all__ = [
     "iou",
@@ -77,7 +77,7 @@ __all__ = [
 def hard_from_soft(soft, threshold: float = 0.5) -> list[list[int]]:
     """Hard labels from soft labels: characters with ``prob > threshold`` (strict), adjacent runs merged.
 
-    This is :func:`halluscope.contract.hard_labels_from_soft` (the official scorer's rule),
+    This is :func:`halluscope.core.contract.hard_labels_from_soft` (the official scorer's rule),
     re-exported so that all metric code lives behind :mod:`metrics`.
     """
     return hard_labels_from_soft(soft, threshold)

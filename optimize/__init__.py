@@ -1,10 +1,10 @@
 """Optimisation: cross-validated compiles (:mod:`.cv`), the optimize run as stages (:mod:`.run`) and MLflow
 tracking (:mod:`.tracking`). The production path (load a compiled artifact, detect) is not here: see
-:mod:`halluscope.artifacts` and :mod:`halluscope.detector`; the command line is :mod:`halluscope.cli.optimize`."""
+:mod:`halluscope.artifacts.store` and :mod:`halluscope.artifacts.compiled`; the command line is :mod:`halluscope.cli.optimize`."""
 
 from halluscope.optimize.cv import OptimizerConfig, compile_program, cross_validate
 from halluscope.optimize.run import OptimizeConfig, OptimizeResult, run_optimize
-from halluscope.optimize.tracking import track_run
+from halluscope.tracking.runs import track_run
 
 __all__ = ["OptimizerConfig", "OptimizeConfig", "OptimizeResult", "compile_program", "cross_validate",
            "run_optimize", "track_run"]

@@ -6,7 +6,7 @@ The loop (:func:`cross_validate`):
    hallucination (gold ``label``) whenever both classes occur, so every fold sees both kinds.
 2. For each fold: the *zero-shot* program (the registry's program as built, default instructions, no demos)
    and the program *compiled* on the other folds are both scored on the held-out fold with every metric
-   the gold data supports (:func:`halluscope.runner.run_eval`). The held-out fold is never used for
+   the gold data supports (:func:`halluscope.evaluation.runner.run_eval`). The held-out fold is never used for
    tuning: MIPROv2's validation set is a seeded split of the training folds (:func:`train_val_split`).
 3. The caller compiles once more on the whole split to make the artifact.
 
@@ -33,8 +33,8 @@ from typing import Any, Callable, Sequence
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from halluscope import runner
-from halluscope.contract import Detection, describe_failed, failure_reason
+from halluscope.evaluation import runner
+from halluscope.core.contract import Detection, describe_failed, failure_reason
 from halluscope.metrics.adapters import aggregate, get_metric
 from halluscope.optimize.optimizers import compile_gepa, compile_reanchor
 from halluscope.optimize.proposals import robust_proposals
@@ -63,7 +63,7 @@ __all__ = [
 OPTIMIZERS = ("mipro", "bootstrap", "gepa", "reanchor", "fit")  # fit = the program's own ProgramSpec.fit hook
 # A prompt optimizer followed by ReAnchor's calibration of the decisions: "mipro+reanchor", ...
 STAGED = tuple(f"{name}+reanchor" for name in ("mipro", "bootstrap", "gepa"))
-DECISION_PROBS = ("logprobs", "verbal")  # where ReAnchor's probabilities come from (halluscope.decisions)
+DECISION_PROBS = ("logprobs", "verbal")  # where ReAnchor's probabilities come from (halluscope.core.decisions)
 # Fields every example keeps for compiling and scoring (inputs + gold); the rest (logits, tokens, URLs) is
 # dropped so demos stored in the artifact stay small. Programs ask for more through ProgramSpec.extra_inputs.
 KEEP_FIELDS = ("id", "task", "lang", "question", "answer", "context", "hard_labels", "soft_labels",
@@ -349,7 +349,7 @@ def slim_examples(examples: Sequence[dspy.Example], extra: Sequence[str] = ()) -
 class FailureCounter(BaseCallback):
     """Counts LM calls that raised and module calls that raised, while an optimizer runs (thread-safe), and the
     detections programs returned (``program_outputs``) with those that have no usable output
-    (``failed_outputs``: :func:`halluscope.contract.failure_reason`, e.g. an LM answering garbage, which raises
+    (``failed_outputs``: :func:`halluscope.core.contract.failure_reason`, e.g. an LM answering garbage, which raises
     nothing: the optimizer scores such an item 0 and goes on)."""
 
     def __init__(self) -> None:
@@ -535,7 +535,7 @@ class FoldResult:
     compiled: dict[str, float]
     zero_shot_failures: dict[str, int] = field(default_factory=dict)
     compiled_failures: dict[str, int] = field(default_factory=dict)
-    # failed items by reason (halluscope.contract.item_failure): what --max-failed-share counts
+    # failed items by reason (halluscope.core.contract.item_failure): what --max-failed-share counts
     zero_shot_failed: dict[str, int] = field(default_factory=dict)
     compiled_failed: dict[str, int] = field(default_factory=dict)
     compile_info: dict = field(default_factory=dict)
@@ -575,10 +575,10 @@ def evaluate_program(program, examples, metric_name: str, *, threads: int = 1, e
                      progress: bool = False, lm: dspy.LM | None = None):
     """``(scores, failures, failed)`` of ``program`` on ``examples`` (never raises): ``failures`` sums the
     failures the items recorded, ``failed`` counts the failed items by reason (:attr:`EvalResult.failed
-    <halluscope.runner.EvalResult>`: raised, or no usable output), which is what ``max_failed_share`` counts.
+    <halluscope.evaluation.runner.EvalResult>`: raised, or no usable output), which is what ``max_failed_share`` counts.
 
     The program runs once per example and the predictions are scored once: every metric the gold data
-    supports (:func:`halluscope.runner.run_eval` scores them), plus ``metric_name`` when it is not among them
+    supports (:func:`halluscope.evaluation.runner.run_eval` scores them), plus ``metric_name`` when it is not among them
     (a combined metric such as ``iou+corr``).
     """
     examples = list(examples)

@@ -10,7 +10,7 @@
 * :func:`compile_reanchor`: calibrates every decision output (a Boolean's cut point on P(True), a Choice's
   per-label weights, a Score's cuts) against the metric, with ReAnchor's own fold check; the original
   behaviour stays unless the fitted one wins. The probabilities come from the backend's token
-  log-probabilities (:mod:`halluscope.decisions`) or, with ``decision_probs="verbal"``, from the LM writing
+  log-probabilities (:mod:`halluscope.core.decisions`) or, with ``decision_probs="verbal"``, from the LM writing
   them (DSPy's default). The fitted parameters live in each predictor's ``fields`` (saved in program.json).
 * :func:`reanchor_problem`: one line saying why ReAnchor cannot run on a program/backend, checked before any
   optimizer call.
@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import dspy
 from dspy.teleprompt.reanchor import ReAnchor  # experimental in DSPy 3.4: not exported as dspy.ReAnchor
 
-from halluscope.decisions import LOGPROB_SETTING, has_decision_outputs, logprobs_problem, with_logprob_decisions
+from halluscope.core.decisions import LOGPROB_SETTING, has_decision_outputs, logprobs_problem, with_logprob_decisions
 from halluscope.metrics.feedback import FEEDBACK_METRICS
 
 logger = logging.getLogger(__name__)

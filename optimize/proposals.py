@@ -20,7 +20,7 @@ from typing import Iterator
 from dspy.propose.grounded_proposer import GroundedProposer
 from dspy.teleprompt import mipro_optimizer_v2
 
-from halluscope.redact import redact
+from halluscope.core.redact import redact
 
 logger = logging.getLogger(__name__)
 

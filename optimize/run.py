@@ -58,21 +58,21 @@ from typing import Any, Callable, Sequence
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from halluscope import paths
-from halluscope.artifacts import git_commit, load_compiled, mark_tracked, write_artifact
-from halluscope.files import write_text_atomic
-from halluscope.lm import describe, history_since, usage_of
+from halluscope.core import paths
+from halluscope.artifacts.store import git_commit, load_compiled, mark_tracked, write_artifact
+from halluscope.core.fileio import write_text_atomic
+from halluscope.lm.models import describe, history_since, usage_of
 from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
-from halluscope.decisions import LOGPROB_SETTING, with_logprob_decisions
+from halluscope.core.decisions import LOGPROB_SETTING, with_logprob_decisions
 from halluscope.optimize.optimizers import DECISION_PROGRAMS, reanchor_problem
-from halluscope.optimize.tracking import metric_key, track_run
+from halluscope.tracking.runs import metric_key, track_run
 from halluscope.programs.registry import get
-from halluscope.files import create_unique_dir
-from halluscope.redact import redact_argv, redact_obj
+from halluscope.core.fileio import create_unique_dir
+from halluscope.core.redact import redact_argv, redact_obj
 from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
                                     compile_program, cross_validate, evaluate_program, failed_share_problem,
                                     slim_examples)
-from halluscope.contract import describe_failed
+from halluscope.core.contract import describe_failed
 
 paths.set_offline_defaults()
 
@@ -157,7 +157,7 @@ class OptimizeResult:
     final_info: dict = field(default_factory=dict)
     test: dict | None = None  # test-set scores (compiled and zero-shot)
     manifest: dict | None = None  # what build_manifest made (write_artifact completes it)
-    artifact: Any = None  # halluscope.detector.CompiledDetector as written
+    artifact: Any = None  # halluscope.artifacts.compiled.CompiledDetector as written
     report: dict = field(default_factory=dict)  # report.json's content
     report_path: Path | None = None
     usage: dict = field(default_factory=dict)

@@ -3,4 +3,4 @@ registers every built-in program: each module below calls :func:`halluscope.prog
 when imported. The registry itself imports none of them, so there is no cycle."""
 
 from halluscope.programs import (baselines, finch, grounded, halluclean, jointcq, medico,  # noqa: F401  (they register)
-                                 span_detector)
+                                 spans)

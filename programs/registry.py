@@ -2,7 +2,7 @@
 
 A program registers a :class:`ProgramSpec`; ``spec.make(**options)`` checks the options and returns a fresh
 ``dspy.Module`` whose ``forward`` takes the common example inputs (``question``, ``answer``, ``lang``,
-``context``, ``task``; unknown inputs are ignored) and returns :func:`halluscope.contract.to_prediction` of a
+``context``, ``task``; unknown inputs are ignored) and returns :func:`halluscope.core.contract.to_prediction` of a
 ``Detection``.
 
 Build options are declared once: they are the keyword parameters of ``spec.build`` (a function, or a
@@ -321,7 +321,7 @@ class ProgramSpec:
     # Options whose values choose an LM, a model server or a network endpoint (FINCH-ZK's samplers, MEDICO's
     # search URL): credentials from the environment go where they say. An artifact whose manifest sets one of
     # them to anything but the default or an embedded/configured LM ("self", "local") is refused on load
-    # unless the loading user opts in (halluscope.artifacts.load_compiled(trust_endpoints=True)).
+    # unless the loading user opts in (halluscope.artifacts.store.load_compiled(trust_endpoints=True)).
     endpoint_options: tuple[str, ...] = ()
     # Optional: lm_when(options) -> bool, for a program that uses an LM only with some options (``grounded``
     # with ``lm_detectors``); :meth:`needs_lm` reads it, ``uses_lm`` stays the default-options answer.

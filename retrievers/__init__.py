@@ -1,6 +1,6 @@
-"""Evidence sources beyond the item's own context, each a :class:`halluscope.retrieval.Retriever`.
+"""Evidence sources beyond the item's own context, each a :class:`halluscope.core.retrieval.Retriever`.
 
-Importing this package registers their spec prefixes with :func:`halluscope.retrieval.register_retriever`:
+Importing this package registers their spec prefixes with :func:`halluscope.core.retrieval.register_retriever`:
 
 ==================  ============================================================================
 spec                retriever
@@ -16,7 +16,7 @@ spec                retriever
 ==================  ============================================================================
 """
 
-from halluscope.retrieval import register_retriever
+from halluscope.core.retrieval import register_retriever
 from halluscope.retrievers.files import FileRetriever
 from halluscope.retrievers.kb import KBRetriever, build_index
 from halluscope.retrievers.kg import KGRetriever

@@ -23,8 +23,8 @@ from pathlib import Path
 import bm25s
 import numpy as np
 
-from halluscope.contract import Evidence
-from halluscope.files import write_text_atomic
+from halluscope.core.contract import Evidence
+from halluscope.core.fileio import write_text_atomic
 
 __all__ = ["TOKENIZER_VERSION", "Passage", "tokenize", "chunk", "passages_of", "BM25Index", "content_hash"]
 

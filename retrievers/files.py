@@ -29,7 +29,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from halluscope.contract import Evidence
+from halluscope.core.contract import Evidence
 from halluscope.retrievers.bm25 import BM25Index, content_hash, passages_of
 
 __all__ = ["TEXT_SUFFIXES", "SUFFIXES", "ExtractionLimits", "FileSkipped", "DocumentTooLarge", "DocumentTooSlow",

@@ -23,8 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from halluscope.contract import Evidence
-from halluscope.files import read_jsonl
+from halluscope.core.contract import Evidence
+from halluscope.core.fileio import read_jsonl
 from halluscope.retrievers.bm25 import BM25Index, content_hash, passages_of
 from halluscope.retrievers.files import FileSkipped, collect_files, read_document
 

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-from halluscope.contract import Evidence
+from halluscope.core.contract import Evidence
 from halluscope.retrievers.bm25 import BM25Index, Passage, content_hash
 
 __all__ = ["TripleFormatError", "read_triples", "linearize", "KGRetriever", "DEFAULT_TEMPLATE"]

@@ -1,4 +1,4 @@
-"""Web search behind the :class:`~halluscope.retrieval.Retriever` interface: an HTTP JSON search API.
+"""Web search behind the :class:`~halluscope.core.retrieval.Retriever` interface: an HTTP JSON search API.
 
 **Off by default.** It runs only when a program lists ``search`` among its sources *and* a URL is configured
 (``-O search=URL``, ``make_retriever("search:URL")`` or ``$HALLUSCOPE_SEARCH_URL``); the API key is read from
@@ -22,7 +22,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from halluscope.contract import Evidence
+from halluscope.core.contract import Evidence
 
 __all__ = ["SearchError", "SearchRetriever", "URL_ENV", "KEY_ENV"]
 

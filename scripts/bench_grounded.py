@@ -32,7 +32,7 @@ from halluscope.metrics.mushroom import score_item
 from halluscope.programs.registry import get
 
 
-from halluscope.programs.grounded.detector import GroundedDetector, fit_grounded
+from halluscope.programs.grounded.program import GroundedDetector, fit_grounded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -302,9 +302,9 @@ def cmd_response(args):
     the three tasks (the default artifact's head), averaged over the fold seeds. FPR = correct answers labelled
     hallucinated, TPR = hallucinated answers caught, pair = the hallucinated answer scored above the correct
     one of the same item."""
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
     from halluscope.loaders.halluclean import load_halluclean
-    from halluscope.programs.grounded.detector import response_rows
+    from halluscope.programs.grounded.program import response_rows
     from halluscope.programs.grounded.response import RESPONSE_BASE, auc, binary_scores, cv_head, pair_ranking
 
     det = load_compiled("grounded", lang=args.lang, metric="iou", version=args.version)

@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from halluscope.files import write_text_atomic
+from halluscope.core.fileio import write_text_atomic
 from halluscope.retrievers.kb import KBRetriever, build_index
 
 FILES = {"qa": ("QA.dev.json", "question"), "dialogue": ("DA.dev.json", "dialogue_history")}

@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from halluscope.artifacts import load_compiled, write_artifact
-from halluscope.detector import detect_jsonl
-from halluscope.lm import configure, history_since, usage_of
+from halluscope.artifacts.store import load_compiled, write_artifact
+from halluscope.artifacts.compiled import detect_jsonl
+from halluscope.lm.models import configure, history_since, usage_of
 from halluscope.programs.registry import get
-from halluscope.scale import LMConfig, RayOptions, detect_ray, init_ray
+from halluscope.evaluation.scale import LMConfig, RayOptions, detect_ray, init_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the river city was founded in year by king north south large small old new famous".split()

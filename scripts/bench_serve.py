@@ -141,7 +141,7 @@ def summarise(latencies: list[float], errors: dict, n: int, concurrency: int, wa
 
 
 def bench_no_lm(env: dict, compiled: Path, requests: int, levels: list[int]) -> dict:
-    from halluscope import artifacts as A
+    from halluscope.artifacts import store as A
     from halluscope.programs.registry import get
 
     A.write_artifact(get("mark-all").make(), {"source": "bench"}, program_name="mark-all", lang="en", metric="iou",

@@ -61,7 +61,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads on every path")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    from halluscope.lm import smollm2_path
+    from halluscope.lm.models import smollm2_path
 
     gguf = str(smollm2_path())
     work = Path(tempfile.mkdtemp(prefix="bench-servers-"))

@@ -52,13 +52,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from halluscope import __version__
-from halluscope.artifacts import selection_score
-from halluscope.contract import Evidence, counts, describe_counts
-from halluscope.detector import CompiledDetector, detect
+from halluscope.artifacts.store import selection_score
+from halluscope.core.contract import Evidence, counts, describe_counts
+from halluscope.artifacts.compiled import CompiledDetector, detect
 from halluscope.programs.registry import get as get_spec
 from halluscope.retrievers.files import ExtractionLimits
 from halluscope.serve.evidence import EvidenceFileError, read_uploaded
-from halluscope.tasks import HALLUCLEAN_TASKS
+from halluscope.core.tasks import HALLUCLEAN_TASKS
 
 __all__ = ["Limits", "LoadedDetector", "create_app"]
 

@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from halluscope.lm import _response_schema, smollm2_path
+from halluscope.lm.models import _response_schema, smollm2_path
 from halluscope.programs.registry import ranged, whole
 
 __all__ = ["Completion", "LlamaBackend", "SchemaBackend", "create_openai_app", "schema_instance"]

@@ -15,7 +15,7 @@ the model did not actually decide; the plain string keeps those visible.
 
 ``JudgeDecision`` and ``DirectAskDecision`` are the same stages with a Boolean ``verdict`` (True = Yes,
 hallucinated): a *decision output* that ``dspy.ReAnchor`` calibrates (a cut point on P(Yes), read from the
-backend's token probabilities: :mod:`halluscope.decisions`). The programs use them with ``decisions=True``
+backend's token probabilities: :mod:`halluscope.core.decisions`). The programs use them with ``decisions=True``
 (what ``--optimizer reanchor`` builds); the field names are the same, so the contract does not change.
 """
 

@@ -6,7 +6,7 @@
 * :class:`VerifyClaim` / :class:`VerifyClaims` — one claim (or a numbered batch) against retrieved snippets:
   correct, hallucinated or unverifiable, with a rationale.
 * :class:`ClaimCriteria` / :class:`QueryCriteria` — the paper's criteria-guided filtering as LM-judged
-  checks, used by :func:`halluscope.programs.jointcq.criteria_metric` to keep only good demonstrations.
+  checks, used by :func:`halluscope.programs.jointcq.program.criteria_metric` to keep only good demonstrations.
 
 The docstrings are the instructions optimizers rewrite. Labels and verdicts are plain strings, parsed
 leniently by the program (a ``Literal`` output would make constrained decoding force a label on the embedded

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import dspy
 
-from halluscope.contract import Detection, to_prediction
+from halluscope.core.contract import Detection, to_prediction
 from halluscope.programs.registry import ProgramSpec, register
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 
 NAME = "test-crash-once"
 LM_NAME = "test-lm"

@@ -11,7 +11,7 @@ import dspy
 import pytest
 
 from halluscope.programs import registry
-from halluscope.programs.baselines import LogitBaseline, MarkAll, token_bytes, token_offsets
+from halluscope.programs.baselines.program import LogitBaseline, MarkAll, token_bytes, token_offsets
 
 
 def _phi(z: float) -> float:

@@ -17,7 +17,7 @@ from pathlib import Path
 import dspy
 import pytest
 
-from halluscope.artifacts import (RETIRED_FILE, UNTRACKED_FILE, VersionInfo, below_zero_shot, best_version, list_versions,
+from halluscope.artifacts.store import (RETIRED_FILE, UNTRACKED_FILE, VersionInfo, below_zero_shot, best_version, list_versions,
                                   load_compiled, rank_versions, selection_score, untracked_reason)
 from halluscope.cli import main as cli_main
 
@@ -97,7 +97,7 @@ def test_the_committed_artifacts_are_still_the_ones_served():
 
 
 def test_loading_a_version_below_zero_shot_warns(caplog):
-    with caplog.at_level("WARNING", logger="halluscope.artifacts"):
+    with caplog.at_level("WARNING", logger="halluscope.artifacts.store"):
         det = load_compiled("grounded", lang="hi", metric="iou", root=COMPILED)  # v0002: 0.595 < 0.648 zero-shot
     assert det.version == 2
     assert any("below its zero-shot score" in r.getMessage() for r in caplog.records)

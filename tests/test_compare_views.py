@@ -7,8 +7,8 @@ import json
 
 from mlflow.tracking import MlflowClient
 
-from halluscope.optimize.compare import COMPARE_EXPERIMENT, frontier_points, grid_cells, pareto_front
-from halluscope.optimize.tracking import track_run
+from halluscope.tracking.views import COMPARE_EXPERIMENT, frontier_points, grid_cells, pareto_front
+from halluscope.tracking.runs import track_run
 
 
 def _row(program, lang, score, calls, n=10, kind="evaluate", sd=None, tokens=None, **kw):
@@ -74,7 +74,7 @@ def test_compare_writes_grid_and_frontier_and_logs_them(tmp_path, monkeypatch, c
 def test_frontier_keeps_settings_apart():
     """Runs of one program and LM that differ in options, optimizer setting or artifact version are separate
     frontier points, labelled with the difference; the same setting twice is still the latest run only."""
-    from halluscope.optimize.compare import run_setting
+    from halluscope.tracking.views import run_setting
 
     defaults = json.dumps({"reasoning": False, "use_context": True, "fuzzy_threshold": 0.85})
     reasoning = json.dumps({"reasoning": True, "use_context": True, "fuzzy_threshold": 0.85})
@@ -101,8 +101,8 @@ def test_frontier_keeps_settings_apart():
 def test_compare_reads_each_runs_setting_from_mlflow(tmp_path, monkeypatch):
     """``add_run_settings`` reads the options the evaluate command logs: two runs of spans with different
     options are two points of the frontier that ``halluscope compare`` draws."""
-    from halluscope.optimize.compare import add_run_settings
-    from halluscope.optimize.tracking import runs_table
+    from halluscope.tracking.views import add_run_settings
+    from halluscope.tracking.runs import runs_table
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -120,7 +120,7 @@ def test_compare_reads_each_runs_setting_from_mlflow(tmp_path, monkeypatch):
 
 def test_legend_labels_say_in_words_what_a_run_lacks(tmp_path):
     """No "(-)" or "(none)": a run without an LM or a known optimizer says so (#23 item 9)."""
-    from halluscope.optimize.tracking import _short_lm, runs_table
+    from halluscope.tracking.runs import _short_lm, runs_table
 
     assert _short_lm(None) == _short_lm("none") == _short_lm("-") == "no LM"
     assert _short_lm('{"model": "openai/gpt-4o-mini"}') == "gpt-4o-mini"

@@ -1,4 +1,4 @@
-"""Tests for halluscope.contract: the span/label conventions every detector relies on.
+"""Tests for halluscope.core.contract: the span/label conventions every detector relies on.
 
 Expected values are hand-computed; offsets come from ``str.index`` wherever a string can tell them, and
 the reasoning is in comments.
@@ -11,7 +11,7 @@ import json
 import dspy
 import pytest
 
-from halluscope.contract import (
+from halluscope.core.contract import (
     Detection,
     Evidence,
     Span,
@@ -375,7 +375,7 @@ def test_detection_to_dict_contents():
 
 
 def test_counts_label_hard_and_soft_spans_and_flagged_units():
-    from halluscope.contract import counts, describe_counts
+    from halluscope.core.contract import counts, describe_counts
 
     units = [Unit(kind="word", start=0, end=3, text="The", label="ok", score=0.2),
              Unit(kind="word", start=24, end=33, text="Barcelona", label="bad", score=0.9)]

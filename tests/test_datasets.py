@@ -24,7 +24,7 @@ from halluscope.loaders import (
 from halluscope.loaders.demo import write_demo_data
 from halluscope.loaders.generic import ColumnError, decode_label, load_generic, open_rows, parse_column_mapping
 from halluscope.metrics.adapters import METRIC_LEVEL
-from halluscope.tasks import HALLUCLEAN_TASKS
+from halluscope.core.tasks import HALLUCLEAN_TASKS
 
 # Two answers in the generic loader's fixture: one right, one with a hallucinated span ("Spain" at 12..17).
 ROWS = [

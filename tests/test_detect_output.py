@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from halluscope.artifacts import write_artifact
+from halluscope.artifacts.store import write_artifact
 from halluscope.cli import detect as detect_cli
 from halluscope.cli import main
 from halluscope.programs import registry

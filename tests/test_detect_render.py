@@ -12,7 +12,7 @@ from rich.console import Console
 
 from halluscope.cli import main
 from halluscope.cli.render import choose_format, marked_answer, render_detection, verdict_text
-from halluscope.contract import Detection, Evidence, Span, Unit
+from halluscope.core.contract import Detection, Evidence, Span, Unit
 
 ANSWER = "The capital of Spain is Barcelona, founded in 1492."
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from halluscope.cli import main
-from halluscope.lm import smollm2_path
+from halluscope.lm.models import smollm2_path
 from halluscope.loaders.demo import write_demo_data
 from halluscope.loaders.mushroom import load_mushroom
 from halluscope.programs.grounded.lmscore import LMScorer
@@ -55,8 +55,8 @@ def test_span_detector_runs_on_the_embedded_model_end_to_end(tmp_path, capsys):
 def test_medico_reads_p_true_from_the_embedded_models_token_logprobs():
     """The embedded engine answers logprobs requests (a second llama.cpp instance keeps every position's logits):
     MEDICO's likelihood comes from the verdict's token distribution, not the ±1/τ fallback."""
-    from halluscope.lm import configure
-    from halluscope.programs.medico_ensemble import verdict_probability
+    from halluscope.lm.models import configure
+    from halluscope.programs.medico.ensemble import verdict_probability
     from halluscope.programs.registry import get
 
     configure("local")

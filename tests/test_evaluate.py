@@ -8,11 +8,11 @@ import dspy
 import pytest
 
 from halluscope.cli import main
-from halluscope.runner import run_eval, score_predictions
-from halluscope.testing import scripted_lm
+from halluscope.evaluation.runner import run_eval, score_predictions
+from halluscope.lm.scripted import scripted_lm
 from halluscope.loaders.demo import write_demo_data
 from halluscope.loaders.mushroom import load_mushroom
-from halluscope.programs.span_detector import SpanDetector
+from halluscope.programs.spans.program import SpanDetector
 
 
 def ex(i, answer, hard, label=None):
@@ -28,7 +28,7 @@ class Flaky(dspy.Module):
     def forward(self, answer="", **_):
         if "boom" in answer:
             raise RuntimeError("model server went away")
-        from halluscope.contract import Detection, Span, to_prediction
+        from halluscope.core.contract import Detection, Span, to_prediction
 
         i = answer.find("Berlin")
         spans = [Span(i, i + 6, 0.9)] if i >= 0 else []

@@ -10,7 +10,7 @@ from pathlib import Path
 import dspy
 import pytest
 
-from halluscope.artifacts import load_compiled
+from halluscope.artifacts.store import load_compiled
 from halluscope.cli import main as cli_main
 
 COMPILED = Path(__file__).resolve().parent.parent / "compiled"
@@ -33,10 +33,10 @@ def _summary(out: Path) -> dict:
 def test_evaluate_artifact_scores_the_compiled_program_and_records_it(tmp_path, capsys):
     from halluscope.loaders.mushroom import load_mushroom
     from halluscope.loaders.demo import demo_data_dir
-    from halluscope.optimize.compare import add_run_settings, run_setting
-    from halluscope.optimize.tracking import runs_table
+    from halluscope.tracking.views import add_run_settings, run_setting
+    from halluscope.tracking.runs import runs_table
     from halluscope.programs.registry import get
-    from halluscope.runner import run_eval
+    from halluscope.evaluation.runner import run_eval
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     common = ["--lang", "de", "--no-progress", "--tracking-uri", uri]

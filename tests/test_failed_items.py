@@ -1,4 +1,4 @@
-"""Issues #20 and #24: a failed item is one definition (halluscope.contract.item_failure), and every command
+"""Issues #20 and #24: a failed item is one definition (halluscope.core.contract.item_failure), and every command
 counts it toward --max-failed-share: an LM that answers only garbage (parse failures, not exceptions) fails the
 run, with the reason in one line."""
 
@@ -11,9 +11,9 @@ import dspy
 import pytest
 
 from halluscope.cli import main as cli_main
-from halluscope.contract import (ITEM_FAILURE_KINDS, Detection, describe_failed, failed_kinds, failure_reason,
+from halluscope.core.contract import (ITEM_FAILURE_KINDS, Detection, describe_failed, failed_kinds, failure_reason,
                                  item_failure)
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 
 COMPILED = Path(__file__).resolve().parent.parent / "compiled"  # the committed artifacts
 
@@ -83,7 +83,7 @@ def _examples(n=4):
 
 def test_run_eval_counts_parse_failures_as_failed_items():
     from halluscope.programs.registry import get
-    from halluscope.runner import run_eval
+    from halluscope.evaluation.runner import run_eval
 
     with dspy.context(lm=_garbage_lm(), adapter=dspy.JSONAdapter()):
         res = run_eval(get("spans").build(), _examples(), progress=False)
@@ -121,7 +121,7 @@ class _Counted(dspy.Module):
     """Answers every item with a usable detection that records a non-fatal failure count."""
 
     def forward(self, answer="", **kw):
-        from halluscope.contract import Detection, to_prediction
+        from halluscope.core.contract import Detection, to_prediction
 
         return to_prediction(Detection(answer=answer, spans=[(0, 2, 0.9)], failures={"unaligned_units": 1}))
 
@@ -140,7 +140,7 @@ def test_cross_validate_log_names_the_fold_count_not_a_failure_kind():
 
 
 def test_optimize_with_an_lm_that_answers_only_garbage_fails_with_no_artifact(tmp_path, demo_env, capsys):
-    from halluscope.artifacts import list_versions
+    from halluscope.artifacts.store import list_versions
     from halluscope.cli.optimize import build_parser, run
 
     p = build_parser()
@@ -245,7 +245,7 @@ def test_serve_starts_when_the_probe_works(demo_env, monkeypatch, capsys):
 def test_optimize_without_folds_with_an_lm_that_answers_only_garbage_fails(tmp_path, demo_env, capsys):
     """--folds 1: no held-out items to count; the compile's own program results are (before: exit 0 and an
     artifact of a program that never produced a usable output)."""
-    from halluscope.artifacts import list_versions
+    from halluscope.artifacts.store import list_versions
     from halluscope.cli.optimize import build_parser, run
 
     p = build_parser()
@@ -262,7 +262,7 @@ class _Unreadable(dspy.Module):
     """What an LM program returns when its LM answered garbage: a detection recording a parse failure."""
 
     def forward(self, answer="", **kw):
-        from halluscope.contract import Detection, to_prediction
+        from halluscope.core.contract import Detection, to_prediction
 
         return to_prediction(Detection(answer=answer, failures={"parse": 1}))
 

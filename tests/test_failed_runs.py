@@ -45,7 +45,7 @@ def _ex(i, hard, label=True):
 
 
 def test_a_failed_item_is_scored_as_the_empty_prediction_written_for_it():
-    from halluscope.runner import score_predictions
+    from halluscope.evaluation.runner import score_predictions
 
     # Official scorer: an empty gold vs an empty prediction is IoU 1.0; a failed item is written as empty.
     scores = score_predictions([_ex(0, [], label=False), _ex(1, [[0, 5]])], [None, None])
@@ -53,7 +53,7 @@ def test_a_failed_item_is_scored_as_the_empty_prediction_written_for_it():
 
 
 def test_items_without_gold_labels_are_not_scored():
-    from halluscope.runner import score_predictions
+    from halluscope.evaluation.runner import score_predictions
 
     unlabelled = [_ex(0, [], label=None), _ex(1, [], label=None)]
     assert score_predictions(unlabelled, [None, None]) == {}
@@ -89,7 +89,7 @@ def test_evaluate_on_unlabelled_items_writes_the_submission_only(tmp_path, demo_
 def test_evaluate_where_every_item_fails_exits_nonzero_and_is_failed_in_mlflow(tmp_path, demo_env, boom, capsys):
     from mlflow.tracking import MlflowClient
 
-    from halluscope.optimize.tracking import runs_table
+    from halluscope.tracking.runs import runs_table
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     rc = cli_main(["evaluate", "--program", boom.name, "--lang", "de", "--out-dir", str(tmp_path / "out"),
@@ -163,7 +163,7 @@ def test_out_dir_that_is_a_file_fails_before_any_work(tmp_path, demo_env, boom, 
 
 
 def test_run_folders_are_unique_and_created_exclusively(tmp_path):
-    from halluscope.files import create_unique_dir
+    from halluscope.core.fileio import create_unique_dir
 
     a, b = create_unique_dir(tmp_path, "same"), create_unique_dir(tmp_path, "same")
     assert a != b and a.is_dir() and b.is_dir() and b.name == "same-2"
@@ -171,7 +171,7 @@ def test_run_folders_are_unique_and_created_exclusively(tmp_path):
 
 def test_two_optimize_runs_in_the_same_second_get_their_own_report_folders(tmp_path, monkeypatch):
     from halluscope.optimize.run import OptimizeConfig, stage_prepare
-    from halluscope.testing import scripted_lm
+    from halluscope.lm.scripted import scripted_lm
 
     monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-000000")  # the same second
     lm = scripted_lm({"spans": []})
@@ -186,7 +186,7 @@ def test_two_optimize_runs_in_the_same_second_get_their_own_report_folders(tmp_p
 
 
 def _failing_lm():
-    from halluscope.testing import scripted_lm
+    from halluscope.lm.scripted import scripted_lm
 
     def respond(call):
         raise RuntimeError("server went away")
@@ -210,8 +210,8 @@ def test_optimize_where_every_item_fails_exits_nonzero_writes_no_artifact_and_is
     its error budget, so before #10 the run FINISHED with an artifact of a program that never answered."""
     from mlflow.tracking import MlflowClient
 
-    from halluscope.artifacts import list_versions
-    from halluscope.optimize.tracking import runs_table
+    from halluscope.artifacts.store import list_versions
+    from halluscope.tracking.runs import runs_table
 
     rc = _optimize(tmp_path, _failing_lm())
     out = capsys.readouterr().out
@@ -234,7 +234,7 @@ def test_optimize_where_every_item_fails_exits_nonzero_writes_no_artifact_and_is
 def test_optimize_failed_share_threshold_is_the_users(tmp_path, demo_env, capsys):
     """--max-failed-share 1 tolerates every failure (the run finishes, the failures are in the report);
     a share outside [0, 1] is a usage error."""
-    from halluscope.artifacts import list_versions
+    from halluscope.artifacts.store import list_versions
 
     assert _optimize(tmp_path, _failing_lm(), "--max-failed-share", "1", "--no-mlflow") == 0
     assert list_versions("spans", "de", "iou", root=tmp_path / "compiled")
@@ -266,7 +266,7 @@ def test_a_compile_whose_lm_calls_fail_beyond_the_share_is_a_compile_error():
 def test_optimize_where_held_out_items_fail_fails_after_the_fold(tmp_path, demo_env, monkeypatch, capsys):
     """A program with a fit hook (no LM) that raises on every item: the fit works, every held-out item fails;
     the run stops after the first fold, FAILED, with no artifact."""
-    from halluscope.artifacts import list_versions
+    from halluscope.artifacts.store import list_versions
     from halluscope.cli.optimize import build_parser, run
 
     spec = registry.ProgramSpec(name="boom-fit-test", build=build_boom, description="fails", uses_lm=False,

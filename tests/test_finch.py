@@ -5,9 +5,9 @@ from __future__ import annotations
 import dspy
 import pytest
 
-from halluscope.testing import scripted_lm
-from halluscope.text import Segment, segment
-from halluscope.programs.finch import (
+from halluscope.lm.scripted import scripted_lm
+from halluscope.core.text import Segment, segment
+from halluscope.programs.finch.program import (
     DEFAULT_SAMPLERS,
     NO_VOTE_SCORE,
     VARIANTS,

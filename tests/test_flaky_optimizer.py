@@ -10,12 +10,12 @@ import pytest
 from dspy import lm15
 from dspy.lm15 import Message, Response, Usage
 
-from halluscope.lm import GuardedJSONAdapter
+from halluscope.lm.models import GuardedJSONAdapter
 from halluscope.metrics.adapters import get_metric
 from halluscope.optimize.cv import CompileError, FailureCounter, OptimizerConfig, compile_program
 from halluscope.optimize.proposals import robust_proposals
 from halluscope.programs.registry import get
-from halluscope.testing import ScriptedEngine, _install_tap
+from halluscope.lm.scripted import ScriptedEngine, _install_tap
 from tests.test_optimize import _ex, _responder
 
 

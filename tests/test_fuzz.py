@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from halluscope.contract import Detection, Span, hard_labels_from_soft, normalize_spans
+from halluscope.core.contract import Detection, Span, hard_labels_from_soft, normalize_spans
 from halluscope.metrics.adapters import METRICS, aggregate
-from halluscope.programs.baselines import LogitBaseline
-from halluscope.text import map_substrings, salvage_quotes
+from halluscope.programs.baselines.program import LogitBaseline
+from halluscope.core.text import map_substrings, salvage_quotes
 
 FUZZ = dict(deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
@@ -176,7 +176,7 @@ def test_mushroom_loader_loads_valid_items_or_names_the_problem(tmp_path_factory
                                                             "model_output_text"]), junk, max_size=5),
                           junk), min_size=1, max_size=4))
 def test_detect_input_reader_accepts_or_names_the_line(tmp_path_factory, rows):
-    from halluscope.detector import read_answers
+    from halluscope.artifacts.compiled import read_answers
 
     f = tmp_path_factory.mktemp("fuzz") / "in.jsonl"
     f.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))

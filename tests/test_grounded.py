@@ -16,7 +16,7 @@ from halluscope.programs import baselines
 from halluscope.programs.grounded import genlogits
 from halluscope.programs.grounded.combiner import (Combiner, char_probs, choose_threshold, gold_vector, rescale,
                                                    spearman_vectors)
-from halluscope.programs.grounded.detector import GroundedDetector, fit_grounded, unit_targets
+from halluscope.programs.grounded.program import GroundedDetector, fit_grounded, unit_targets
 from halluscope.programs.grounded.features import feature_names, item_features
 from halluscope.programs.grounded.genlogits import gen_features
 from halluscope.programs.grounded.support import IdfTable, TextIndex, lcp_ratio, support_features
@@ -478,7 +478,7 @@ def test_optimize_cli_fits_with_kfold_cv_writes_json_and_load_compiled_serves_it
     artifact that load_compiled restores with the same predictions. No LM is set up."""
     monkeypatch.delenv("HALLUSCOPE_DATA_DIR", raising=False)
     import halluscope.cli.optimize as cmd
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
 
     def no_lm(*a, **k):
         raise AssertionError("grounded needs no LM")
@@ -769,7 +769,7 @@ def test_detect_default_without_grounded_artifacts_stays_spans(tmp_path):
 def _oracle_spans_lm(fail_on: str = ""):
     """A scripted LM for the ``spans`` program that quotes the wrong entity of the fixture answers (the name
     that differs from the question's fact) — a strong detector — and fails for answers containing ``fail_on``."""
-    from halluscope.testing import scripted_lm
+    from halluscope.lm.scripted import scripted_lm
 
     wrong = {w for _, _, w in FACTS}
 
@@ -825,9 +825,9 @@ def test_another_detector_as_a_feature_is_fitted_saved_and_imputed_when_it_fails
 def test_optimize_compiles_the_fused_detectors_prompts_then_fits_the_combiner(tmp_path, monkeypatch, capsys):
     """With -O detectors=spans and a chosen optimizer, the spans stage inside grounded is compiled (its demos
     bootstrapped) and the combiner is fitted after it, on the compiled detector's outputs (issue 9)."""
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
     from halluscope.cli.optimize import build_parser, run
-    from halluscope.testing import scripted_lm
+    from halluscope.lm.scripted import scripted_lm
 
     for var in ("HALLUSCOPE_DATA_DIR", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(var, raising=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from halluscope.artifacts import list_versions, load_compiled
+from halluscope.artifacts.store import list_versions, load_compiled
 from tests.grounded_cases import CASES
 
 

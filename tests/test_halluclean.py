@@ -9,8 +9,8 @@ import dspy
 import pytest
 from dspy.utils.exceptions import AdapterParseError
 
-from halluscope.contract import Span
-from halluscope.testing import scripted_lm
+from halluscope.core.contract import Span
+from halluscope.lm.scripted import scripted_lm
 from halluscope.loaders.halluclean import (
     HALLUCLEAN_DEMO_NOTICE,
     HALLUCLEAN_FILES,
@@ -28,7 +28,7 @@ from halluscope.metrics.revision import (
     revision_similarity,
     revision_success_rate,
 )
-from halluscope.programs.halluclean import (
+from halluscope.programs.halluclean.program import (
     DEFAULT_MAX_TOKENS,
     TASKS,
     DirectAsk,

@@ -8,18 +8,18 @@ import json
 import dspy
 import pytest
 
-from halluscope.contract import Evidence
-from halluscope.programs.jointcq import jointcq_report
-from halluscope.programs.jointcq_align import (CORRECT, HALLUCINATED, UNCHECKED, UNVERIFIABLE, aggregate, align_claim,
+from halluscope.core.contract import Evidence
+from halluscope.programs.jointcq.program import jointcq_report
+from halluscope.programs.jointcq.align import (CORRECT, HALLUCINATED, UNCHECKED, UNVERIFIABLE, aggregate, align_claim,
                                                asserted_spans, claim_score, parse_label, similarity)
-from halluscope.programs.jointcq_filter import (CriteriaJudge, compile_claim_queries, coverage, criteria_metric,
+from halluscope.programs.jointcq.demo_filter import (CriteriaJudge, compile_claim_queries, coverage, criteria_metric,
                                                 export_filtered_pairs)
 from halluscope.programs.registry import get
-from halluscope.retrieval import register_retriever
+from halluscope.core.retrieval import register_retriever
 from halluscope.retrievers.kb import build_index
 from halluscope.signatures.jointcq import ClaimQuery, ClaimsAndQueries
-from halluscope.testing import scripted_lm
-from halluscope.text import segment
+from halluscope.lm.scripted import scripted_lm
+from halluscope.core.text import segment
 
 Q = "Tell me about Paris."
 ANSWER = "Paris is the capital of Germany. The city has about two million inhabitants."
@@ -397,7 +397,7 @@ def no_data_env(monkeypatch):
 
 
 def test_optimize_jointcq_f1_on_halluclean_qa(tmp_path, no_data_env, capsys):
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
 
     recs = [{"knowledge": f"{city} is the capital of {country}.", "question": f"What is the capital of {country}?",
              "right_answer": f"The capital of {country} is {city}.",
@@ -418,7 +418,7 @@ def test_optimize_jointcq_f1_on_halluclean_qa(tmp_path, no_data_env, capsys):
 
 
 def test_optimize_jointcq_iou_on_mushroom_en(tmp_path, no_data_env, capsys):
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
 
     lm = scripted_lm(responder(pairs=_claims_of_answer, label=lambda c: _verify_by_context(type("C", (), {
         "inputs": {"claim": c}})())))

@@ -8,8 +8,8 @@ from pathlib import Path
 import dspy
 import pytest
 
-from halluscope import lm as lmmod
-from halluscope.lm import (LlamaCppEngine, SchemaJSONAdapter, _response_schema, configure, limit_schema, make_lm,
+from halluscope.lm import models as lmmod
+from halluscope.lm.models import (LlamaCppEngine, SchemaJSONAdapter, _response_schema, configure, limit_schema, make_lm,
                            schema_bounds,
                            usage_of)
 
@@ -257,7 +257,7 @@ def test_configure_picks_adapter_and_cache_folder_per_server(gguf, tmp_path, mon
     assert isinstance(dspy.settings.adapter, dspy.JSONAdapter)
     assert dspy.settings.lm is lm
     configure("openai/x", cache_dir=tmp_path / "c2", api_base="http://127.0.0.1:9/v1")
-    # the adapter classes, wrapped to read decision outputs from log-probabilities (halluscope.decisions, #21)
+    # the adapter classes, wrapped to read decision outputs from log-probabilities (halluscope.core.decisions, #21)
     assert type(dspy.settings.adapter).__mro__[2] is SchemaJSONAdapter  # a server gets each stage's schema, budget
     configure("openai/x", cache_dir=tmp_path / "c2", api_base="http://127.0.0.1:9/v1", adapter="chat")
     assert type(dspy.settings.adapter).__mro__[2] is lmmod.GuardedChatAdapter  # DSPy's chat adapter, refusing cut output

@@ -9,10 +9,10 @@ import json
 import dspy
 import pytest
 
-from halluscope import artifacts as A
+from halluscope.artifacts import store as A
 from halluscope.cli import build_parser, main
 from halluscope.cli.serve import resolve_detectors
-from halluscope.contract import Detection, Span, to_prediction
+from halluscope.core.contract import Detection, Span, to_prediction
 from halluscope.programs.registry import REGISTRY, ProgramSpec, get
 
 

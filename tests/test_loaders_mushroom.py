@@ -9,7 +9,7 @@ from pathlib import Path
 import dspy
 import pytest
 
-from halluscope.contract import Detection, Span, hard_labels_from_soft, to_prediction
+from halluscope.core.contract import Detection, Span, hard_labels_from_soft, to_prediction
 from halluscope.loaders import (
     DEMO_ITEMS,
     DEMO_NOTICE,

@@ -10,11 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import dspy
 import pytest
 
-from halluscope.programs.medico import (Medico, fit_combiner, medico_report, preservation, quoted,
+from halluscope.programs.medico.program import (Medico, fit_combiner, medico_report, preservation, quoted,
                                         verdict_probability)
 from halluscope.programs.registry import get
 from halluscope.retrievers.kb import build_index
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 
 Q = "What is the capital of France?"
 CONTEXT = "Paris is the capital and largest city of France.\n\nLyon is a city in France known for its food."
@@ -218,7 +218,7 @@ def test_zero_evidence_source():
 def test_optimize_fits_the_combiner_and_the_artifact_loads_it(tmp_path):
     """``python optimize.py --program medico`` path: the fit hook replaces the prompt optimizer; the fitted
     combiner is in the JSON artifact and comes back with load_compiled."""
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
     from halluscope.optimize.run import FINISHED, OptimizeConfig, run_optimize
 
     examples = [dspy.Example(id=f"e{i}", question=Q, answer=a, context=CONTEXT, lang="en", task="qa",
@@ -247,7 +247,7 @@ def _logprob_lm(p_true: float):
 
     from dspy.lm15 import TokenLogprob, TopLogprob
 
-    from halluscope.testing import ScriptedEngine
+    from halluscope.lm.scripted import ScriptedEngine
 
     class LogprobEngine(ScriptedEngine):
         def complete(self, request):
@@ -269,7 +269,7 @@ def _logprob_lm(p_true: float):
 
 
 def test_likelihood_from_token_logprobs_where_the_lm_gives_them():
-    from halluscope.programs.medico import logprob_probability
+    from halluscope.programs.medico.program import logprob_probability
 
     pred = run(get("medico").make(correct=False), _logprob_lm(0.9))
     assert pred.likelihood == "logprobs" and pred.score == pytest.approx(0.9, abs=1e-6) and pred.label is True
@@ -293,7 +293,7 @@ def test_likelihood_from_token_logprobs_where_the_lm_gives_them():
 
 
 def test_apply_ranking_keeps_valid_numbers_first_then_the_rest():
-    from halluscope.programs.medico import apply_ranking
+    from halluscope.programs.medico.program import apply_ranking
 
     assert apply_ranking(4, [3, 1]) == [2, 0, 1, 3]
     assert apply_ranking(3, [2, 2, 9, 0, -1, "x", "3"]) == [1, 2, 0]  # repeats, out of range, junk dropped
@@ -406,7 +406,7 @@ def test_every_bad_input_is_a_counted_named_source_and_detection_goes_on(kind, s
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         options = _bad_source(kind, tmp_path, f"http://127.0.0.1:{server.server_address[1]}/s")
-        with caplog.at_level("WARNING", logger="halluscope.programs.medico"):
+        with caplog.at_level("WARNING", logger="halluscope.programs.medico.program"):
             lm = scripted_lm(responder())
             module = get("medico").make(correct=False, **options)
             preds = [run(module, lm), run(module, lm)]
@@ -429,7 +429,7 @@ def test_optimize_py_fits_the_ensemble_under_cv_and_halluscope_detect_serves_it(
     --program medico`` on the artifact; with the index gone, detect still answers and names the failed source."""
     import halluscope.cli as hcli
     import halluscope.cli.detect as detect_cmd
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
     from halluscope.cli.optimize import build_parser
     from halluscope.cli.optimize import run as optimize_run
 
@@ -504,7 +504,7 @@ def test_optimize_py_with_an_optimizer_bootstraps_detect_demos_then_fits_the_ens
     ensemble on the compiled detector; without ``--optimizer`` the fit hook alone runs (no demos)."""
     import dataclasses
 
-    from halluscope.artifacts import load_compiled
+    from halluscope.artifacts.store import load_compiled
     from halluscope.cli.optimize import build_parser
     from halluscope.cli.optimize import run as optimize_run
     from halluscope.programs import registry

@@ -10,7 +10,7 @@ import dspy
 import pytest
 from scipy.stats import spearmanr
 
-from halluscope.contract import Detection, Span, hard_labels_from_soft, to_prediction
+from halluscope.core.contract import Detection, Span, hard_labels_from_soft, to_prediction
 from halluscope.metrics import (
     METRIC_LEVEL,
     METRICS,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from halluscope.optimize.run import data_hash, run_optimize
-from halluscope.optimize.tracking import runs_table
+from halluscope.tracking.runs import runs_table
 from tests.test_optimize_stages import PROGRAM, _config, _examples, fit_program  # noqa: F401  (fixture)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from halluscope.cli.ui import OFFLINE_ENV, free_port, ui_command, ui_env
-from halluscope.optimize.tracking import track_run
+from halluscope.tracking.runs import track_run
 
 
 def test_ui_command_and_environment():

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from halluscope import artifacts as A
+from halluscope.artifacts import store as A
 from halluscope.cli.ui import OFFLINE_ENV, free_port
-from halluscope.model_registry import MODEL_CODE, register_artifact
+from halluscope.tracking.model_registry import MODEL_CODE, register_artifact
 from halluscope.optimize.run import run_optimize
 from halluscope.programs.registry import get
 from tests.test_optimize_stages import PROGRAM, _config, _examples, fit_program  # noqa: F401  (fixture)
@@ -230,3 +230,22 @@ def test_serve_model_uri_from_the_registry(tmp_path, store, monkeypatch, capsys)
     rc, app = _serve_app(["--model", reg.uri, "--tracking-uri", store, "--program", "mark-all", "--lang", "de",
                           "--compiled-dir", str(other)], monkeypatch)
     assert rc == 2 and "two different artifacts" in capsys.readouterr().err
+
+
+def test_the_model_code_of_a_model_registered_before_the_layout_change_still_imports():
+    """A registered model stores its code (the models-from-code file) as it was when registered; before #22 that
+    file imported these paths, so they keep resolving (to the modules that moved) and such a model loads (#22)."""
+    import subprocess
+    import sys
+
+    code = ("from halluscope.artifacts import load_artifact_dir\n"
+            "from halluscope.detector import detect\n"
+            "from halluscope.lm import configure\n"
+            "from halluscope.programs.registry import get\n"
+            "from halluscope.redact import redact\n"
+            "import halluscope.artifacts.store as store, halluscope.artifacts.compiled as compiled\n"
+            "import halluscope.core.redact as r, halluscope.lm.models as m\n"
+            "assert (load_artifact_dir, detect, configure, redact) == "
+            "(store.load_artifact_dir, compiled.detect, m.configure, r.redact)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -23,10 +23,10 @@ import httpx
 import pytest
 import uvicorn
 
-from halluscope import artifacts as A
+from halluscope.artifacts import store as A
 from halluscope.cli import main as cli_main
-from halluscope.detector import detect
-from halluscope.lm import SchemaJSONAdapter, configure
+from halluscope.artifacts.compiled import detect
+from halluscope.lm.models import SchemaJSONAdapter, configure
 from halluscope.programs.registry import get
 from halluscope.serve.openai_compat import LlamaBackend, SchemaBackend, create_openai_app, schema_instance
 
@@ -269,7 +269,7 @@ def test_serve_a_compiled_detector_whose_lm_is_a_server(home):
     import subprocess
     import sys
 
-    from halluscope.programs.span_detector import SpanDetector
+    from halluscope.programs.spans.program import SpanDetector
 
     A.write_artifact(SpanDetector(), {"source": "fixture"}, program_name="spans", lang="en", metric="iou",
                      root=home / "compiled")
@@ -306,8 +306,8 @@ def test_every_lm_program_through_llama_cpp_pythons_own_server(home):
     import subprocess
     import sys
 
-    from halluscope.lm import smollm2_path
-    from halluscope.lm_server import reset_server_capabilities, server_capabilities
+    from halluscope.lm.models import smollm2_path
+    from halluscope.lm.openai_client import reset_server_capabilities, server_capabilities
 
     reset_server_capabilities()
     port = _free_port()

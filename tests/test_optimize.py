@@ -10,8 +10,8 @@ from pathlib import Path
 import dspy
 import pytest
 
-from halluscope.testing import ScriptedEngine, scripted_lm
-from halluscope import artifacts as A
+from halluscope.lm.scripted import ScriptedEngine, scripted_lm
+from halluscope.artifacts import store as A
 from halluscope.optimize.cv import (FoldSizeError, OptimizerConfig, check_fold_sizes, compile_program, make_folds,
                          train_val_split)
 
@@ -247,7 +247,7 @@ def test_signature_mismatch_is_refused(tmp_path, spans_program, monkeypatch):
     good = tmp_path / "good"
     _write(spans_program, good)
     from halluscope.programs import registry
-    from halluscope.programs.span_detector import SpanDetector
+    from halluscope.programs.spans.program import SpanDetector
 
     spec = registry.get("spans")
 
@@ -368,7 +368,7 @@ def test_optimize_end_to_end_artifact_mlflow_detect_compare(tmp_path, demo_env, 
     assert m["usage"]["lm_calls"] > 0
 
     # detect (Python API and the halluscope command) on a JSONL file
-    from halluscope.detector import detect_jsonl
+    from halluscope.artifacts.compiled import detect_jsonl
 
     inp = tmp_path / "answers.jsonl"
     inp.write_text(json.dumps({"id": "a1", "question": "Q?", "answer": "Die Provinz heißt Álava."}) + "\n"
@@ -505,7 +505,7 @@ def test_response_program_with_span_metric_and_lone_trials_are_refused(capsys):
 
 
 def test_redaction_of_params_and_values(monkeypatch):
-    from halluscope.optimize.tracking import metric_key, redact, redact_params
+    from halluscope.tracking.runs import metric_key, redact, redact_params
 
     monkeypatch.setenv("MY_SERVICE_API_KEY", "s3cr3t-value-123")
     p = redact_params({"api_key": "abc", "lm": "openai/gpt-4o", "note": "key sk-ABCDEFGHIJKLMNOPQRSTUV here",
@@ -519,7 +519,7 @@ def test_redaction_of_params_and_values(monkeypatch):
 def test_track_run_logs_params_metrics_files_and_skips_secret_files(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from halluscope.optimize.tracking import track_run
+    from halluscope.tracking.runs import track_run
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-0123456789abcdefXYZ")
     ok = tmp_path / "summary.json"
@@ -565,8 +565,8 @@ def test_unlabelled_test_file_is_refused(tmp_path, demo_env):
 
 
 def test_detect_routes_halluclean_artifacts_by_their_task():
-    from halluscope.contract import Detection, to_prediction
-    from halluscope.detector import detect
+    from halluscope.core.contract import Detection, to_prediction
+    from halluscope.artifacts.compiled import detect
 
     seen = {}
 

@@ -9,13 +9,13 @@ import threading
 import dspy
 import pytest
 
-from halluscope import artifacts as A
-from halluscope.contract import Detection, to_prediction
+from halluscope.artifacts import store as A
+from halluscope.core.contract import Detection, to_prediction
 from halluscope.metrics.classification import classification_report
 from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.run import FAILED, FINISHED, KILLED, OptimizeConfig, OptimizeResult, run_optimize
 from halluscope.programs import registry
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 
 # ------------------------------------------------------------------------------------------------------
 # a test-only program: no LM, one threshold fitted by its fit hook
@@ -126,7 +126,7 @@ def _responder(call):
 
 
 def test_stages_run_in_order_and_each_heldout_fold_is_scored_once(tmp_path, fit_program, monkeypatch):
-    import halluscope.runner as runner
+    import halluscope.evaluation.runner as runner
 
     scored: list[list[str]] = []
     real_score = runner.score_predictions
@@ -162,7 +162,7 @@ def test_stages_run_in_order_and_each_heldout_fold_is_scored_once(tmp_path, fit_
 def test_heldout_fold_is_scored_once_under_mipro_with_the_scripted_lm(tmp_path, monkeypatch):
     """An LM program compiled by MIPROv2: per fold, exactly two evaluations (zero-shot, compiled) of the
     held-out items, each running the program once per item and scored once."""
-    import halluscope.runner as runner
+    import halluscope.evaluation.runner as runner
 
     evals: list[list[str]] = []
     scored: list[list[str]] = []
@@ -324,7 +324,7 @@ def test_cli_still_refuses_a_program_without_lm_or_fit(capsys):
 
 @pytest.mark.parametrize("program, lang, metric", [("spans", "de", "iou"), ("halluclean", "qa", "f1")])
 def test_committed_artifacts_still_load(program, lang, metric):
-    from halluscope.paths import compiled_dir
+    from halluscope.core.paths import compiled_dir
 
     art = A.load_compiled(program, lang=lang, metric=metric, version=1, root=compiled_dir())
     for key in ("cv", "final", "optimizer", "task_lm", "data", "usage", "compared", "program_options"):
@@ -412,7 +412,7 @@ def test_compile_program_runs_the_fit_hook_after_the_optimizer_or_hands_it_the_o
 def test_jointcq_gets_the_chosen_optimizer(monkeypatch):
     """JointCQ's fit hook compiles its claim-query stage itself: ``--optimizer mipro`` reaches
     compile_claim_queries (BootstrapFewShot when none is chosen)."""
-    import halluscope.programs.jointcq_filter as jf
+    import halluscope.programs.jointcq.demo_filter as jf
     from halluscope.optimize.run import optimizer_for
 
     spec = registry.get("jointcq")

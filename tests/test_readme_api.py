@@ -11,8 +11,8 @@ from pathlib import Path
 import dspy
 
 import halluscope
-import halluscope.lm
-from halluscope.testing import scripted_lm
+import halluscope.lm.models
+from halluscope.lm.scripted import scripted_lm
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def test_readme_python_api_example_runs(monkeypatch):
         dspy.configure(lm=lm, adapter=dspy.JSONAdapter())
         return lm
 
-    monkeypatch.setattr(halluscope.lm, "configure", fake_configure)
+    monkeypatch.setattr(halluscope.lm.models, "configure", fake_configure)
     monkeypatch.setattr(halluscope, "configure", fake_configure, raising=False)
     monkeypatch.chdir(ROOT)  # compiled/ is found under the working directory
     monkeypatch.delenv("HALLUSCOPE_HOME", raising=False)

@@ -9,14 +9,14 @@ from typing import Literal
 import dspy
 import pytest
 
-from halluscope import artifacts as A
-from halluscope.decisions import (NoLogprobsError, logprobs_problem, option_probabilities,
+from halluscope.artifacts import store as A
+from halluscope.core.decisions import (NoLogprobsError, logprobs_problem, option_probabilities,
                                   with_logprob_decisions)
 from halluscope.metrics.feedback import evidence_snippet, feedback_metric, response_feedback, span_feedback
 from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.optimizers import gepa_metric
 from halluscope.optimize.run import FINISHED, OptimizeConfig, optimizer_tracking, run_optimize
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 
 
 def _examples(n: int = 16) -> list[dspy.Example]:
@@ -74,7 +74,7 @@ def test_option_probabilities_read_the_value_token_and_its_alternatives():
 
 
 def test_calibrated_direct_reads_p_yes_into_the_score():
-    from halluscope.programs.halluclean import build_direct
+    from halluscope.programs.halluclean.program import build_direct
 
     lm = _always_yes_lm(logprobs=_logprobs)
     program = build_direct(decisions=True)
@@ -137,7 +137,7 @@ def test_reanchor_refuses_a_backend_without_logprobs_in_one_line(tmp_path):
 
 
 def test_a_calibrated_program_on_a_backend_without_logprobs_fails_the_item_not_the_run():
-    from halluscope.programs.halluclean import build_direct
+    from halluscope.programs.halluclean.program import build_direct
 
     program = build_direct(decisions=True)
     program.ask.fields = {"verdict": {"threshold": 0.5}}

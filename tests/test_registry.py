@@ -13,7 +13,7 @@ import dspy
 import pytest
 
 import halluscope
-from halluscope import artifacts as A
+from halluscope.artifacts import store as A
 from halluscope.programs import registry
 from halluscope.programs.registry import (InvalidOptionError, OptionError, ProgramSpec, UnknownOptionError,
                                           get, names)
@@ -54,7 +54,7 @@ def test_option_values_match_what_the_programs_build_with():
     assert get("halluclean").options == {"task": None, "revise": True, "max_tokens": None, "decisions": False}
     assert get("direct").options == {"max_tokens": None, "decisions": False}
     assert get("direct+routing").options == {"task": None, "max_tokens": None, "decisions": False}
-    from halluscope.programs.finch import DEFAULT_SAMPLERS, DEFAULT_TAU
+    from halluscope.programs.finch.program import DEFAULT_SAMPLERS, DEFAULT_TAU
 
     finch = get("finch").options
     assert finch["samplers"] == DEFAULT_SAMPLERS and finch["tau"] == DEFAULT_TAU and finch["n_samples"] == 10
@@ -339,8 +339,8 @@ def test_importing_the_registry_alone_registers_every_builtin():
     assert proc.stdout.strip().split(",") == BUILTIN
 
 
-@pytest.mark.parametrize("first", ["halluscope.programs.finch", "halluscope.programs.span_detector",
-                                   "halluscope.programs.halluclean", "halluscope.programs.baselines"])
+@pytest.mark.parametrize("first", ["halluscope.programs.finch.program", "halluscope.programs.spans.program",
+                                   "halluscope.programs.halluclean.program", "halluscope.programs.baselines.program"])
 def test_any_program_module_imported_first_works(first):
     code = f"import {first}\nfrom halluscope.programs.registry import names\nprint(','.join(names()))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from halluscope.literals import TextValueError, parse_text_list, parse_text_value
+from halluscope.core.literals import TextValueError, parse_text_list, parse_text_value
 from halluscope.loaders import load_mushroom
 from tests.test_retrievers import assemble_pdf
 
@@ -277,7 +277,7 @@ def test_evidence_upload_refuses_a_zip_bomb_with_413_fast(tmp_path):
 
     from fastapi.testclient import TestClient
 
-    from halluscope import artifacts
+    from halluscope.artifacts import store as artifacts
     from halluscope.serve import Limits, create_app
     from tests.test_serve import write
 

@@ -11,7 +11,7 @@ import pytest
 
 import halluscope.retrievers  # noqa: F401  (registers kb, files, kg, search)
 from halluscope.cli import main as cli_main
-from halluscope.retrieval import CachedRetriever, Retriever, make_retriever
+from halluscope.core.retrieval import CachedRetriever, Retriever, make_retriever
 from halluscope.retrievers.bm25 import BM25Index, chunk, n_tokens, passages_of, tokenize
 from halluscope.retrievers.files import FileRetriever, NoUsableFilesError
 from halluscope.retrievers.kb import KBRetriever, build_index

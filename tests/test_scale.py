@@ -1,4 +1,4 @@
-"""The Ray engine (:mod:`halluscope.scale`): order, ids, failed rows, resume, hash refusal, a killed worker.
+"""The Ray engine (:mod:`halluscope.evaluation.scale`): order, ids, failed rows, resume, hash refusal, a killed worker.
 
 One local Ray session (2 CPUs) serves the whole module; the tests without Ray come first. Programs that need
 no LM keep it fast; ``tests/ray_plugin.py`` is a program that kills its worker once, imported by each actor.
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from halluscope.artifacts import ArtifactIntegrityError, write_artifact
-from halluscope.contract import Detection
-from halluscope.detector import detect_jsonl
+from halluscope.artifacts.store import ArtifactIntegrityError, write_artifact
+from halluscope.core.contract import Detection
+from halluscope.artifacts.compiled import detect_jsonl
 from halluscope.programs import registry
-from halluscope.scale import (OUTPUT_COLUMNS, GateCallback, LMGate, RayOptions, ResumeError, detect_ray,
+from halluscope.evaluation.scale import (OUTPUT_COLUMNS, GateCallback, LMGate, RayOptions, ResumeError, detect_ray,
                               flatten_detection, load_artifact, parts_dir, read_output)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_importing_the_cli_does_not_import_ray():
-    code = "import sys, halluscope.cli, halluscope.scale; print('ray' in sys.modules)"
+    code = "import sys, halluscope.cli, halluscope.evaluation.scale; print('ray' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
@@ -97,7 +97,7 @@ def test_gate_callback_holds_a_slot_per_lm_call_and_releases_it_on_error():
 
 
 def test_ray_logs_at_warning_level_unless_verbose(monkeypatch):
-    import halluscope.scale as scale
+    import halluscope.evaluation.scale as scale
 
     calls = []
 
@@ -124,7 +124,7 @@ def test_ray_logs_at_warning_level_unless_verbose(monkeypatch):
 def test_sigterm_stops_a_job_like_ctrl_c():
     import signal
 
-    from halluscope.scale import stop_on_sigterm
+    from halluscope.evaluation.scale import stop_on_sigterm
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
@@ -352,7 +352,7 @@ def test_cli_detect_and_evaluate_with_the_ray_engine(ray_session, tmp_path, caps
     from halluscope.cli import main
     from halluscope.loaders.demo import write_demo_data
     from halluscope.loaders.mushroom import load_mushroom
-    from halluscope.runner import run_eval
+    from halluscope.evaluation.runner import run_eval
 
     root = tmp_path / "compiled"
     _artifact(root)
@@ -387,7 +387,7 @@ def test_a_sigtermed_job_keeps_its_parts_resumes_and_a_finished_one_is_found_at_
                                                                                     monkeypatch):
     import signal
 
-    import halluscope.scale as scale
+    import halluscope.evaluation.scale as scale
 
     det = _artifact(tmp_path / "compiled")
     src = _jsonl(tmp_path / "in.jsonl", _rows(12))

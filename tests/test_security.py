@@ -10,9 +10,9 @@ from pathlib import Path
 import dspy
 import pytest
 
-from halluscope import artifacts as A
-from halluscope.redact import redact, redact_argv, redact_obj, redact_url, register_secret
-from halluscope.testing import scripted_lm
+from halluscope.artifacts import store as A
+from halluscope.core.redact import redact, redact_argv, redact_obj, redact_url, register_secret
+from halluscope.lm.scripted import scripted_lm
 
 KEY = "cli-key-Zq8w3LmP0x"  # shaped like no known provider key: only registration/argv handling can hide it
 URL = "http://alice:pw-Hx71bq@127.0.0.1:9/v1?api_key=qk-91aa77bb&x=1"
@@ -51,7 +51,7 @@ def test_redact_url_argv_and_objects():
 
 
 def test_make_lm_registers_its_key_and_describe_hides_url_credentials():
-    from halluscope.lm import describe, make_lm
+    from halluscope.lm.models import describe, make_lm
 
     lm = make_lm("openai/some-model", api_base=URL, api_key="mk-unique-4471xx")
     assert "mk-unique-4471xx" not in redact(f"request failed: key mk-unique-4471xx")
@@ -100,7 +100,7 @@ def test_optimize_report_manifest_and_mlflow_hold_no_credentials(tmp_path, monke
 
 def test_error_text_in_eval_results_and_summary_is_redacted(tmp_path):
     from halluscope.cli.evaluate import write_outputs
-    from halluscope.runner import run_eval
+    from halluscope.evaluation.runner import run_eval
 
     register_secret(KEY)
 
@@ -124,7 +124,7 @@ def test_error_text_in_eval_results_and_summary_is_redacted(tmp_path):
 
 
 def test_detect_jsonl_error_rows_are_redacted(tmp_path):
-    from halluscope.detector import detect_jsonl
+    from halluscope.artifacts.compiled import detect_jsonl
 
     register_secret(KEY)
 
@@ -179,7 +179,7 @@ def test_ray_workers_load_an_endpoint_artifact_only_with_the_drivers_opt_in(tmp_
     """A Ray actor reloads the artifact by path + hash: it refuses an endpoint-choosing one unless the user who
     started the job opted in (--trust-artifact-endpoints is passed on to the actors)."""
     from halluscope.programs.registry import get
-    from halluscope.scale import load_artifact
+    from halluscope.evaluation.scale import load_artifact
 
     spec = get("jointcq")
     art = A.write_artifact(spec.make(), {"program_options": spec.options}, program_name="jointcq", lang="de",

@@ -19,12 +19,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from halluscope import artifacts as A
+from halluscope.artifacts import store as A
 from halluscope.cli import build_parser
 from halluscope.cli.serve import is_loopback, resolve_detectors
 from halluscope.programs.registry import get
 from halluscope.serve import Limits, create_app
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 
 ANSWER = "The capital of Australia is Sydney."
 

@@ -21,11 +21,11 @@ import httpx
 import pytest
 import uvicorn
 
-from halluscope import artifacts as A
-from halluscope.contract import Detection, Evidence, Span, Unit, to_prediction
+from halluscope.artifacts import store as A
+from halluscope.core.contract import Detection, Evidence, Span, Unit, to_prediction
 from halluscope.programs.registry import REGISTRY, ProgramSpec, register
 from halluscope.serve import create_app
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 
 CHROMIUM = next((p for p in (os.environ.get("HALLUSCOPE_CHROMIUM"), shutil.which("chromium"),
                              shutil.which("chromium-browser"), "/usr/bin/chromium") if p and Path(p).is_file()), None)
@@ -82,7 +82,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("compiled")
     A.write_artifact(PageFixture(), {"source": "fixture"}, program_name="page-fixture", lang="en", metric="iou",
                      root=root)
-    from halluscope.programs.span_detector import SpanDetector
+    from halluscope.programs.spans.program import SpanDetector
 
     A.write_artifact(SpanDetector(), {"source": "fixture"}, program_name="spans", lang="de", metric="iou", root=root)
     detectors = [A.load_compiled("page-fixture", lang="en", metric="iou", root=root),

@@ -18,13 +18,13 @@ import dspy
 import httpx
 import pytest
 
-from halluscope import lm as lmmod
-from halluscope.contract import item_failure
-from halluscope.lm import (GuardedJSONAdapter, OpenAICompatEngine, ReplyCache, SchemaJSONAdapter, TruncatedOutputError,
+from halluscope.lm import models as lmmod
+from halluscope.core.contract import item_failure
+from halluscope.lm.models import (GuardedJSONAdapter, OpenAICompatEngine, ReplyCache, SchemaJSONAdapter, TruncatedOutputError,
                            configure, evict_last_reply, json_truncated, make_lm)
-from halluscope.lm_server import clean_error_text, reset_server_capabilities, server_capabilities, split_url_credentials
+from halluscope.lm.openai_client import clean_error_text, reset_server_capabilities, server_capabilities, split_url_credentials
 from halluscope.programs.registry import get
-from halluscope.runner import run_eval
+from halluscope.evaluation.runner import run_eval
 
 SECRET = "sk-halluscope-FAULT-LEAK-1b2c3d4e5f"
 
@@ -155,7 +155,7 @@ def test_a_server_that_ignores_max_tokens_is_sent_max_completion_tokens_and_coun
 
     server = Server(reply)
     lm = server.lm()
-    with caplog.at_level(logging.WARNING, logger="halluscope.lm_server"):
+    with caplog.at_level(logging.WARNING, logger="halluscope.lm.openai_client"):
         spans_run(lm)
     assert "max_completion_tokens" not in server.bodies[0]
     assert all(b["max_completion_tokens"] == b["max_tokens"] == 256 for b in server.bodies[1:])
@@ -389,7 +389,7 @@ def test_clean_error_text_is_one_line_without_traceback_or_secret():
 
 
 def test_a_cut_chat_answer_recovered_by_the_json_fallback_is_not_a_failure():
-    from halluscope.lm import GuardedChatAdapter
+    from halluscope.lm.models import GuardedChatAdapter
 
     def reply(body, n):
         if "response_format" not in body:  # the chat adapter's call: cut at the budget

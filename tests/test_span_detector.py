@@ -5,9 +5,9 @@ from __future__ import annotations
 import dspy
 import pytest
 
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 from halluscope.programs.registry import get
-from halluscope.programs.span_detector import SpanDetector
+from halluscope.programs.spans.program import SpanDetector
 
 ANSWER = "\nDie spanische Provinz heißt Álava. Álava liegt im Baskenland."
 
@@ -113,7 +113,7 @@ def test_registered_builder_options():
 
 
 def test_gold_examples_become_labeled_demos_with_quoted_spans():
-    from halluscope.programs.span_detector import gold_demo_fields
+    from halluscope.programs.spans.program import gold_demo_fields
 
     answer = "Die spanische Provinz heißt Álava."
     i = answer.index("Álava")

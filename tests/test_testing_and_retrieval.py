@@ -7,10 +7,10 @@ import threading
 import dspy
 import pytest
 
-from halluscope.contract import Evidence
-from halluscope.retrieval import (CachedRetriever, ContextRetriever, Retriever, make_retriever,
+from halluscope.core.contract import Evidence
+from halluscope.core.retrieval import (CachedRetriever, ContextRetriever, Retriever, make_retriever,
                                   register_retriever, retriever_names)
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 
 
 class Echo(dspy.Signature):

@@ -1,4 +1,4 @@
-"""Tests for halluscope.text: quote mapping, sentence segmentation and word diffs.
+"""Tests for halluscope.core.text: quote mapping, sentence segmentation and word diffs.
 
 Offsets are computed with ``str.index`` / ``str.find`` in the tests (never hand-typed where a string can
 tell them); the reasoning is in comments.
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from halluscope.contract import Detection, Span
-from halluscope.text import MappingStats, Segment, diff_spans, map_substrings, segment, word_spans
+from halluscope.core.contract import Detection, Span
+from halluscope.core.text import MappingStats, Segment, diff_spans, map_substrings, segment, word_spans
 
 
 def _texts(text: str, spans) -> list[str]:

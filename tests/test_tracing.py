@@ -7,10 +7,10 @@ import dspy
 import pytest
 from mlflow.tracking import MlflowClient
 
-from halluscope.optimize.tracing import lm_tracing
+from halluscope.tracking.traces import lm_tracing
 from halluscope.programs.registry import get
-from halluscope.runner import run_eval
-from halluscope.testing import scripted_lm
+from halluscope.evaluation.runner import run_eval
+from halluscope.lm.scripted import scripted_lm
 
 SECRET_ENV = "s3cr3t-env-value-4711"
 SECRET_KEY = "sk-ABCDEFGHIJKLMNOPQRSTUVWX"
@@ -146,7 +146,7 @@ def test_detect_trace_flag(tmp_path, store, monkeypatch, capsys):
     import json
 
     import halluscope.cli.detect as detect_cmd
-    from halluscope import artifacts as A
+    from halluscope.artifacts import store as A
     from halluscope.cli import main
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

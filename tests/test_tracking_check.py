@@ -11,7 +11,7 @@ import time
 import dspy
 import pytest
 
-from halluscope.optimize.tracking import TrackingStoreError, check_tracking_store
+from halluscope.tracking.runs import TrackingStoreError, check_tracking_store
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +77,7 @@ def test_bad_stores_are_one_line_errors(tmp_path, hanging_server, html_server):
 
 
 def _spy_lm(calls):
-    from halluscope.testing import scripted_lm
+    from halluscope.lm.scripted import scripted_lm
 
     def respond(call):
         calls.append(call)

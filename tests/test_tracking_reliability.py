@@ -10,7 +10,7 @@ import pytest
 
 
 def test_an_unusable_sqlite_store_fails_fast(tmp_path):
-    from halluscope.optimize.tracking import track_run
+    from halluscope.tracking.runs import track_run
 
     (tmp_path / "dir.db").mkdir()  # a folder where the database file should be: sqlite cannot open it
     t0 = time.perf_counter()
@@ -20,7 +20,7 @@ def test_an_unusable_sqlite_store_fails_fast(tmp_path):
 
 
 def test_an_unreachable_tracking_server_fails_fast():
-    from halluscope.optimize.tracking import track_run
+    from halluscope.tracking.runs import track_run
 
     t0 = time.perf_counter()
     assert track_run("evaluate", program="spans", lang="de", params={}, metrics={"iou": 0.5},
@@ -29,7 +29,7 @@ def test_an_unreachable_tracking_server_fails_fast():
 
 
 def _track_one(uri: str, i: int, q) -> None:
-    from halluscope.optimize.tracking import track_run
+    from halluscope.tracking.runs import track_run
 
     q.put(track_run("evaluate", program="spans", lang="de", params={"i": i}, metrics={"iou": i / 10},
                     tracking_uri=uri))

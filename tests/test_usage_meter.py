@@ -8,7 +8,7 @@ import dspy
 from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.run import FINISHED, OptimizeConfig, UsageMeter, run_optimize
 from halluscope.programs.registry import get
-from halluscope.testing import scripted_lm
+from halluscope.lm.scripted import scripted_lm
 
 
 class Ask(dspy.Signature):

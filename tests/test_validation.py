@@ -9,7 +9,7 @@ import pytest
 
 
 def test_detect_input_with_a_non_string_lang_is_one_clear_error(tmp_path):
-    from halluscope.detector import read_answers
+    from halluscope.artifacts.compiled import read_answers
 
     f = tmp_path / "in.jsonl"
     f.write_text(json.dumps({"id": "a", "answer": "x"}) + "\n" + json.dumps({"id": "b", "answer": "y", "lang": 7}) + "\n")
@@ -64,7 +64,7 @@ def test_string_encoded_tokens_and_logits_are_accepted(tmp_path):
 
 
 def test_logit_baseline_aligns_tokens_and_logits_of_different_lengths():
-    from halluscope.programs.baselines import LogitBaseline
+    from halluscope.programs.baselines.program import LogitBaseline
 
     answer = "The capital is Paris and more"
     tokens = ["The", " capital", " is", " Paris", " and", " more"]
@@ -143,7 +143,7 @@ def test_duplicate_ids_are_refused(tmp_path):
 
 
 def test_invalid_probabilities_are_counted_not_silently_changed():
-    from halluscope.text import map_substrings
+    from halluscope.core.text import map_substrings
 
     text = "alpha beta gamma delta epsilon"
     spans, stats = map_substrings(text, [("alpha", 0.9), ("beta", -1), ("gamma", float("nan")), ("delta", None),
@@ -156,7 +156,7 @@ def test_one_malformed_span_keeps_the_valid_ones():
     import dspy
 
     from halluscope.programs.registry import get
-    from halluscope.testing import scripted_lm
+    from halluscope.lm.scripted import scripted_lm
 
     lm = scripted_lm({"spans": [{"text": "Paris", "probability": 0.9}, {"text": 5}, {"probability": 0.3},
                                 {"text": "capital", "probability": -1}]})
@@ -167,7 +167,7 @@ def test_one_malformed_span_keeps_the_valid_ones():
 
 
 def test_salvage_quotes_from_raw_output():
-    from halluscope.text import salvage_quotes
+    from halluscope.core.text import salvage_quotes
 
     raw = 'Sure! {"spans": [{"text": "a", "probability": 0.5}, {"text": null}, "b", {"text": "c"}]} trailing'
     assert salvage_quotes(raw, "spans") == ([("a", 0.5), ("c", None)], 2)
@@ -191,14 +191,14 @@ class _ByteTokenizer:
 def test_an_over_long_prompt_is_cut_with_a_warning(tmp_path, caplog):
     import logging
 
-    from halluscope.lm import LlamaCppEngine
+    from halluscope.lm.models import LlamaCppEngine
 
     gguf = tmp_path / "fake.gguf"
     gguf.write_bytes(b"x")
     engine = LlamaCppEngine(gguf, n_ctx=200)
     engine._llm = _ByteTokenizer()
     messages = [{"role": "system", "content": "Check it."}, {"role": "user", "content": "A" * 1000 + "END"}]
-    with caplog.at_level(logging.WARNING, logger="halluscope.lm"):
+    with caplog.at_level(logging.WARNING, logger="halluscope.lm.models"):
         fitted, truncated = engine._fit(messages, max_tokens=50)
     assert truncated and "[... truncated ...]" in fitted[1]["content"] and fitted[1]["content"].endswith("END")
     assert any("truncated" in r.getMessage() and "n_ctx=200" in r.getMessage() for r in caplog.records)

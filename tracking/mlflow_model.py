@@ -1,9 +1,9 @@
 """The MLflow model of a compiled halluscope artifact, defined *from code* (MLflow's models-from-code).
 
-:func:`halluscope.model_registry.register_artifact` logs this file as the model's code and the artifact's
+:func:`halluscope.tracking.model_registry.register_artifact` logs this file as the model's code and the artifact's
 version folder (``program.json`` + ``manifest.json``) as the model's artifact: MLflow stores this source file,
 never a pickled object, and loading the model runs it. ``load_context`` loads the JSON state through
-:func:`halluscope.artifacts.load_artifact_dir` (content hash, build options and signature checks), so the
+:func:`halluscope.artifacts.store.load_artifact_dir` (content hash, build options and signature checks), so the
 served program is exactly the verified artifact.
 
 Served with ``mlflow models serve -m models:/halluscope-spans-de@champion --env-manager local``, a request is
@@ -24,10 +24,10 @@ import dspy
 import mlflow
 from mlflow.pyfunc import PythonModel
 
-from halluscope.artifacts import load_artifact_dir
-from halluscope.detector import detect
+from halluscope.artifacts.store import load_artifact_dir
+from halluscope.artifacts.compiled import detect
 from halluscope.programs.registry import get
-from halluscope.redact import redact
+from halluscope.core.redact import redact
 
 __all__ = ["ARTIFACT_KEY", "CompiledArtifactModel", "rows_of"]
 
@@ -57,7 +57,7 @@ class CompiledArtifactModel(PythonModel):
         spec = get(self.detector.name)
         self.extra_inputs = tuple(spec.extra_inputs)
         if spec.needs_lm(self.detector.manifest.get("program_options")) and dspy.settings.lm is None:
-            from halluscope.lm import configure  # loads llama.cpp for the embedded model: only when needed
+            from halluscope.lm.models import configure  # loads llama.cpp for the embedded model: only when needed
 
             configure(os.environ.get("HALLUSCOPE_LM", "local"), api_base=os.environ.get("HALLUSCOPE_API_BASE"))
         logger.info("serving %s v%04d (%s)", self.detector.name, self.detector.version,

@@ -1,13 +1,13 @@
 """Compiled artifacts in the MLflow model registry, without pickles.
 
-    from halluscope.model_registry import register_artifact
+    from halluscope.tracking.model_registry import register_artifact
     mv = register_artifact("compiled/spans/de/iou/v0003", alias="champion")   # -> halluscope-spans-de v1
     detector = load_compiled("models:/halluscope-spans-de@champion")            # verified like a local one
 
     mlflow models serve -m models:/halluscope-spans-de@champion --env-manager local --port 5002
 
 :func:`register_artifact` verifies the version folder (content hash), logs it as an MLflow *model from code*
-— the model's code is :mod:`halluscope.mlflow_model` (a source file MLflow stores as is), its artifact the
+— the model's code is :mod:`halluscope.tracking.mlflow_model` (a source file MLflow stores as is), its artifact the
 folder's ``program.json`` + ``manifest.json`` — in a run of the experiment ``halluscope/<program>/<lang>``,
 registers it as a new version of ``halluscope-<program>-<lang>`` (or ``name``), tags the version with the
 artifact's content hash, program, language, metric and version, and points ``alias`` at it (an alias moves:
@@ -24,12 +24,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from halluscope import artifacts
-from halluscope.detector import CompiledDetector
+from halluscope.artifacts import store as artifacts
+from halluscope.artifacts.compiled import CompiledDetector
 
 __all__ = ["MODEL_CODE", "RegisteredArtifact", "default_model_name", "register_artifact", "set_alias"]
 
-MODEL_CODE = Path(artifacts.__file__).with_name("mlflow_model.py")  # the models-from-code file
+MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # the models-from-code file
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def register_artifact(
 ) -> RegisteredArtifact:
     """Register one compiled version folder (or a loaded :class:`CompiledDetector`) as a new MLflow model version.
 
-    Raises :class:`halluscope.artifacts.ArtifactIntegrityError` when the folder does not match its hash
+    Raises :class:`halluscope.artifacts.store.ArtifactIntegrityError` when the folder does not match its hash
     (nothing is registered then).
     """
     import mlflow  # heavy (about 2 s): only when registering
@@ -80,8 +80,8 @@ def register_artifact(
     from mlflow.tracking import MlflowClient
     from mlflow.types import ColSpec, Schema
 
-    from halluscope.mlflow_model import ARTIFACT_KEY
-    from halluscope.optimize.tracking import _experiment_id, resolve_tracking_uri
+    from halluscope.tracking.mlflow_model import ARTIFACT_KEY
+    from halluscope.tracking.runs import _experiment_id, resolve_tracking_uri
 
     path = Path(artifact.path if isinstance(artifact, CompiledDetector) else artifact)
     manifest, _ = artifacts.verify_artifact(path)
@@ -131,7 +131,7 @@ def set_alias(name: str, alias: str, version: int, *, tracking_uri: str | None =
     """Point ``alias`` (e.g. ``champion``) of registered model ``name`` at ``version``."""
     from mlflow.tracking import MlflowClient
 
-    from halluscope.optimize.tracking import resolve_tracking_uri
+    from halluscope.tracking.runs import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     MlflowClient(tracking_uri=uri, registry_uri=uri).set_registered_model_alias(name, alias, str(version))

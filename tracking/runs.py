@@ -36,9 +36,9 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from halluscope import paths
-from halluscope.artifacts import git_commit
-from halluscope.redact import REDACTED, known_secrets, redact  # the one redaction function (re-exported)
+from halluscope.core import paths
+from halluscope.artifacts.store import git_commit
+from halluscope.core.redact import REDACTED, known_secrets, redact  # the one redaction function (re-exported)
 
 paths.set_offline_defaults()
 
@@ -91,7 +91,7 @@ def check_tracking_store(tracking_uri: str | None = None, timeout: float | None 
     none yet) in a writable folder, opened with ``sqlite3``. Any other store (a folder, a database URL) is opened
     by the MLflow client on a helper thread and asked for one experiment, within four times ``timeout``. The
     message is one line, credentials in the URI redacted."""
-    from halluscope.redact import redact_url
+    from halluscope.core.redact import redact_url
 
     uri = resolve_tracking_uri(tracking_uri)
     timeout = float(timeout if timeout is not None else os.environ.get("HALLUSCOPE_TRACKING_CHECK_TIMEOUT",

@@ -7,7 +7,7 @@
 MLflow's DSPy autologging (``mlflow.dspy.autolog``, a DSPy callback) opens a span for each module, predictor,
 adapter format/parse and LM call, with its inputs (the prompt messages) and outputs (the completion), so a user
 can open an item in the UI (``halluscope ui`` -> the experiment -> Traces) and read every stage. Nothing is
-pickled. Before a span is exported a span processor runs :func:`halluscope.redact.redact_obj` over its inputs,
+pickled. Before a span is exported a span processor runs :func:`halluscope.core.redact.redact_obj` over its inputs,
 outputs and attributes (API keys, tokens, ``user:pass@`` in URLs, the values of secret environment variables);
 MLflow itself already drops ``api_key``/``api_base`` from the LM attributes.
 
@@ -23,8 +23,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from halluscope.optimize.tracking import _client, _experiment_id
-from halluscope.redact import redact_obj
+from halluscope.tracking.runs import _client, _experiment_id
+from halluscope.core.redact import redact_obj
 
 __all__ = ["TraceSession", "lm_tracing", "redact_span"]
 

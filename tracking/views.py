@@ -1,7 +1,7 @@
 """The comparison views of ``halluscope compare``: a programs × languages (or tasks) grid of scores with their
 cross-validation spread, and a cost–quality frontier.
 
-Rows come from :func:`halluscope.optimize.tracking.runs_table` (newest first; the latest run of each
+Rows come from :func:`halluscope.tracking.runs.runs_table` (newest first; the latest run of each
 series and language counts). A *series* is a program and how it was made: ``spans evaluate (LM)``,
 ``spans MIPROv2 [iou] (LM)`` (the cross-validated compiled mean), ``spans zero-shot, CV (LM)``.
 
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from halluscope.optimize.tracking import _client, _experiment_id
+from halluscope.tracking.runs import _client, _experiment_id
 
 __all__ = ["COMPARE_EXPERIMENT", "SETTING_PARAMS", "add_run_settings", "run_setting", "grid_cells",
            "frontier_points", "pareto_front", "plot_grid", "plot_frontier", "log_views"]

@@ -16,8 +16,8 @@ import unicodedata
 
 import dspy
 
-from halluscope.contract import Detection, Span, to_prediction
-from halluscope.literals import TextValueError, parse_text_list
+from halluscope.core.contract import Detection, Span, to_prediction
+from halluscope.core.literals import TextValueError, parse_text_list
 from halluscope.programs.registry import ProgramSpec, number, register
 
 __all__ = ["MarkAll", "LogitBaseline", "token_bytes", "token_logit_lists", "token_offsets"]
@@ -197,7 +197,7 @@ def token_logit_lists(tokens, logits) -> tuple[list[str], list[float | None], di
 
 def _parse_list(value) -> list | None:
     """A token or logit list given as a list, or as a string holding one as JSON or as a Python repr (the official
-    Catalan file: ``"['El', ' gat']"``; read by :func:`halluscope.literals.parse_text_list`, never evaluated);
+    Catalan file: ``"['El', ' gat']"``; read by :func:`halluscope.core.literals.parse_text_list`, never evaluated);
     ``[]`` when missing (None, blank); None when it is something else."""
     if value is None:
         return []

@@ -7,7 +7,7 @@ Pipeline for one (question, answer):
    break-down, the last four written by the configured LM). Sample ``i`` uses variant ``i mod |V|`` and
    model ``i mod |M|`` of orders shuffled once with ``seed`` (:func:`round_robin`). Samples run in
    parallel; a failing sample is dropped and counted in ``failures["sampler"]``.
-2. **Segmentation** of the answer into blocks (:func:`halluscope.text.segment`, pysbd, offsets kept).
+2. **Segmentation** of the answer into blocks (:func:`halluscope.core.text.segment`, pysbd, offsets kept).
 3. **Judging** every block against every sample: one call per sample rating all blocks (``batch_judge``,
    the default: |samples| calls) or one call per (block, sample) pair (|blocks| x |samples| calls).
 4. **Scoring** exactly as the paper (:func:`block_score`, :func:`block_label`, :func:`response_score`,
@@ -25,7 +25,7 @@ reflected answer when something was flagged and ``correct`` is on.
 Sampler specs (:func:`sampler_lm`)
 ----------------------------------
 A sampler is a ``dspy.LM``, or a string ``"<lm spec>?key=value&key=value"`` where ``<lm spec>`` is anything
-:func:`halluscope.lm.make_lm` accepts (``local``, ``openai/gpt-4o-mini``, ``hosted_vllm/...``) or ``self``
+:func:`halluscope.lm.models.make_lm` accepts (``local``, ``openai/gpt-4o-mini``, ``hosted_vllm/...``) or ``self``
 (the LM configured when the program runs) and the keys are LM options (``temperature``, ``seed``,
 ``max_tokens``, ``api_base``, ...; numbers and true/false are converted), or a dict ``{"lm": spec, **options}``.
 The default is four settings of the configured LM: ``self?temperature=0.7&seed=1``, ``...1.0&seed=2``,
@@ -49,11 +49,11 @@ from urllib.parse import parse_qsl
 
 import dspy
 
-from halluscope.contract import Detection, Span, Unit, to_prediction
-from halluscope.lm import make_lm
-from halluscope.parallel import try_map
-from halluscope.redact import error_text
-from halluscope.text import segment
+from halluscope.core.contract import Detection, Span, Unit, to_prediction
+from halluscope.lm.models import make_lm
+from halluscope.core.parallel import try_map
+from halluscope.core.redact import error_text
+from halluscope.core.text import segment
 from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
 from halluscope.signatures.finch import (
     BreakDown,
@@ -184,7 +184,7 @@ def _bounds(b: Any) -> tuple[int, int]:
 def reconstruct(answer: str, blocks: Sequence, replacements: Mapping[int, str]) -> str:
     """``answer`` with ``blocks[i]`` replaced by ``replacements[i]``; every other character unchanged.
 
-    ``blocks`` are objects with ``start``/``end`` (e.g. :class:`halluscope.text.Segment`) or pairs, sorted
+    ``blocks`` are objects with ``start``/``end`` (e.g. :class:`halluscope.core.text.Segment`) or pairs, sorted
     and non-overlapping, within ``answer``. Raises ``ValueError`` otherwise or for an unknown index.
     """
     spans = [_bounds(b) for b in blocks]
@@ -248,7 +248,7 @@ def parse_sampler_spec(spec: str) -> tuple[str, dict]:
 
 def sampler_lm(spec: Any, base: dspy.BaseLM | None = None) -> dspy.BaseLM:
     """The LM for one sampler spec (see the module docstring). ``self`` specs copy ``base`` (default: the
-    configured ``dspy.settings.lm``); other specs are built by :func:`halluscope.lm.make_lm`."""
+    configured ``dspy.settings.lm``); other specs are built by :func:`halluscope.lm.models.make_lm`."""
     if isinstance(spec, dspy.BaseLM):
         return spec
     if isinstance(spec, Mapping):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from halluscope.programs.grounded.detector import DEFAULT_WEIGHTS, GroundedDetector, fit_grounded
+from halluscope.programs.grounded.program import DEFAULT_WEIGHTS, GroundedDetector, fit_grounded
 from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
 
 __all__ = ["GroundedDetector", "fit_grounded", "DEFAULT_WEIGHTS"]

@@ -1,6 +1,6 @@
 """Signal 3: the generating model's own token logits (Mu-SHROOM ``model_output_tokens``/``model_output_logits``).
 
-Tokens are aligned with the answer's characters by :func:`halluscope.programs.baselines.token_offsets`; each
+Tokens are aligned with the answer's characters by :func:`halluscope.programs.baselines.program.token_offsets`; each
 token's logit becomes a z-score within the answer (``(mean - logit) / sd``: positive = less sure than the
 model's average token). A unit gets
 
@@ -8,7 +8,7 @@ model's average token). A unit gets
 * ``gen_first``: the score of the token where the unit starts (where the model chose the word),
 
 both clipped to [-4, 4]. The lists are read as the ``logits`` baseline reads them
-(:func:`halluscope.programs.baselines.token_logit_lists`): a list or a string holding one as JSON or as a Python
+(:func:`halluscope.programs.baselines.program.token_logit_lists`): a list or a string holding one as JSON or as a Python
 repr (the official Catalan file); lists of different lengths aligned on their common prefix (``"logit_length_mismatch"``);
 a logit that is not a finite number leaves its token out (``"nonfinite_logits"``, how many). When the data
 carries no logits (``"no_logits"``), tokens or logits that are neither lists nor strings holding lists
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from halluscope.programs.baselines import token_logit_lists, token_offsets
+from halluscope.programs.baselines.program import token_logit_lists, token_offsets
 from halluscope.programs.grounded.units import AnswerUnit
 
 __all__ = ["GEN_FEATURES", "gen_features"]

@@ -40,10 +40,10 @@ from typing import Protocol
 
 import numpy as np
 
-from halluscope import paths
-from halluscope.lm import file_sha256, smollm2_path
+from halluscope.core import paths
+from halluscope.lm.models import file_sha256, smollm2_path
 from halluscope.programs.grounded.units import AnswerUnit, tokens_of
-from halluscope.text import segment
+from halluscope.core.text import segment
 
 __all__ = ["Backend", "LlamaBackend", "LMScorer", "plan_budget", "select_evidence", "token_char_offsets",
            "unit_rows"]

@@ -12,7 +12,7 @@ import time
 import dspy
 import numpy as np
 
-from halluscope.contract import Detection, Evidence, Span, Unit, to_prediction
+from halluscope.core.contract import Detection, Evidence, Span, Unit, to_prediction
 from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_probs, choose_threshold,
                                                    combiner_from_dict, make_combiner, rescale)
 from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
@@ -590,7 +590,7 @@ def units_from_artifact(module: GroundedDetector, lang: str, load_compiled=None)
     """Take the unit part (combiner, threshold, floor, IDF) from the best committed ``grounded/<key>/iou``
     artifact whose features equal the module's (``units_from``: "auto" = ``lang`` then "all"); returns where it
     came from ("hand-set weights" when none fits, ``units_from`` is "none" or no loader was given).
-    ``load_compiled(program, lang=, metric=)`` is :func:`halluscope.artifacts.load_compiled` (injected: this layer
+    ``load_compiled(program, lang=, metric=)`` is :func:`halluscope.artifacts.store.load_compiled` (injected: this layer
     does not import the artifact layer); it raises ``ValueError`` (``ArtifactError`` is one) when none loads."""
     if module.units_from == "none":
         return "hand-set weights (units_from=none)"

@@ -37,7 +37,7 @@ Outputs (the common contract)
   whitespace normalisation), ``"empty"`` (the model returned nothing), ``"failed"`` (did not parse),
   ``"not_flagged"``, ``"not_revisable"`` (empty answer) or ``"disabled"``. Only ``"revised"`` sets
   ``Detection.revision``; it stays ``None`` otherwise, so "no change" is never reported as a fix.
-* ``spans``: the parts of the answer the revision replaced or deleted (:func:`halluscope.text.diff_spans`,
+* ``spans``: the parts of the answer the revision replaced or deleted (:func:`halluscope.core.text.diff_spans`,
   word level, probability 1.0), so HalluClean can also be scored on Mu-SHROOM.
 """
 
@@ -49,11 +49,11 @@ from dataclasses import dataclass
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
-from halluscope.contract import Detection, to_prediction
-from halluscope.decisions import decision_evidence, noul_probability
-from halluscope.tasks import task_key
-from halluscope.text import diff_spans
-from halluscope.lm import make_lm
+from halluscope.core.contract import Detection, to_prediction
+from halluscope.core.decisions import decision_evidence, noul_probability
+from halluscope.core.tasks import task_key
+from halluscope.core.text import diff_spans
+from halluscope.lm.models import make_lm
 from halluscope.metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
 from halluscope.programs.registry import ProgramSpec, free, get, register, text
 from halluscope.signatures.halluclean import DirectAsk as DirectAskSig

@@ -4,7 +4,7 @@ aggregation of claim labels to sentences, spans and the response.
 Similarity for the alignment
 ----------------------------
 :func:`similarity` = the share of the claim's content words that the sentence contains: words are
-:func:`halluscope.text.word_spans` tokens (punctuation dropped, case-folded, every CJK character one token),
+:func:`halluscope.core.text.word_spans` tokens (punctuation dropped, case-folded, every CJK character one token),
 content words drop a short function-word list and the question's words (a decontextualised claim adds "Paris"
 where the sentence said "The city"), and a word is contained when the sentence has it exactly or, for words of
 4+ letters without digits, with rapidfuzz ``ratio`` ≥ 85 (inflections, spelling variants; numbers must match
@@ -27,9 +27,9 @@ from typing import Any, Iterable, Sequence
 
 from rapidfuzz import fuzz
 
-from halluscope.contract import Evidence, Span
+from halluscope.core.contract import Evidence, Span
 from halluscope.signatures.halluclean import parse_verdict
-from halluscope.text import Segment, word_spans
+from halluscope.core.text import Segment, word_spans
 
 __all__ = [
     "LABELS", "CORRECT", "HALLUCINATED", "UNVERIFIABLE", "UNCHECKED", "MAX_TOKENS",

@@ -4,7 +4,7 @@ answer, and its queries are relevant, concise and usable as a search. Here:
 
 * :class:`CriteriaJudge` asks those questions with two small signatures (:class:`ClaimCriteria`,
   :class:`QueryCriteria`); coverage is deterministic (:func:`coverage`, the alignment of
-  :mod:`halluscope.programs.jointcq_align`).
+  :mod:`halluscope.programs.jointcq.align`).
 * :func:`criteria_metric` turns them into a DSPy metric; with a ``trace`` (bootstrapping) it is a strict
   pass/fail, so ``BootstrapFewShot``/``MIPROv2`` keep a demonstration only when it meets every criterion.
 * :func:`compile_claim_queries` compiles the claim-query stage (:class:`ClaimQueryStage`, the program's
@@ -26,10 +26,10 @@ from typing import Any, Callable, Iterable, Sequence
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
-from halluscope.programs.jointcq_align import MAX_TOKENS, align_claim, pair_fields
+from halluscope.programs.jointcq.align import MAX_TOKENS, align_claim, pair_fields
 from halluscope.signatures.halluclean import parse_verdict
 from halluscope.signatures.jointcq import ClaimCriteria, ClaimsAndQueries, QueryCriteria
-from halluscope.text import segment
+from halluscope.core.text import segment
 
 __all__ = ["ClaimQueryStage", "CriteriaJudge", "coverage", "criteria_metric", "compile_claim_queries",
            "fit_claim_queries", "chat_record", "export_filtered_pairs"]

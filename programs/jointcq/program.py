@@ -5,20 +5,20 @@ Pipeline for a question q and an answer a (one :class:`JointCQ` call):
 1. **Generate** (:class:`~halluscope.signatures.jointcq.ClaimsAndQueries`, ONE inference): decontextualised
    factual claims of the answer, each with its search query. An empty list is a valid "nothing to check"
    result (label False), not an error.
-2. **Search** through a :class:`~halluscope.retrieval.Retriever` built from the ``retriever`` spec
+2. **Search** through a :class:`~halluscope.core.retrieval.Retriever` built from the ``retriever`` spec
    (``"context"``: the item's own context; ``"kb:INDEX_DIR"``: a BM25 knowledge base; any spec
-   :func:`~halluscope.retrieval.make_retriever` knows): **one search call per claim**, ``top_k`` snippets.
+   :func:`~halluscope.core.retrieval.make_retriever` knows): **one search call per claim**, ``top_k`` snippets.
    ``use_queries=False`` is the paper's "w/o queries" ablation (the claim itself is the query). A search that
    raises makes that claim unverifiable (``failures["search"]``, claim status ``search_failed``); no snippet
    at all makes it unverifiable without an LM call (status ``no_evidence``).
 3. **Verify** (:class:`~halluscope.signatures.jointcq.VerifyClaim`, one inference per claim with evidence, or
    one batched :class:`~halluscope.signatures.jointcq.VerifyClaims` call with ``batch_verify``). Labels are
-   parsed leniently (:func:`~halluscope.programs.jointcq_align.parse_label`); an output outside the three
+   parsed leniently (:func:`~halluscope.programs.jointcq.align.parse_label`); an output outside the three
    labels is unverifiable and counted (``failures["label"]``, status ``label_unparsed``); output that does not
    parse at all likewise (``failures["verify_parse"]``, status ``verify_failed``).
-4. **Align** every claim to the answer sentence (:func:`halluscope.text.segment`) it is most similar to,
+4. **Align** every claim to the answer sentence (:func:`halluscope.core.text.segment`) it is most similar to,
    kept when the similarity reaches ``align_threshold``, and within that sentence to the words the claim
-   asserts (:mod:`~halluscope.programs.jointcq_align`). A claim that aligns to no sentence is counted
+   asserts (:mod:`~halluscope.programs.jointcq.align`). A claim that aligns to no sentence is counted
    (``counts["unaligned"]``) and kept as response-level evidence.
 5. **Aggregate**: a sentence is hallucinated if any aligned claim is; the response if any
    sentence is (or, with ``unaligned_counts``, any unaligned claim); unverifiable and failed claims count as
@@ -27,7 +27,7 @@ Pipeline for a question q and an answer a (one :class:`JointCQ` call):
 Alignment similarity: content-word containment — the share of the claim's content words (function words and
 the question's words dropped) that the sentence contains, exactly or, for words of 4+ letters without digits,
 with rapidfuzz ``ratio`` >= 85 — threshold ``align_threshold`` (0.5, the paper's); why that one (and not
-rapidfuzz ``token_set_ratio``) is in :mod:`halluscope.programs.jointcq_align`, with the other deterministic parts.
+rapidfuzz ``token_set_ratio``) is in :mod:`halluscope.programs.jointcq.align`, with the other deterministic parts.
 
 Contract mapping
 ----------------
@@ -51,10 +51,10 @@ call per judgement).
 
 Criteria-guided filtering
 -------------------------
-:mod:`halluscope.programs.jointcq_filter`: the claim and query criteria as LM-judged signatures combined into a
+:mod:`halluscope.programs.jointcq.demo_filter`: the claim and query criteria as LM-judged signatures combined into a
 DSPy metric; the registered ``fit`` hook compiles the claim-query stage with it (BootstrapFewShot keeps a
 demonstration only when it passes), so ``optimize.py --program jointcq`` trains on filtered data the DSPy way;
-:func:`~halluscope.programs.jointcq_filter.export_filtered_pairs` writes the passing pairs as fine-tuning JSONL.
+:func:`~halluscope.programs.jointcq.demo_filter.export_filtered_pairs` writes the passing pairs as fine-tuning JSONL.
 """
 
 from __future__ import annotations
@@ -70,17 +70,17 @@ from dspy.utils.callback import BaseCallback
 from dspy.utils.exceptions import AdapterParseError
 
 import halluscope.retrievers  # noqa: F401  (registers the kb/files/kg/search retriever specs)
-from halluscope.contract import Detection, Evidence, Span, Unit, to_prediction
-from halluscope.parallel import try_map
-from halluscope.redact import error_text
-from halluscope.programs.jointcq_align import (HALLUCINATED, LABELS, MAX_TOKENS, UNVERIFIABLE, Alignment, aggregate,
+from halluscope.core.contract import Detection, Evidence, Span, Unit, to_prediction
+from halluscope.core.parallel import try_map
+from halluscope.core.redact import error_text
+from halluscope.programs.jointcq.align import (HALLUCINATED, LABELS, MAX_TOKENS, UNVERIFIABLE, Alignment, aggregate,
                                                align_claim, claim_score, claim_spans, pair_fields, parse_label,
                                                render_snippets)
-from halluscope.programs.jointcq_filter import fit_claim_queries
+from halluscope.programs.jointcq.demo_filter import fit_claim_queries
 from halluscope.programs.registry import ProgramSpec, number, register, whole
-from halluscope.retrieval import Retriever, make_retriever
+from halluscope.core.retrieval import Retriever, make_retriever
 from halluscope.signatures.jointcq import ClaimsAndQueries, VerifyClaim, VerifyClaims
-from halluscope.text import segment
+from halluscope.core.text import segment
 
 __all__ = ["ClaimRecord", "JointCQ", "jointcq_report"]
 
@@ -392,7 +392,7 @@ register(ProgramSpec(
     default_metric="iou",
     report=jointcq_report,
     fit=fit_claim_queries,
-    # "search:URL" sends $HALLUSCOPE_SEARCH_KEY to URL: an artifact may not choose it (halluscope.artifacts)
+    # "search:URL" sends $HALLUSCOPE_SEARCH_KEY to URL: an artifact may not choose it (halluscope.artifacts.store)
     endpoint_options=("retriever",),
     option_types={"top_k": whole(1), "align_threshold": number(0, 1), "unverifiable_score": number(0, 0.5),
                   "max_evidence_chars": whole(1), "num_threads": whole(1), "filter_demos": whole(0),

@@ -16,7 +16,7 @@ Pipeline for a question q and an answer o (one :class:`Medico` call):
 4. **Detect** (:class:`signatures.medico.Detect`): verdict (True = hallucinated) and a rationale. ``label`` is
    the verdict, ``score`` its likelihood p(True) (see the last line), ``rationale`` the rationale, ``evidence`` the pieces
    used, and ``spans`` the parts of the answer the rationale quotes in double quotes (mapped to offsets with
-   :func:`halluscope.text.map_substrings`; quotes of the evidence simply do not map), each with the score.
+   :func:`halluscope.core.text.map_substrings`; quotes of the evidence simply do not map), each with the score.
 5. **Ensemble** (when a combiner has been fitted, see :func:`fit_combiner`): one detection per source with that
    source's evidence alone plus the fused one give the features p_s(True); a logistic regression over them
    gives ``score``, and ``label = score > 0.5``. The per-source likelihoods are in ``source_p``.
@@ -29,7 +29,7 @@ Pipeline for a question q and an answer o (one :class:`Medico` call):
    ``accepted``, ``approved``, ``reason``); ``correction`` is ``"approved"``, ``"max_rounds"``,
    ``"not_flagged"`` or ``"disabled"``; ``revision`` is the last accepted revision (``None`` when none).
 
-Likelihood p(True) and the ensemble combiner: :mod:`halluscope.programs.medico_ensemble`.
+Likelihood p(True) and the ensemble combiner: :mod:`halluscope.programs.medico.ensemble`.
 """
 
 from __future__ import annotations
@@ -43,18 +43,18 @@ from dspy.utils.exceptions import AdapterParseError
 from rapidfuzz.distance import Levenshtein
 
 import halluscope.retrievers  # noqa: F401  (registers the kb/files/kg/search retrievers)
-from halluscope.contract import Detection, Evidence, Span, to_prediction
-from halluscope.programs.medico_ensemble import (combine, fit_combiner, logprob_probability, medico_report,
+from halluscope.core.contract import Detection, Evidence, Span, to_prediction
+from halluscope.programs.medico.ensemble import (combine, fit_combiner, logprob_probability, medico_report,
                                                  verdict_probability)
 from halluscope.programs.registry import ProgramSpec, number, register, text, whole
-from halluscope.retrieval import ContextRetriever, Retriever
+from halluscope.core.retrieval import ContextRetriever, Retriever
 from halluscope.retrievers.bm25 import BM25Index, Passage
 from halluscope.retrievers.files import FileRetriever
 from halluscope.retrievers.kb import KBRetriever
 from halluscope.retrievers.kg import KGRetriever
 from halluscope.retrievers.search import SearchRetriever
 from halluscope.signatures.medico import Detect, Fuse, IdentifySpans, Rerank, Revise
-from halluscope.text import map_substrings
+from halluscope.core.text import map_substrings
 
 __all__ = ["SOURCES", "Medico", "LMRerank", "apply_ranking", "preservation", "quoted",
            # re-exported from medico_ensemble

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
-from halluscope.contract import Detection, to_prediction
-from halluscope.lm import TruncatedOutputError
-from halluscope.text import map_substrings, salvage_quotes
+from halluscope.core.contract import Detection, to_prediction
+from halluscope.lm.models import TruncatedOutputError
+from halluscope.core.text import map_substrings, salvage_quotes
 from halluscope.programs.registry import ProgramSpec, number, register
 from halluscope.signatures.spans import ExtractSpans, QuotedSpan
 
@@ -17,7 +17,7 @@ __all__ = ["SpanDetector"]
 class SpanDetector(dspy.Module):
     """``ExtractSpans`` (Predict, or ChainOfThought with ``reasoning=True``) + deterministic offset mapping.
 
-    The model quotes the wrong parts; :func:`halluscope.text.map_substrings` maps each quote to character
+    The model quotes the wrong parts; :func:`halluscope.core.text.map_substrings` maps each quote to character
     offsets (exact matches in order, then repaired/fuzzy matches above ``fuzzy_threshold``); quotes it
     cannot find are dropped and counted in ``failures["unmatched"]``; malformed spans (no text, a probability
     outside [0, 1]) in ``failures["invalid_span"]``, the rest kept. Output that does not parse at all counts as
@@ -49,7 +49,7 @@ class SpanDetector(dspy.Module):
             )
         except AdapterParseError as e:
             # One malformed span fails DSPy's parse of the whole list: keep the well-formed ones; but an output cut
-            # at max_tokens is garbage, not a shorter list (halluscope.lm.TruncatedOutputError)
+            # at max_tokens is garbage, not a shorter list (halluscope.lm.models.TruncatedOutputError)
             salvaged = None if isinstance(e, TruncatedOutputError) else salvage_quotes(
                 getattr(e, "lm_response", None) or "", "spans")
             if salvaged is None:
