@@ -782,9 +782,7 @@ def load_model_uri(uri: str, *, tracking_uri: str | None = None, expect: dict | 
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    # as halluscope.tracking.runs.resolve_tracking_uri (not imported: it imports this module)
-    uri_store = (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-                 or f"sqlite:///{paths.tracking_dir() / 'mlflow.db'}")
+    uri_store = paths.resolve_tracking_uri(tracking_uri, create=False)  # a reader: makes no store folder
     name, ref = _parse_model_uri(uri)
     client = MlflowClient(tracking_uri=uri_store, registry_uri=uri_store)
     try:

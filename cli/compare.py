@@ -19,7 +19,8 @@ from halluscope.core import paths
 from halluscope.cli.common import POSITIVE_INT
 from halluscope.metrics.adapters import METRICS
 from halluscope.tracking.views import add_run_settings, log_views, plot_frontier, plot_grid
-from halluscope.tracking.runs import format_table, plot_scores, resolve_tracking_uri, runs_table
+from halluscope.core.paths import resolve_tracking_uri
+from halluscope.tracking.runs import format_table, plot_scores, runs_table
 
 
 def add_parser(subparsers) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from halluscope.core import paths
 from halluscope.cli.common import PORT
-from halluscope.tracking.runs import resolve_tracking_uri
+from halluscope.core.paths import resolve_tracking_uri
 
 __all__ = ["OFFLINE_ENV", "add_parser", "cmd_ui", "free_port", "run_group", "stop_group", "ui_command", "ui_env"]
 

@@ -25,6 +25,7 @@ from pathlib import Path
 __all__ = [
     "HOME_ENV", "COMPILED_ENV", "CACHE_ENV", "MUSHROOM_DATA_ENV", "HALLUCLEAN_DATA_ENV",
     "home", "compiled_dir", "outputs_dir", "cache_dir", "tracking_dir", "demo_data_dir", "env_path",
+    "default_tracking_uri", "resolve_tracking_uri",
     "OFFLINE_ENV", "set_offline_defaults",
 ]
 
@@ -74,6 +75,20 @@ def cache_dir() -> Path:
 
 def tracking_dir() -> Path:
     return home() / "mlruns"
+
+
+def default_tracking_uri(create: bool = True) -> str:
+    """The project's SQLite MLflow store under :func:`tracking_dir` (its folder made unless ``create`` is false)."""
+    store = tracking_dir()
+    if create:
+        store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(tracking_uri: str | None = None, *, create: bool = True) -> str:
+    """``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else the project's SQLite store (:func:`default_tracking_uri`;
+    ``create=False``: a reader that must not make its folder)."""
+    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(create)
 
 
 def demo_data_dir() -> Path:

@@ -143,7 +143,7 @@ def schema_bounds(budget: int | None, max_items: int, max_string: int) -> tuple[
     return items, chars
 
 
-def _response_schema(response_format: Any) -> dict | None:
+def response_schema(response_format: Any) -> dict | None:
     """llama-cpp-python's ``response_format`` for a DSPy/OpenAI one, or None for plain text."""
     if not response_format:
         return None
@@ -278,7 +278,7 @@ class LlamaCppEngine:
             kwargs["stop"] = list(cfg.stop)
         if cfg.seed is not None:
             kwargs["seed"] = int(cfg.seed)
-        rf = _response_schema(cfg.response_format)
+        rf = response_schema(cfg.response_format)
         if rf is not None:
             if "schema" in rf:
                 rf = {**rf, "schema": limit_schema(rf["schema"], self.max_items, self.max_string)}

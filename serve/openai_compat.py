@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from halluscope.lm.models import _response_schema, smollm2_path
+from halluscope.lm.models import response_schema, smollm2_path
 from halluscope.programs.registry import ranged, whole
 
 __all__ = ["Completion", "LlamaBackend", "SchemaBackend", "create_openai_app", "schema_instance"]
@@ -44,7 +44,7 @@ class Completion(dict):
 
 
 def _schema_of(body: dict) -> dict | None:
-    rf = _response_schema(body.get("response_format"))
+    rf = response_schema(body.get("response_format"))
     return (rf or {}).get("schema") if rf else None
 
 
@@ -68,7 +68,7 @@ class LlamaBackend:
         for k in ("top_p", "stop", "seed"):
             if body.get(k) is not None:
                 kwargs[k] = body[k]
-        rf = _response_schema(body.get("response_format"))
+        rf = response_schema(body.get("response_format"))
         if rf is not None:
             kwargs["response_format"] = rf
         messages = [{"role": m.get("role", "user"), "content": _text(m.get("content"))} for m in body["messages"]]

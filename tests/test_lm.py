@@ -9,7 +9,7 @@ import dspy
 import pytest
 
 from halluscope.lm import models as lmmod
-from halluscope.lm.models import (LlamaCppEngine, SchemaJSONAdapter, _response_schema, configure, limit_schema, make_lm,
+from halluscope.lm.models import (LlamaCppEngine, SchemaJSONAdapter, response_schema, configure, limit_schema, make_lm,
                            schema_bounds,
                            usage_of)
 
@@ -214,12 +214,12 @@ def test_schema_adapter_sends_bounds_scaled_to_the_call_budget():
 
 def test_response_schema_shapes():
     s = {"type": "object"}
-    assert _response_schema(None) is None
-    assert _response_schema({"type": "text"}) is None
-    assert _response_schema({"type": "json_object"}) == {"type": "json_object"}
-    assert _response_schema({"type": "json_schema", "json_schema": {"name": "X", "schema": s}}) == {
+    assert response_schema(None) is None
+    assert response_schema({"type": "text"}) is None
+    assert response_schema({"type": "json_object"}) == {"type": "json_object"}
+    assert response_schema({"type": "json_schema", "json_schema": {"name": "X", "schema": s}}) == {
         "type": "json_object", "schema": s}
-    assert _response_schema({"type": "json_schema", "schema": s, "name": "X"}) == {"type": "json_object", "schema": s}
+    assert response_schema({"type": "json_schema", "schema": s, "name": "X"}) == {"type": "json_object", "schema": s}
 
 
 def test_make_lm_local_path_errors_and_model_identity(gguf, tmp_path):

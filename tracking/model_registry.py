@@ -81,7 +81,8 @@ def register_artifact(
     from mlflow.types import ColSpec, Schema
 
     from halluscope.tracking.mlflow_model import ARTIFACT_KEY
-    from halluscope.tracking.runs import _experiment_id, resolve_tracking_uri
+    from halluscope.core.paths import resolve_tracking_uri
+    from halluscope.tracking.runs import get_experiment_id
 
     path = Path(artifact.path if isinstance(artifact, CompiledDetector) else artifact)
     manifest, _ = artifacts.verify_artifact(path)
@@ -89,7 +90,7 @@ def register_artifact(
     name = name or default_model_name(program, lang)
     uri = resolve_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    exp_id = _experiment_id(client, f"halluscope/{program}/{lang}", uri)
+    exp_id = get_experiment_id(client, f"halluscope/{program}/{lang}", uri)
     signature = ModelSignature(inputs=Schema([
         ColSpec("string", "answer"), ColSpec("string", "question", required=False),
         ColSpec("string", "context", required=False), ColSpec("string", "lang", required=False),
@@ -131,7 +132,7 @@ def set_alias(name: str, alias: str, version: int, *, tracking_uri: str | None =
     """Point ``alias`` (e.g. ``champion``) of registered model ``name`` at ``version``."""
     from mlflow.tracking import MlflowClient
 
-    from halluscope.tracking.runs import resolve_tracking_uri
+    from halluscope.core.paths import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     MlflowClient(tracking_uri=uri, registry_uri=uri).set_registered_model_alias(name, alias, str(version))

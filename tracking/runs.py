@@ -37,6 +37,7 @@ except ImportError:  # Windows
     fcntl = None
 
 from halluscope.core import paths
+from halluscope.core.paths import default_tracking_uri, resolve_tracking_uri
 from halluscope.artifacts.store import git_commit
 from halluscope.core.redact import REDACTED, known_secrets, redact  # the one redaction function (re-exported)
 
@@ -45,8 +46,6 @@ paths.set_offline_defaults()
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "default_tracking_uri",
-    "resolve_tracking_uri",
     "check_tracking_store",
     "TrackingStoreError",
     "experiment_name",
@@ -60,17 +59,6 @@ __all__ = [
 ]
 
 _SECRET_NAME = re.compile(r"(api[_-]?key|apikey|token|secret|passw(or)?d|authorization|credential)", re.I)
-
-
-def default_tracking_uri() -> str:
-    store = paths.tracking_dir()
-    store.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{store / 'mlflow.db'}"
-
-
-def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
-    """``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else the project's SQLite store."""
-    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 
 
 class TrackingStoreError(RuntimeError):
@@ -109,7 +97,7 @@ def check_tracking_store(tracking_uri: str | None = None, timeout: float | None 
 
     def probe():
         try:
-            client, _ = _client(uri)
+            client, _ = open_client(uri)
             with _store_lock(uri):
                 client.search_experiments(max_results=1)
             outcome["ok"] = True
@@ -275,7 +263,8 @@ def _store_lock(uri: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _client(tracking_uri: str | None):
+def open_client(tracking_uri: str | None):
+    """An ``MlflowClient`` on the resolved store (:func:`halluscope.core.paths.resolve_tracking_uri`) and its URI."""
     import mlflow  # noqa: F401  (about 2 s; only when tracking)
     from mlflow.tracking import MlflowClient  # (idem)
 
@@ -285,7 +274,9 @@ def _client(tracking_uri: str | None):
     return MlflowClient(tracking_uri=uri), uri
 
 
-def _experiment_id(client, name: str, uri: str) -> str:
+def get_experiment_id(client, name: str, uri: str) -> str:
+    """The id of experiment ``name`` in the store at ``uri``: restored when deleted, created when missing (on the
+    project's own store with its artifacts beside it)."""
     from mlflow.exceptions import MlflowException  # mlflow is imported only when tracking (about 2 s)
 
     exp = client.get_experiment_by_name(name)
@@ -350,8 +341,8 @@ def _track(kind, program, lang, params, metrics, artifacts, tracking_uri, step_m
            status, run_name, parent_run_id=None, datasets=()) -> str:
     from mlflow.entities import Metric, Param  # mlflow is imported only when tracking (about 2 s)
 
-    client, uri = _client(tracking_uri)
-    exp_id = _experiment_id(client, experiment_name(program, lang), uri)
+    client, uri = open_client(tracking_uri)
+    exp_id = get_experiment_id(client, experiment_name(program, lang), uri)
     git = git_commit()
     all_tags = {"halluscope.kind": kind, "halluscope.program": program, "halluscope.lang": lang or "all",
                 "git.commit": git.get("commit") or "unknown", "git.dirty": str(git.get("dirty")),
@@ -449,7 +440,7 @@ def runs_table(
     """One row per halluscope run (newest first): kind, program, lang, optimizer, LM, the score on
     ``metric`` (for optimize runs the cross-validated compiled mean, with its sd and the zero-shot mean;
     for evaluate runs the score on the data), test score, LM calls, wall time, run id."""
-    client, _ = _client(tracking_uri)
+    client, _ = open_client(tracking_uri)
     name_filter = "name LIKE 'halluscope/%'"
     exps = client.search_experiments(filter_string=name_filter, max_results=1000)
     exps = [e for e in exps if (program is None or e.name.split("/")[1:2] == [program])

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from halluscope.tracking.runs import _client, _experiment_id
+from halluscope.tracking.runs import open_client, get_experiment_id
 from halluscope.core.redact import redact_obj
 
 __all__ = ["TraceSession", "lm_tracing", "redact_span"]
@@ -93,8 +93,8 @@ def lm_tracing(enabled: bool, *, experiment: str, tracking_uri: str | None = Non
     from mlflow.dspy.callback import MlflowCallback
     from mlflow.tracking import _tracking_service
 
-    client, uri = _client(tracking_uri)
-    exp_id = _experiment_id(client, experiment, uri)
+    client, uri = open_client(tracking_uri)
+    exp_id = get_experiment_id(client, experiment, uri)
     session = TraceSession(session=uuid.uuid4().hex[:12], experiment_id=exp_id, tracking_uri=uri)
     tags = {"halluscope.session": session.session, "halluscope.kind": kind}
 

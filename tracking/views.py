@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from halluscope.tracking.runs import _client, _experiment_id
+from halluscope.tracking.runs import open_client, get_experiment_id
 
 __all__ = ["COMPARE_EXPERIMENT", "SETTING_PARAMS", "add_run_settings", "run_setting", "grid_cells",
            "frontier_points", "pareto_front", "plot_grid", "plot_frontier", "log_views"]
@@ -42,7 +42,7 @@ def add_run_settings(rows: Sequence[dict], tracking_uri: str | None = None) -> l
     """``rows`` with the :data:`SETTING_PARAMS` each finished evaluate run logged (program options, optimizer
     setting, artifact version/hash) added, read from MLflow: :func:`run_setting` uses them to keep runs of
     one program and LM with different settings apart. A run that cannot be read keeps its row as is."""
-    client, _ = _client(tracking_uri)
+    client, _ = open_client(tracking_uri)
     out = []
     for r in rows:
         r = dict(r)
@@ -242,8 +242,8 @@ def _save(fig, path) -> Path:
 def log_views(files: Sequence[str | os.PathLike], rows: Sequence[dict], metric: str,
               tracking_uri: str | None = None) -> str:
     """Record the PNGs and the rows (JSON) as one run of the experiment ``halluscope-compare``; its id."""
-    client, uri = _client(tracking_uri)
-    exp_id = _experiment_id(client, COMPARE_EXPERIMENT, uri)
+    client, uri = open_client(tracking_uri)
+    exp_id = get_experiment_id(client, COMPARE_EXPERIMENT, uri)
     run = client.create_run(exp_id, run_name=f"compare-{metric}-{time.strftime('%Y%m%d-%H%M%S')}",
                             tags={"halluscope.kind": "compare", "halluscope.metric": metric})
     try:
