@@ -22,7 +22,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import diskcache
 
-from halluscope.core import paths
+from halluscope.core import extensions, paths
 from halluscope.core.contract import Evidence
 
 __all__ = ["Retriever", "ContextRetriever", "CachedRetriever", "register_retriever", "make_retriever",
@@ -108,16 +108,18 @@ class CachedRetriever:
         return found
 
 
-_FACTORIES: dict[str, Callable[[str], Retriever]] = {}
+_FACTORIES: dict[str, Callable[[str], Retriever]] = extensions.table("retrievers")  # the one extension registry's
 
 
 def register_retriever(prefix: str, factory: Callable[[str], Retriever]) -> None:
     """Make ``make_retriever("<prefix>")`` and ``make_retriever("<prefix>:<arg>")`` call ``factory(arg)``."""
-    _FACTORIES[prefix] = factory
+    extensions.register("retrievers", prefix, factory)
 
 
 def retriever_names() -> list[str]:
-    return sorted(_FACTORIES)
+    """The registered retriever prefixes (the built-ins of :mod:`halluscope.retrievers` and installed plugins'
+    ``halluscope.retrievers`` entry points, loaded on first use), sorted."""
+    return sorted(extensions.names("retrievers"))
 
 
 def make_retriever(spec: str | Retriever, *, cache: bool = False, cache_dir: str | Path | None = None) -> Retriever:
@@ -125,8 +127,9 @@ def make_retriever(spec: str | Retriever, *, cache: bool = False, cache_dir: str
     retriever; ``cache=True`` wraps it in :class:`CachedRetriever`."""
     if isinstance(spec, str):
         prefix, _, arg = spec.partition(":")
-        if prefix not in _FACTORIES:
-            raise ValueError(f"unknown retriever {spec!r}; choose one of: {', '.join(retriever_names())}")
+        names = retriever_names()  # loads the built-in retrievers and plugins on first use
+        if prefix not in names:
+            raise ValueError(f"unknown retriever {spec!r}; choose one of: {', '.join(names)}")
         retriever = _FACTORIES[prefix](arg)
     elif isinstance(spec, Retriever):
         retriever = spec

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from halluscope.core import extensions
+
 __all__ = ["ArgRole", "DatasetArgumentError", "DatasetSpec", "register_dataset", "get_dataset",
            "dataset_names", "level_of"]
 
@@ -165,7 +167,7 @@ def level_of(examples: Iterable[Any]) -> str:
     return "response"
 
 
-_REGISTRY: dict[str, DatasetSpec] = {}
+_REGISTRY: dict[str, DatasetSpec] = extensions.table("datasets")  # the datasets of the one extension registry
 
 
 def register_dataset(spec: DatasetSpec, *, replace: bool = False) -> DatasetSpec:
@@ -174,18 +176,18 @@ def register_dataset(spec: DatasetSpec, *, replace: bool = False) -> DatasetSpec
         raise TypeError(f"register_dataset takes a DatasetSpec, not {type(spec).__name__}")
     if spec.name in _REGISTRY and not replace:
         raise ValueError(f"dataset {spec.name!r} is already registered")
-    _REGISTRY[spec.name] = spec
-    return spec
+    return extensions.register("datasets", spec.name, spec)
 
 
 def get_dataset(name: str) -> DatasetSpec:
-    """The dataset registered as ``name``; ``KeyError`` naming the registered ones otherwise."""
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise KeyError(f"unknown dataset {name!r}; choose one of: {', '.join(dataset_names())}") from None
+    """The dataset registered as ``name`` (a built-in, or a plugin's through its ``halluscope.datasets`` entry
+    point); ``KeyError`` naming the registered ones otherwise."""
+    spec = extensions.get("datasets", name)
+    if not isinstance(spec, DatasetSpec):
+        raise TypeError(f"dataset {name!r} is registered as a {type(spec).__name__}, not a DatasetSpec")
+    return spec
 
 
 def dataset_names() -> list[str]:
     """The registered dataset names, in registration order."""
-    return list(_REGISTRY)
+    return extensions.names("datasets")

@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import dspy
 from dspy.utils.callback import BaseCallback
 
+from halluscope.core import extensions
 from halluscope.evaluation import runner
 from halluscope.core.contract import Detection, describe_failed, failure_reason
 from halluscope.metrics.adapters import aggregate, get_metric
@@ -58,11 +59,14 @@ __all__ = [
     "slim_examples",
     "FailureCounter",
     "failed_share_problem",
+    "OptimizerSpec",
+    "register_optimizer",
+    "get_optimizer",
+    "optimizer_names",
 ]
 
-OPTIMIZERS = ("mipro", "bootstrap", "gepa", "reanchor", "fit")  # fit = the program's own ProgramSpec.fit hook
-# A prompt optimizer followed by ReAnchor's calibration of the decisions: "mipro+reanchor", ...
-STAGED = tuple(f"{name}+reanchor" for name in ("mipro", "bootstrap", "gepa"))
+# The optimizers (mipro, bootstrap, gepa, reanchor, and fit = the program's own ProgramSpec.fit hook) are registered
+# at the end of this module (OptimizerSpec); "mipro+reanchor" (any prompt optimizer) calibrates the decisions after.
 DECISION_PROBS = ("logprobs", "verbal")  # where ReAnchor's probabilities come from (halluscope.core.decisions)
 # Fields every example keeps for compiling and scoring (inputs + gold); the rest (logits, tokens, URLs) is
 # dropped so demos stored in the artifact stay small. Programs ask for more through ProgramSpec.extra_inputs.
@@ -117,17 +121,19 @@ class OptimizerConfig:
         self.chosen = self.name is not None
         if self.name is None:
             self.name = "mipro"
-        if isinstance(self.name, str) and self.name in STAGED:
+        known = optimizer_names()
+        prompts = [n for n in known if get_optimizer(n).prompts]
+        if isinstance(self.name, str) and self.name.endswith("+reanchor") and self.name[: -len("+reanchor")] in prompts:
             self.name, self.reanchor = self.name[: -len("+reanchor")], True
-        if self.name not in OPTIMIZERS:
+        if self.name not in known:
             import difflib
 
-            choices = [o for o in OPTIMIZERS if o != "fit"] + list(STAGED)
+            choices = [o for o in known if get_optimizer(o).listed] + [f"{n}+reanchor" for n in prompts]
             close = difflib.get_close_matches(str(self.name), choices, n=1)
             raise ValueError(f"unknown optimizer {self.name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                              + f"; choose from: {', '.join(choices)}")
-        if self.reanchor and self.name not in ("mipro", "bootstrap", "gepa"):
-            raise ValueError(f"+reanchor follows a prompt optimizer (mipro, bootstrap, gepa), not {self.name!r}")
+        if self.reanchor and self.name not in prompts:
+            raise ValueError(f"+reanchor follows a prompt optimizer ({', '.join(prompts)}), not {self.name!r}")
         if self.max_metric_calls is not None:
             if self.name != "gepa":
                 raise ValueError("max_metric_calls is GEPA's budget; it goes with the gepa optimizer")
@@ -300,14 +306,13 @@ def train_val_split(examples: Sequence[Any], val_fraction: float = 0.5, seed: in
 def min_compile_items(cfg: OptimizerConfig) -> int:
     """The fewest examples one compile can work with: MIPROv2 needs one to bootstrap demos from and one to
     validate on; BootstrapFewShot and a fit hook need one."""
-    return 2 if "mipro" in (cfg.name, cfg.fit_with) or cfg.name == "gepa" else 1
+    return max(get_optimizer(name).min_items for name in (cfg.name, cfg.fit_with) if name)
 
 
 def check_fold_sizes(n: int, folds: int, cfg: OptimizerConfig) -> None:
     """Raise :class:`FoldSizeError` with the smallest workable setting when ``n`` items are too few."""
     need = min_compile_items(cfg)
-    opt = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot", "gepa": "GEPA", "reanchor": "ReAnchor"}.get(
-        cfg.name, "the fit hook")
+    opt = get_optimizer(cfg.name).title
     if cfg.fit_with == "mipro":
         opt = "the fit hook with MIPROv2"
     why = ("one training item to bootstrap demos from and one validation item to score candidates on"
@@ -427,46 +432,10 @@ def compile_program(
     try:
         # DSPy's optimizers print progress (and signature source) to stdout: keep stdout for results.
         with contextlib.redirect_stdout(sys.stderr), dspy.context(lm=task_lm, callbacks=callbacks):
-            if cfg.name == "fit":
-                info.update(n_train=len(trainset), n_val=0)
-                kwargs = {"optimizer": cfg.fit_with} if cfg.fit_with else {}
-                info.update(fit(student, trainset, metric_name, **kwargs) or {})
-                program = student
-            elif cfg.name == "reanchor":
-                program, more = compile_reanchor(student, trainset, metric, cfg, task_lm=task_lm)
-                info.update(n_train=len(trainset), n_val=0, **more)
-            elif cfg.name == "gepa":
-                train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
-                program, more = compile_gepa(student, train, val, metric, cfg, metric_name=metric_name,
-                                             task_lm=task_lm, prompt_lm=prompt_lm)
-                info.update(more)
-            elif cfg.name == "bootstrap":
-                opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
-                                            max_labeled_demos=cfg.max_labeled_demos,
-                                            max_errors=cfg.max_errors)
-                program = opt.compile(student, trainset=trainset)
-                info.update(n_train=len(trainset), n_val=0)
-            else:
-                train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
-                # Without --max-errors, failed task-LM calls do not abort MIPROv2 (DSPy stops at 10): they are
-                # counted (failures) and the compile is judged by their share below.
-                max_errors = cfg.max_errors if cfg.max_errors is not None else (
-                    10**9 if failures is not None and max_failed_share is not None else None)
-                opt = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm or task_lm, task_model=task_lm,
-                                   max_bootstrapped_demos=cfg.max_bootstrapped_demos,
-                                   max_labeled_demos=cfg.max_labeled_demos, auto=cfg.auto,
-                                   num_candidates=cfg.candidates, num_threads=cfg.threads,
-                                   max_errors=max_errors, seed=cfg.seed, init_temperature=cfg.init_temperature,
-                                   verbose=False)
-                kwargs: dict[str, Any] = {}
-                if cfg.auto is None:
-                    kwargs.update(num_trials=cfg.trials, minibatch=len(val) > 50)
-                with robust_proposals(cfg.proposal_attempts) as proposals:  # a bad proposal reply never aborts
-                    program = opt.compile(student, trainset=train, valset=val, seed=cfg.seed, **kwargs)
-                info.update(n_train=len(train), n_val=len(val), **proposals.to_dict())
-                score = getattr(program, "score", None)
-                if isinstance(score, (int, float)):
-                    info["val_score"] = float(score) / 100.0  # DSPy reports percent
+            program, more = get_optimizer(cfg.name).compile(
+                student, trainset, metric, cfg, task_lm=task_lm, prompt_lm=prompt_lm, fit=fit,
+                metric_name=metric_name, failures=failures, max_failed_share=max_failed_share)
+            info.update(more)
             if cfg.reanchor and program is not None:  # calibrate the compiled program's decisions
                 program, more = compile_reanchor(_strip_run_state(program), trainset, metric, cfg, task_lm=task_lm)
                 info.update(more)
@@ -665,3 +634,105 @@ def cross_validate(
                 log(f"!! {result.error} — stopping")
                 return result
     return result
+
+
+# ------------------------------------------------------------------------------------------------------
+# The optimizers: one kind of the extension registry (halluscope.core.extensions, kind "optimizers")
+# ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """A registered optimizer (``--optimizer NAME``).
+
+    ``compile(student, trainset, metric, cfg, *, task_lm, prompt_lm, fit, metric_name, failures,
+    max_failed_share) -> (program, info)`` compiles ``student`` on ``trainset`` (``cfg``: the run's
+    :class:`OptimizerConfig`; ``fit``: the program's fit hook or None; ``failures``: the run's
+    :class:`FailureCounter`); :func:`compile_program` runs it inside the task LM's context, applies ``+reanchor``
+    and the fit hook after it, and judges the failed share. ``title``: how messages name it; ``min_items``: the
+    fewest training items one compile needs; ``prompts``: it compiles prompts (so ``NAME+reanchor`` may follow it);
+    ``listed``: offered in the ``--optimizer`` choices (``fit`` is chosen by the program, not by name)."""
+
+    name: str
+    compile: Callable[..., tuple[dspy.Module, dict]]
+    title: str
+    min_items: int = 1
+    prompts: bool = False
+    listed: bool = True
+
+
+def register_optimizer(spec: OptimizerSpec) -> OptimizerSpec:
+    """Register ``spec`` under ``spec.name`` (a taken name is replaced)."""
+    if not isinstance(spec, OptimizerSpec):
+        raise TypeError(f"register_optimizer takes an OptimizerSpec, not {type(spec).__name__}")
+    return extensions.register("optimizers", spec.name, spec)
+
+
+def get_optimizer(name: str) -> OptimizerSpec:
+    """The optimizer registered as ``name`` (a built-in, or a plugin's through its ``halluscope.optimizers``
+    entry point); ``KeyError`` naming the registered ones otherwise."""
+    spec = extensions.get("optimizers", name)
+    if not isinstance(spec, OptimizerSpec):
+        raise TypeError(f"optimizer {name!r} is registered as a {type(spec).__name__}, not an OptimizerSpec")
+    return spec
+
+
+def optimizer_names() -> list[str]:
+    """The registered optimizers, in registration order (built-ins first)."""
+    return extensions.names("optimizers")
+
+
+def _compile_fit(student, trainset, metric, cfg, *, fit, metric_name, **_):
+    info = {"n_train": len(trainset), "n_val": 0}
+    kwargs = {"optimizer": cfg.fit_with} if cfg.fit_with else {}
+    info.update(fit(student, trainset, metric_name, **kwargs) or {})
+    return student, info
+
+
+def _compile_reanchor(student, trainset, metric, cfg, *, task_lm, **_):
+    program, more = compile_reanchor(student, trainset, metric, cfg, task_lm=task_lm)
+    return program, {"n_train": len(trainset), "n_val": 0, **more}
+
+
+def _compile_gepa(student, trainset, metric, cfg, *, task_lm, prompt_lm, metric_name, **_):
+    train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
+    return compile_gepa(student, train, val, metric, cfg, metric_name=metric_name, task_lm=task_lm,
+                        prompt_lm=prompt_lm)
+
+
+def _compile_bootstrap(student, trainset, metric, cfg, **_):
+    opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
+                                max_labeled_demos=cfg.max_labeled_demos, max_errors=cfg.max_errors)
+    return opt.compile(student, trainset=trainset), {"n_train": len(trainset), "n_val": 0}
+
+
+def _compile_mipro(student, trainset, metric, cfg, *, task_lm, prompt_lm, failures, max_failed_share, **_):
+    train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
+    # Without --max-errors, failed task-LM calls do not abort MIPROv2 (DSPy stops at 10): they are
+    # counted (failures) and the compile is judged by their share (compile_program).
+    max_errors = cfg.max_errors if cfg.max_errors is not None else (
+        10**9 if failures is not None and max_failed_share is not None else None)
+    opt = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm or task_lm, task_model=task_lm,
+                       max_bootstrapped_demos=cfg.max_bootstrapped_demos,
+                       max_labeled_demos=cfg.max_labeled_demos, auto=cfg.auto,
+                       num_candidates=cfg.candidates, num_threads=cfg.threads,
+                       max_errors=max_errors, seed=cfg.seed, init_temperature=cfg.init_temperature,
+                       verbose=False)
+    kwargs: dict[str, Any] = {}
+    if cfg.auto is None:
+        kwargs.update(num_trials=cfg.trials, minibatch=len(val) > 50)
+    with robust_proposals(cfg.proposal_attempts) as proposals:  # a bad proposal reply never aborts
+        program = opt.compile(student, trainset=train, valset=val, seed=cfg.seed, **kwargs)
+    info = {"n_train": len(train), "n_val": len(val), **proposals.to_dict()}
+    score = getattr(program, "score", None)
+    if isinstance(score, (int, float)):
+        info["val_score"] = float(score) / 100.0  # DSPy reports percent
+    return program, info
+
+
+# MIPROv2 needs one item to bootstrap demos from and one to validate on (GEPA likewise); the others one.
+register_optimizer(OptimizerSpec("mipro", _compile_mipro, "MIPROv2", min_items=2, prompts=True))
+register_optimizer(OptimizerSpec("bootstrap", _compile_bootstrap, "BootstrapFewShot", prompts=True))
+register_optimizer(OptimizerSpec("gepa", _compile_gepa, "GEPA", min_items=2, prompts=True))
+register_optimizer(OptimizerSpec("reanchor", _compile_reanchor, "ReAnchor"))
+register_optimizer(OptimizerSpec("fit", _compile_fit, "the fit hook", listed=False))

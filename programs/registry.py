@@ -15,8 +15,11 @@ program declares each number, ``None`` and list option: :func:`undeclared_ranges
 reasoning=maybe``, ``window=-3``, ``delta=5``, a NaN) is an :class:`InvalidOptionError` naming the option and
 what it takes, before anything is built.
 
-The built-in programs are imported explicitly by ``halluscope.programs`` (the package ``__init__``), which runs
-before this module whenever it is imported; this module imports no program module.
+Programs live in the one extension registry (:mod:`halluscope.core.extensions`, kind ``"programs"``); this module
+is its typed front. The built-in programs are imported explicitly by ``halluscope.programs`` (the package
+``__init__``), which runs before this module whenever it is imported; this module imports no program module. A
+plugin package declares its programs as ``[project.entry-points."halluscope.programs"]``; they load on the first
+:func:`get` or :func:`names`.
 
 Common example schema (every loader): ``id``, ``task`` ("mushroom", "qa", "dialogue", "summarization",
 "mwp", "self_contradiction"), ``lang``, ``question``, ``answer``, ``context`` ("" when none) as inputs;
@@ -35,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dspy
+
+from halluscope.core import extensions
 
 __all__ = [
     "ProgramSpec",
@@ -402,23 +407,31 @@ class ProgramSpec:
         return self.build(**self.check_options(options))
 
 
-REGISTRY: dict[str, ProgramSpec] = {}
+REGISTRY: dict[str, ProgramSpec] = extensions.table("programs")  # the programs of the one extension registry
 
 
 def register(spec: ProgramSpec) -> ProgramSpec:
-    REGISTRY[spec.name] = spec
-    return spec
+    """Register ``spec`` under ``spec.name`` (:func:`halluscope.core.extensions.register`; a taken name is replaced)."""
+    if not isinstance(spec, ProgramSpec):
+        raise TypeError(f"register takes a ProgramSpec, not {type(spec).__name__}")
+    return extensions.register("programs", spec.name, spec)
 
 
 def names() -> list[str]:
-    return sorted(REGISTRY)
+    """The registered programs (built-ins and installed plugins), sorted."""
+    return sorted(extensions.names("programs"))
 
 
 def get(name: str) -> ProgramSpec:
+    """The program registered as ``name`` (a built-in, or a plugin's through its ``halluscope.programs`` entry
+    point); ``KeyError`` naming the registered ones otherwise."""
     try:
-        return REGISTRY[name]
+        spec = extensions.get("programs", name)
     except KeyError:
-        raise KeyError(f"unknown program {name!r}; choose one of: {', '.join(sorted(REGISTRY))}") from None
+        raise KeyError(f"unknown program {name!r}; choose one of: {', '.join(names())}") from None
+    if not isinstance(spec, ProgramSpec):
+        raise TypeError(f"program {name!r} is registered as a {type(spec).__name__}, not a ProgramSpec")
+    return spec
 
 
 get_program = get
