@@ -15,7 +15,7 @@ from halluscope.core.paths import set_offline_defaults
 set_offline_defaults()  # before anything imports litellm (through dspy) or MLflow
 
 from halluscope.lm.models import LMCheckError, check_lm, configure  # noqa: E402
-from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_names, get_dataset
+from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_specs, get_dataset
 from halluscope.loaders.generic import FIELDS, parse_column_mapping
 from halluscope.loaders.mushroom import CONTEXT_VARIANTS
 from halluscope.programs.registry import OptionError, number, ranged, whole
@@ -114,7 +114,7 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
 def add_data_args(p: argparse.ArgumentParser) -> None:
     """``--dataset`` and the data arguments; what ``--lang``/``--task``/``--split`` mean is each dataset's
     :class:`~halluscope.loaders.registry.DatasetSpec` (the help text is read from the registry)."""
-    specs = [get_dataset(n) for n in dataset_names()]
+    specs = dataset_specs()
 
     def roles(attr: str) -> str:
         used = [f"{s.name}: {getattr(s, attr).meaning}" for s in specs if getattr(s, attr).meaning]
@@ -200,11 +200,11 @@ def check_data_args(args) -> DatasetSpec:
     return spec
 
 
-def load_examples(args) -> tuple[list, str]:
-    """The examples the data arguments name (checked by :func:`check_data_args`), and a short description of
-    where they came from. The key results are recorded under is ``get_dataset(args.dataset).key(args.lang,
-    args.task, examples)``."""
-    spec = check_data_args(args)
+def load_examples(args, spec: DatasetSpec | None = None) -> tuple[list, str]:
+    """The examples the data arguments name (checked by :func:`check_data_args`, unless the caller did and passes
+    the dataset's ``spec`` it returned), and a short description of where they came from. The key results are
+    recorded under is ``get_dataset(args.dataset).key(args.lang, args.task, examples)``."""
+    spec = spec if spec is not None else check_data_args(args)
     try:
         examples, source = spec.load(args.data_dir, lang=args.lang, task=args.task, split=args.split,
                                      context=args.context, limit=args.limit, columns=args.columns)

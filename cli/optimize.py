@@ -10,6 +10,7 @@ itself (stages, report, artifact, MLflow) is :func:`halluscope.optimize.run.run_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -23,10 +24,9 @@ from halluscope.cli.common import (COUNT, POSITIVE_INT, SHARE, InputError, add_d
                                    parse_options, ranged, run_command, setup_lm, setup_logging)
 from halluscope.lm.models import make_lm
 from halluscope.loaders import get_dataset
-from halluscope.loaders.mushroom import load_mushroom
 from halluscope.metrics.adapters import METRIC_LEVEL, METRICS, SPAN_METRICS
-from halluscope.optimize.cv import FoldSizeError, OptimizerConfig, check_fold_sizes
-from halluscope.optimize.run import OptimizeConfig, optimizer_for, run_optimize
+from halluscope.optimize.cv import OptimizerConfig
+from halluscope.optimize.run import OptimizeConfig, plan_run, run_optimize
 from halluscope.tracking.traces import lm_tracing
 from halluscope.tracking.runs import experiment_name
 from halluscope.programs.registry import get, names, number
@@ -130,7 +130,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_debug_arg(r)
 
 
-def default_program(args, *, injected_lm: bool = False) -> tuple[str, str]:
+def default_program(args, *, injected_lm: bool = False, dataset=None) -> tuple[str, str]:
     """``(program, why)`` when ``--program`` is not given: ``grounded`` for span-level data scored with a span
     metric when the LM is the embedded default (or another local GGUF) — the 135M model cannot write the quotes
     that ``spans`` needs, while the grounded combiner beats mark-all (BENCHMARKS.md) — else ``spans``, the LM
@@ -138,8 +138,9 @@ def default_program(args, *, injected_lm: bool = False) -> tuple[str, str]:
     if args.program:
         return args.program, ""
     embedded = not injected_lm and str(getattr(args, "lm", "local") or "local").startswith("local")
-    dataset = args.dataset or ("halluclean" if args.task else "mushroom")  # check_data_args's default
-    span_data = args.task is None and get_dataset(dataset).level == "span"
+    if dataset is None:  # the dataset's spec, as check_data_args returned it (else looked up here)
+        dataset = get_dataset(args.dataset or ("halluclean" if args.task else "mushroom"))  # its default
+    span_data = args.task is None and dataset.level == "span"
     if embedded and span_data and METRIC_LEVEL.get(args.metric) == "span":
         return "grounded", ("program grounded (the default with the embedded model: evidence support, IDF and the "
                             "generating model's logits fused by a fitted combiner; --program spans optimises the "
@@ -147,10 +148,16 @@ def default_program(args, *, injected_lm: bool = False) -> tuple[str, str]:
     return "spans", ""
 
 
-def validate_args(p: argparse.ArgumentParser, args) -> None:
-    if args.program is None:
-        args.program, _ = default_program(args)
+def validate_args(p: argparse.ArgumentParser, args, *, injected_lm: bool = False):
+    """The arguments checked before any data is read (a usage error exits 2), the default program chosen when
+    none is given (:func:`default_program`, saying why); returns ``(spec, dataset, optimizer)`` — the program's
+    and the dataset's registered specs and the run's :class:`OptimizerConfig` — so that the run looks each up and
+    builds each once."""
     dataset = check_data_args(args)  # --lang/--task/--split/--column as the dataset reads them (exit 2)
+    if args.program is None:
+        args.program, why = default_program(args, injected_lm=injected_lm, dataset=dataset)
+        if why:
+            _stderr(why)
     problem = dataset.metric_problem(args.metric, METRIC_LEVEL[args.metric])
     if problem:
         p.error(f"argument --metric: {problem}")
@@ -165,9 +172,11 @@ def validate_args(p: argparse.ArgumentParser, args) -> None:
     if args.folds < 1:
         p.error(f"argument --folds: must be at least 1, not {args.folds}")
     try:
-        OptimizerConfig(name=args.optimizer, max_metric_calls=args.max_metric_calls,
-                        decision_probs=args.decision_probs, auto=args.auto,
-                        candidates=args.candidates, trials=args.trials)
+        opt = OptimizerConfig(name=args.optimizer, auto=args.auto, candidates=args.candidates, trials=args.trials,
+                              max_bootstrapped_demos=args.max_bootstrapped_demos,
+                              max_labeled_demos=args.max_labeled_demos, val_fraction=args.val_fraction,
+                              seed=args.seed, threads=args.threads, max_errors=args.max_errors,
+                              max_metric_calls=args.max_metric_calls, decision_probs=args.decision_probs)
     except ValueError as e:
         p.error(f"argument --optimizer: {e}")
     if (args.candidates is None) != (args.trials is None):
@@ -184,6 +193,7 @@ def validate_args(p: argparse.ArgumentParser, args) -> None:
         p.error("argument --val-fraction: must be between 0 and 1")
     if not 0.0 <= args.max_failed_share <= 1.0:
         p.error("argument --max-failed-share: must be between 0 and 1")
+    return spec, dataset, opt
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -197,52 +207,39 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     ``task_lm``/``prompt_lm`` inject ready ``dspy.LM`` objects (tests, notebooks) instead of ``--lm``/``--prompt-lm``.
     """
     parser = parser or build_parser()
-    args.program, why = default_program(args, injected_lm=task_lm is not None)
-    if why:
-        _stderr(why)
-    validate_args(parser, args)
+    spec, dataset, opt = validate_args(parser, args, injected_lm=task_lm is not None)
     check_tracking(args, "optimize")  # before any work: a bad --tracking-uri is reported now, not after the compile
     if args.quiet:
         logging.getLogger("dspy").setLevel(logging.WARNING)
-    spec = get(args.program)
     try:
         options = parse_options(args.option, spec)  # defaults + -O, checked: unknown names exit 2
     except argparse.ArgumentTypeError as e:
         parser.error(str(e))
-    examples, source = load_examples(args)
+    examples, source = load_examples(args, dataset)
     if not examples:
         raise SystemExit(f"no examples in {source}")
-    dataset = get_dataset(args.dataset)
     problem = dataset.metric_problem(args.metric, METRIC_LEVEL[args.metric], examples)  # "auto": the rows decide
     if problem:
         parser.error(f"argument --metric: {problem}")
     lang = dataset.key(args.lang, args.task, examples)  # compiled/<program>/<lang>/<metric>/
-    opt = OptimizerConfig(name=args.optimizer, auto=args.auto, candidates=args.candidates, trials=args.trials,
-                          max_bootstrapped_demos=args.max_bootstrapped_demos,
-                          max_labeled_demos=args.max_labeled_demos, val_fraction=args.val_fraction,
-                          seed=args.seed, threads=args.threads, max_errors=args.max_errors,
-                          max_metric_calls=args.max_metric_calls, decision_probs=args.decision_probs)
-    try:
-        check_fold_sizes(len(examples), args.folds, optimizer_for(spec, opt, options))
-    except (FoldSizeError, ValueError) as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
-    test_examples = test_path = test_split = None
-    if args.test:  # checked before any LM call
-        test_examples, test_path, test_split = _load_test(args, lang)
-
-    task_info: dict = {}
-    prompt_info: dict = {}
-    if spec.needs_lm(options):  # a program without an LM (fitted by its fit hook) needs none configured
-        task_lm, prompt_lm, task_info, prompt_info = _setup_lms(args, task_lm, prompt_lm)
     config = OptimizeConfig(
         program=spec.name, metric=args.metric, program_options=options, lang=lang, source=source,
         folds=args.folds, optimizer=opt, compiled_dir=args.compiled_dir, report_dir=args.report_dir,
         tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow, max_failed_share=args.max_failed_share,
-        test_examples=test_examples,
-        test_path=test_path, test_split=test_split, dataset=args.dataset, split=args.split, context=args.context,
-        limit=args.limit, task_lm_info=task_info, prompt_lm_info=prompt_info,
+        dataset=args.dataset, split=args.split, context=args.context, limit=args.limit,
         argv=sys.argv[1:] if parser.prog == "optimize.py" else None,
     )
+    try:  # every check of the run once, before any LM is loaded (a usage error: exit 2)
+        plan = plan_run(config, examples, spec=spec, log=_stderr)
+    except ValueError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    if args.test:  # checked before any LM call
+        test_examples, test_path, test_split = _load_test(args, lang, dataset)
+        config = dataclasses.replace(config, test_examples=test_examples, test_path=test_path, test_split=test_split)
+
+    if spec.needs_lm(plan.options):  # a program without an LM (fitted by its fit hook) needs none configured
+        task_lm, prompt_lm, task_info, prompt_info = _setup_lms(args, task_lm, prompt_lm)
+        config = dataclasses.replace(config, task_lm_info=task_info, prompt_lm_info=prompt_info)
 
     def on_stage(name: str, res) -> None:
         if name == "cross_validate" and res.cv.folds:
@@ -260,7 +257,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
                     tracking_uri=args.tracking_uri, kind="optimize", during_compile=True):
         try:
             res = run_optimize(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=_stderr,
-                               on_stage=on_stage)
+                               on_stage=on_stage, plan=plan)
         except ValueError as e:  # refused before any optimizer call (e.g. ReAnchor on a backend without logprobs)
             parser.exit(2, f"{parser.prog}: error: {e}\n")
     if res.mlflow_run_id:
@@ -306,11 +303,14 @@ def _setup_lms(args, task_lm, prompt_lm):
     return task_lm, prompt_lm, task_info, prompt_info
 
 
-def _load_test(args, lang: str):
+def _load_test(args, lang: str, dataset):
+    """The ``--test`` file's labelled items, loaded by the run's dataset (its registered loader and checks)."""
     path = Path(args.test).expanduser()
-    split = args.test_split or ("test" if any(t in path.name.lower() for t in ("-tst", "test")) else "val")
+    guess = "test" if any(t in path.name.lower() for t in ("-tst", "test")) else "val"
+    split = args.test_split or (guess if dataset.splits is None or guess in dataset.splits else dataset.default_split)
     try:
-        examples = load_mushroom(path, lang=lang, split=split, context=args.context)
+        examples, _ = dataset.load(path, lang=lang if dataset.lang.meaning else None, task=args.task, split=split,
+                                   context=args.context, columns=args.columns)
     except FileNotFoundError as e:
         hint = " (pass --context none if the test file has no context folder)" if "context" in str(e) else ""
         raise InputError(f"argument --test: {one_line(e)}{hint}") from e

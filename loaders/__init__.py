@@ -46,6 +46,7 @@ from halluscope.loaders.registry import (
     DatasetArgumentError,
     DatasetSpec,
     dataset_names,
+    dataset_specs,
     get_dataset,
     level_of,
     register_dataset,
@@ -82,6 +83,7 @@ __all__ = [
     "register_dataset",
     "get_dataset",
     "dataset_names",
+    "dataset_specs",
     "level_of",
     "load_generic",
 ]

@@ -191,3 +191,9 @@ def get_dataset(name: str) -> DatasetSpec:
 def dataset_names() -> list[str]:
     """The registered dataset names, in registration order."""
     return extensions.names("datasets")
+
+
+def dataset_specs() -> list[DatasetSpec]:
+    """Every registered dataset's spec, in registration order (what ``--help`` describes)."""
+    table = extensions.table("datasets")
+    return [table[name] for name in dataset_names()]

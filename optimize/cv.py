@@ -63,6 +63,7 @@ __all__ = [
     "register_optimizer",
     "get_optimizer",
     "optimizer_names",
+    "optimizer_specs",
 ]
 
 # The optimizers (mipro, bootstrap, gepa, reanchor, and fit = the program's own ProgramSpec.fit hook) are registered
@@ -121,14 +122,14 @@ class OptimizerConfig:
         self.chosen = self.name is not None
         if self.name is None:
             self.name = "mipro"
-        known = optimizer_names()
-        prompts = [n for n in known if get_optimizer(n).prompts]
+        known = optimizer_specs()
+        prompts = [s.name for s in known if s.prompts]
         if isinstance(self.name, str) and self.name.endswith("+reanchor") and self.name[: -len("+reanchor")] in prompts:
             self.name, self.reanchor = self.name[: -len("+reanchor")], True
-        if self.name not in known:
+        if self.name not in {s.name for s in known}:
             import difflib
 
-            choices = [o for o in known if get_optimizer(o).listed] + [f"{n}+reanchor" for n in prompts]
+            choices = [s.name for s in known if s.listed] + [f"{n}+reanchor" for n in prompts]
             close = difflib.get_close_matches(str(self.name), choices, n=1)
             raise ValueError(f"unknown optimizer {self.name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                              + f"; choose from: {', '.join(choices)}")
@@ -303,16 +304,19 @@ def train_val_split(examples: Sequence[Any], val_fraction: float = 0.5, seed: in
     return train, val
 
 
-def min_compile_items(cfg: OptimizerConfig) -> int:
-    """The fewest examples one compile can work with: MIPROv2 needs one to bootstrap demos from and one to
-    validate on; BootstrapFewShot and a fit hook need one."""
-    return max(get_optimizer(name).min_items for name in (cfg.name, cfg.fit_with) if name)
+def min_compile_items(cfg: OptimizerConfig, optimizer: "OptimizerSpec | None" = None) -> int:
+    """The fewest examples one compile can work with (``optimizer``: ``cfg.name``'s spec, when the caller has it):
+    MIPROv2 needs one to bootstrap demos from and one to validate on; BootstrapFewShot and a fit hook need one
+    (a fit hook that compiles with ``fit_with`` needs what that optimizer needs)."""
+    optimizer = optimizer or get_optimizer(cfg.name)
+    return max(optimizer.min_items, get_optimizer(cfg.fit_with).min_items if cfg.fit_with else 1)
 
 
 def check_fold_sizes(n: int, folds: int, cfg: OptimizerConfig) -> None:
     """Raise :class:`FoldSizeError` with the smallest workable setting when ``n`` items are too few."""
-    need = min_compile_items(cfg)
-    opt = get_optimizer(cfg.name).title
+    optimizer = get_optimizer(cfg.name)
+    need = min_compile_items(cfg, optimizer)
+    opt = optimizer.title
     if cfg.fit_with == "mipro":
         opt = "the fit hook with MIPROv2"
     why = ("one training item to bootstrap demos from and one validation item to score candidates on"
@@ -418,7 +422,8 @@ def compile_program(
     an artifact of a run whose LM never answered). ``info`` then holds ``lm_calls`` and ``lm_errors``.
     """
     trainset = list(trainset)
-    need = min_compile_items(cfg)
+    optimizer = get_optimizer(cfg.name)  # the one lookup of this compile
+    need = min_compile_items(cfg, optimizer)
     if len(trainset) < need:
         raise FoldSizeError(f"{len(trainset)} training item(s); {cfg.name} needs at least {need}")
     if (cfg.name == "fit" or cfg.then_fit) and fit is None:
@@ -432,7 +437,7 @@ def compile_program(
     try:
         # DSPy's optimizers print progress (and signature source) to stdout: keep stdout for results.
         with contextlib.redirect_stdout(sys.stderr), dspy.context(lm=task_lm, callbacks=callbacks):
-            program, more = get_optimizer(cfg.name).compile(
+            program, more = optimizer.compile(
                 student, trainset, metric, cfg, task_lm=task_lm, prompt_lm=prompt_lm, fit=fit,
                 metric_name=metric_name, failures=failures, max_failed_share=max_failed_share)
             info.update(more)
@@ -574,6 +579,7 @@ def cross_validate(
     on_fold: Callable[[FoldResult], None] | None = None,
     fit: Callable[[dspy.Module, list, str], dict] | None = None,
     max_failed_share: float | None = None,
+    sizes_checked: bool = False,
 ) -> CVResult:
     """Compile on ``k-1`` folds, score zero-shot and compiled on the held-out fold, for every fold.
 
@@ -582,12 +588,14 @@ def cross_validate(
     receives progress lines (default: this module's logger). A fold whose compile fails stops the loop: the
     result keeps the folds done and ``error`` says why. So does a fold after which more than ``max_failed_share``
     of the held-out items scored so far (by the zero-shot or by the compiled program, counted over the folds
-    done) failed, or a compile in which more than that share of the LM calls failed.
+    done) failed, or a compile in which more than that share of the LM calls failed. The fold sizes are checked
+    first (:func:`check_fold_sizes`) unless the caller did (``sizes_checked``: the optimize run's plan).
     """
     log = log or logger.info
     examples = list(examples)
     metric = get_metric(metric_name)
-    check_fold_sizes(len(examples), k, cfg)
+    if not sizes_checked:
+        check_fold_sizes(len(examples), k, cfg)
     folds = make_folds(examples, k, cfg.seed)
     result = CVResult(folds=[], metrics=[])
     for i, held in enumerate(folds, start=1):
@@ -680,6 +688,12 @@ def get_optimizer(name: str) -> OptimizerSpec:
 def optimizer_names() -> list[str]:
     """The registered optimizers, in registration order (built-ins first)."""
     return extensions.names("optimizers")
+
+
+def optimizer_specs() -> list[OptimizerSpec]:
+    """Every registered optimizer's spec, in registration order (what ``--optimizer`` may name)."""
+    table = extensions.table("optimizers")
+    return [table[name] for name in optimizer_names()]
 
 
 def _compile_fit(student, trainset, metric, cfg, *, fit, metric_name, **_):

@@ -81,7 +81,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "FINISHED", "FAILED", "KILLED", "STAGES",
     "OptimizeConfig", "OptimizeResult", "OptimizeRun",
-    "run_optimize", "optimizer_for",
+    "run_optimize", "optimizer_for", "OptimizePlan", "plan_run",
     "stage_prepare", "stage_cross_validate", "stage_final_compile", "stage_score_test", "stage_build_manifest",
     "stage_write_artifact", "stage_write_report", "stage_track",
     "data_hash", "UsageMeter",
@@ -342,12 +342,27 @@ def _write_report(report_dir: Path, report: dict) -> Path:
 # ------------------------------------------------------------------------------------------------------
 
 
-def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: dspy.LM | None = None,
-                  prompt_lm: dspy.LM | None = None, log: Callable[[str], None] | None = None) -> OptimizeRun:
-    """Resolve everything the run needs; raises ``ValueError`` (``FoldSizeError`` among them) before any LM call
-    when the program, its options, the data or the fold sizes do not work."""
+@dataclass
+class OptimizePlan:
+    """What a run resolves before any LM is involved (:func:`plan_run`): the program, its checked options, the
+    optimizer it gets and the examples as the program takes them."""
+
+    spec: Any
+    fit: Callable | None
+    options: dict
+    uses_lm: bool
+    cfg: OptimizerConfig
+    examples: list
+
+
+def plan_run(config: OptimizeConfig, examples: Sequence[Any], *, spec=None,
+             log: Callable[[str], None] | None = None) -> OptimizePlan:
+    """Each check of a run once, before any LM is set up: the program (looked up unless ``spec`` is given), its
+    options, the optimizer it gets, the settings, the data and the fold sizes; raises ``ValueError``
+    (``FoldSizeError`` among them) naming the problem. ``optimize.py`` calls it before it loads an LM and hands
+    the plan to :func:`run_optimize`."""
     log = log or logger.info
-    spec = get(config.program)
+    spec = spec if spec is not None else get(config.program)
     fit = getattr(spec, "fit", None)
     if fit is not None and "load_compiled" in inspect.signature(fit).parameters:
         # a fit hook that builds on committed artifacts (grounded on response labels takes the unit part of the
@@ -373,7 +388,20 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
         raise ValueError(f"no examples in {config.source}")
     if spec.demo_fields is not None:  # gold examples double as labeled demos (--max-labeled-demos)
         examples = [ex.copy(**spec.demo_fields(ex)) for ex in examples]
-    check_fold_sizes(len(examples), config.folds, cfg)
+    check_fold_sizes(len(examples), config.folds, cfg)  # the one fold-size check of the run
+    return OptimizePlan(spec=spec, fit=fit, options=options, uses_lm=uses_lm, cfg=cfg, examples=examples)
+
+
+def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: dspy.LM | None = None,
+                  prompt_lm: dspy.LM | None = None, log: Callable[[str], None] | None = None,
+                  plan: OptimizePlan | None = None) -> OptimizeRun:
+    """Resolve everything the run needs (``plan``, else :func:`plan_run` now); raises ``ValueError``
+    (``FoldSizeError`` among them) before any LM call when the program, its options, the data, the fold sizes
+    or the LM do not work."""
+    log = log or logger.info
+    plan = plan if plan is not None else plan_run(config, examples, log=log)
+    spec, fit, options, uses_lm, cfg, examples = (plan.spec, plan.fit, plan.options, plan.uses_lm, plan.cfg,
+                                                  plan.examples)
     test_examples = (slim_examples(config.test_examples, spec.extra_inputs)
                      if config.test_examples is not None else None)
 
@@ -440,7 +468,7 @@ def stage_cross_validate(run: OptimizeRun) -> None:
     cv = cross_validate(run.build, run.examples, run.config.metric, run.cfg, k=run.config.folds,
                         task_lm=run.task_lm, prompt_lm=run.prompt_lm, extra_inputs=run.spec.extra_inputs,
                         failures=run.failures, log=run.log, on_fold=on_fold, fit=run.fit,
-                        max_failed_share=run.config.max_failed_share)
+                        max_failed_share=run.config.max_failed_share, sizes_checked=True)  # by plan_run
     run.result.cv = cv
     run.report["cv"] = cv.to_dict()
 
@@ -691,16 +719,18 @@ def run_optimize(
     prompt_lm: dspy.LM | None = None,
     log: Callable[[str], None] | None = None,
     on_stage: Callable[[str, OptimizeResult], None] | None = None,
+    plan: OptimizePlan | None = None,
 ) -> OptimizeResult:
     """Optimise ``config.program`` on ``examples``; see the module docstring for the stages.
 
     ``task_lm`` runs the program (default: the configured ``dspy.settings.lm``; unused when the program uses
     no LM), ``prompt_lm`` proposes MIPROv2 instructions (default: ``task_lm``). ``log`` receives progress
-    lines; ``on_stage(name, result)`` is called after each stage (a command prints its tables there).
+    lines; ``on_stage(name, result)`` is called after each stage (a command prints its tables there). ``plan``:
+    the run's :func:`plan_run`, when the caller made it already (its checks are not repeated).
     Raises ``ValueError`` from the ``prepare`` stage, before any LM call; afterwards a failed compile or an
     interrupt is the result's ``status``, never an exception.
     """
-    run = stage_prepare(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=log)
+    run = stage_prepare(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=log, plan=plan)
     res = run.result
 
     def step(name: str, fn: Callable[[OptimizeRun], None]) -> None:

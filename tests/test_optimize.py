@@ -606,3 +606,43 @@ def test_default_program_is_grounded_on_the_embedded_model_for_span_data(tmp_pat
     assert not (tmp_path / "compiled" / "spans").exists()
     det = A.load_compiled("grounded", lang="de", metric="iou", root=tmp_path / "compiled")
     assert det.manifest["program"] == "grounded" and det.manifest["cv"]["k"] == 2
+
+
+def test_one_optimize_run_checks_and_looks_up_each_thing_once(tmp_path, demo_env, monkeypatch):
+    """One pass through the main path (#22): over a whole optimize run (2-fold CV, a --test file, MLflow) the
+    fold sizes are checked once, the program and the dataset are each looked up once in the registry, and the
+    --test file goes through the dataset registry (the run's dataset loads it). Before #22: check_fold_sizes 3
+    times, the program lookup 3 times, the dataset lookup 3 times, and --test read by load_mushroom directly."""
+    import halluscope.optimize.cv as cv
+    import halluscope.optimize.run as run_mod
+    from halluscope.core import extensions
+    from halluscope.loaders.demo import demo_data_dir
+    from halluscope.loaders.registry import DatasetSpec
+
+    calls: dict[str, int] = {}
+    real_check, real_get, real_load = cv.check_fold_sizes, extensions.get, DatasetSpec.load
+
+    def counted_check(*a, **kw):
+        calls["check_fold_sizes"] = calls.get("check_fold_sizes", 0) + 1
+        return real_check(*a, **kw)
+
+    def counted_get(kind, name):
+        calls[f"get {kind}"] = calls.get(f"get {kind}", 0) + 1
+        return real_get(kind, name)
+
+    def counted_load(self, data_dir=None, **kw):
+        calls[f"load {self.name}"] = calls.get(f"load {self.name}", 0) + 1
+        return real_load(self, data_dir, **kw)
+
+    monkeypatch.setattr(cv, "check_fold_sizes", counted_check)
+    monkeypatch.setattr(run_mod, "check_fold_sizes", counted_check)
+    monkeypatch.setattr(extensions, "get", counted_get)
+    monkeypatch.setattr(DatasetSpec, "load", counted_load)
+    test_file = demo_data_dir() / "val" / "mushroom.de-val.v2.extra.jsonl"
+    assert _run_optimize(_opt_args(tmp_path, "--test", str(test_file)),
+                         scripted_lm(_responder)) == 0
+    assert calls.pop("check_fold_sizes") == 1
+    assert calls.pop("get programs") == 1 and calls.pop("get datasets") == 1
+    assert calls.pop("load mushroom") == 2  # the training data and the --test file, both by the dataset
+    assert calls.pop("get optimizers") == 1 + 3  # the fold-size check, then each compile (2 folds + the final)
+    assert not calls, calls
