@@ -7,23 +7,11 @@ import pytest
 
 from halluscope.lm.scripted import scripted_lm
 from halluscope.core.text import Segment, segment
-from halluscope.programs.finch.program import (
-    DEFAULT_SAMPLERS,
-    NO_VOTE_SCORE,
-    VARIANTS,
-    FinchZK,
-    Sample,
-    block_label,
-    block_score,
-    number_blocks,
-    parse_sampler_spec,
-    reconstruct,
-    representatives,
-    response_label,
-    response_score,
-    round_robin,
-    sampler_lm,
-)
+from halluscope.programs.finch.program import FinchZK
+from halluscope.programs.finch.sampling import (DEFAULT_SAMPLERS, VARIANTS, Sample, parse_sampler_spec,
+                                                representatives, round_robin, sampler_lm)
+from halluscope.programs.finch.scoring import (NO_VOTE_SCORE, block_label, block_score, number_blocks, reconstruct,
+                                               response_label, response_score)
 from halluscope.programs.registry import get
 from halluscope.signatures.finch import parse_rating
 

@@ -54,7 +54,8 @@ def test_option_values_match_what_the_programs_build_with():
     assert get("halluclean").options == {"task": None, "revise": True, "max_tokens": None, "decisions": False}
     assert get("direct").options == {"max_tokens": None, "decisions": False}
     assert get("direct+routing").options == {"task": None, "max_tokens": None, "decisions": False}
-    from halluscope.programs.finch.program import DEFAULT_SAMPLERS, DEFAULT_TAU
+    from halluscope.programs.finch.sampling import DEFAULT_SAMPLERS
+    from halluscope.programs.finch.scoring import DEFAULT_TAU
 
     finch = get("finch").options
     assert finch["samplers"] == DEFAULT_SAMPLERS and finch["tau"] == DEFAULT_TAU and finch["n_samples"] == 10
