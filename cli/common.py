@@ -113,7 +113,7 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
     """``--dataset`` and the data arguments; what ``--lang``/``--task``/``--split`` mean is each dataset's
-    :class:`~halluscope.loaders.registry.DatasetSpec` (the help text is read from the registry)."""
+    :class:`~halluscope.loaders.dataset_registry.DatasetSpec` (the help text is read from the registry)."""
     specs = dataset_specs()
 
     def roles(attr: str) -> str:

@@ -5,7 +5,7 @@
     names(kind)                  # the registered names, in registration order
 
 What a spec is depends on the kind: a :class:`halluscope.programs.registry.ProgramSpec`, a
-:class:`halluscope.loaders.registry.DatasetSpec`, a retriever factory ``factory(arg) -> Retriever`` (for the spec
+:class:`halluscope.loaders.dataset_registry.DatasetSpec`, a retriever factory ``factory(arg) -> Retriever`` (for the spec
 string ``prefix:arg``), an :class:`halluscope.optimize.cv.OptimizerSpec`. Each kind's package keeps a
 typed front over this registry (``halluscope.programs.registry.register(spec)``, ``register_dataset``,
 ``register_retriever``, ``register_optimizer``), which checks the spec and calls :func:`register`.

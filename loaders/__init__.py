@@ -1,6 +1,6 @@
 """Data loaders and the dataset registry.
 
-Datasets (:mod:`.registry`): ``mushroom`` (Mu-SHROOM span data, :mod:`.mushroom`, with the built-in demo set of
+Datasets (:mod:`.dataset_registry`): ``mushroom`` (Mu-SHROOM span data, :mod:`.mushroom`, with the built-in demo set of
 :mod:`.demo` when no data is configured), ``halluclean`` (the five HalluClean tasks, :mod:`.halluclean`, with
 its demo cases) and ``generic`` (any local JSON/JSONL/CSV/Parquet file or Hub dataset through HuggingFace
 ``datasets``, with a column mapping: :mod:`.generic`). The commands load through the registry::
@@ -41,7 +41,7 @@ from halluscope.loaders.mushroom import (
 )
 from halluscope.loaders.halluclean import halluclean_demo, load_halluclean, resolve_halluclean_dir
 from halluscope.loaders.generic import load_generic, load_generic_dataset
-from halluscope.loaders.registry import (
+from halluscope.loaders.dataset_registry import (
     ArgRole,
     DatasetArgumentError,
     DatasetSpec,

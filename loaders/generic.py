@@ -62,7 +62,7 @@ from halluscope.loaders.halluclean import INPUT_FIELDS
 from halluscope.core.fileio import iter_jsonl
 from halluscope.core.literals import parse_text_value
 from halluscope.loaders.mushroom import check_gold, gold_from_record
-from halluscope.loaders.registry import DatasetArgumentError
+from halluscope.loaders.dataset_registry import DatasetArgumentError
 
 __all__ = [
     "FIELDS",

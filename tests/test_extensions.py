@@ -19,7 +19,7 @@ PLUGIN_MODULE = textwrap.dedent('''
     import dspy
 
     from halluscope.core.contract import Detection, Evidence, Span, to_prediction
-    from halluscope.loaders.registry import DatasetSpec
+    from halluscope.loaders.dataset_registry import DatasetSpec
     from halluscope.optimize.cv import OptimizerSpec
     from halluscope.programs.registry import ProgramSpec
 

@@ -617,7 +617,7 @@ def test_one_optimize_run_checks_and_looks_up_each_thing_once(tmp_path, demo_env
     import halluscope.optimize.run as run_mod
     from halluscope.core import extensions
     from halluscope.loaders.demo import demo_data_dir
-    from halluscope.loaders.registry import DatasetSpec
+    from halluscope.loaders.dataset_registry import DatasetSpec
 
     calls: dict[str, int] = {}
     real_check, real_get, real_load = cv.check_fold_sizes, extensions.get, DatasetSpec.load
