@@ -137,6 +137,27 @@ def test_every_package_folder_is_in_pyproject_and_has_a_layer():
         ["__init__.py", "__main__.py"], "src/halluscope holds only the facade"
 
 
+def _private_imports(mod: str, source: str) -> list[str]:
+    """``from halluscope.<other package>... import _name`` in ``source`` (module ``mod``)."""
+    top, bad = ".".join(mod.split(".")[:2]), []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("halluscope."):
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if private and ".".join(node.module.split(".")[:2]) != top:
+                bad.append(f"{mod} imports {private} from {node.module}")
+    return bad
+
+
+def test_no_private_name_crosses_a_package():
+    """``from halluscope.<package>.<module> import _name`` only inside the same top-level package: a helper
+    another package needs is public (no reaching into ``tracking._experiment_id`` from elsewhere, #22)."""
+    bad = [line for mod, path in MODULES.items() for line in _private_imports(mod, path.read_text(encoding="utf-8"))]
+    assert not bad, "\n".join(bad)
+    planted = "from halluscope.tracking.runs import _x, open_client\nfrom halluscope.serve.app import _y\n"
+    assert _private_imports("halluscope.serve.openai_compat", planted) == [
+        "halluscope.serve.openai_compat imports ['_x'] from halluscope.tracking.runs"]
+
+
 def _cycle() -> list[str] | None:
     graph = {m: {d for d in deps if d != "halluscope"} for m, deps in GRAPH.items() if m != "halluscope"}
     state: dict[str, int] = {}
