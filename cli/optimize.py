@@ -112,7 +112,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                           "call at a time anyway)")
     r = p.add_argument_group("outputs")
     r.add_argument("--test", default=None, metavar="PATH",
-                   help="score the final program on this Mu-SHROOM JSONL file (or data root, with --lang)")
+                   help="score the final program on this file, read by the --dataset's loader (Mu-SHROOM: a JSONL "
+                        "file, or a data root with --lang)")
     r.add_argument("--test-split", choices=["val", "test"], default=None,
                    help="split name of --test (default: guessed from the file name)")
     r.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
