@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from halluscope.metrics.mushroom import spearman
-from halluscope.programs import baselines
+from halluscope.programs.baselines import program as baselines
 from halluscope.programs.grounded import genlogits
 from halluscope.programs.grounded.combiner import (Combiner, char_probs, choose_threshold, gold_vector, rescale,
                                                    spearman_vectors)
