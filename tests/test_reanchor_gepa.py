@@ -216,12 +216,16 @@ def test_cli_reanchor_without_logprobs_exits_2_naming_the_backend(tmp_path, caps
     assert "backend scripted/test returns no token log-probabilities" in err and "Traceback" not in err
 
 
-def test_jointcq_refuses_gepa_and_reanchor_in_one_line():
+def test_jointcq_refuses_gepa_and_staged_reanchor_in_one_line_and_runs_reanchor_alone_without_its_hook():
     from halluscope.optimize.run import optimizer_for
     from halluscope.programs.registry import get
 
     with pytest.raises(ValueError, match="'jointcq' compiles its prompts in its own fit hook"):
         optimizer_for(get("jointcq"), OptimizerConfig(name="gepa"), {})
+    with pytest.raises(ValueError, match="--optimizer mipro\\+reanchor is not supported"):
+        optimizer_for(get("jointcq"), OptimizerConfig(name="mipro+reanchor"), {})
+    cfg = optimizer_for(get("jointcq"), OptimizerConfig(name="reanchor"), {})
+    assert (cfg.name, cfg.fit_with, cfg.then_fit) == ("reanchor", None, False)
 
 
 # ------------------------------------------------------------------------------------------------------
