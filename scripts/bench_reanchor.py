@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--task", default="qa")
     ap.add_argument("--data-dir", default="../shared/data/halluclean")
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--slice", action="append", default=[], metavar="START:END",
+                    help="only these cases of the (limited) file order, Python slice bounds; repeatable")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-O", "--option", action="append", default=[], metavar="KEY=VALUE",
@@ -69,6 +71,9 @@ def main() -> None:
             options[k] = v
     lm = configure(args.lm, cache_dir=args.cache_dir)
     cases = load_halluclean(args.data_dir, args.task, limit=args.limit)
+    if args.slice:
+        bounds = [tuple(int(x) if x else None for x in sl.split(":")) for sl in args.slice]
+        cases = [ex for a, b in bounds for ex in cases[a:b]]
     program = get(args.program).make(**options)
     for predictor, name in _decision_predictors(program):
         predictor.fields = {**(predictor.fields or {}), name: {"threshold": 0.5}}
@@ -89,7 +94,8 @@ def main() -> None:
         held.append(_bacc(y[test], s[test] >= cut))
     usage = usage_of(lm.history[n_hist:])
     print(json.dumps({
-        "program": args.program, "options": options, "task": args.task, "n": len(cases), "failed": failed,
+        "program": args.program, "options": options, "task": args.task, "slices": args.slice, "n": len(cases),
+        "failed": failed,
         "auc": round(auc(y, s), 3), "pair_ranking": round(pair_ranking(groups, y, s), 3),
         "mean_p_yes": {"hallucinated": round(float(s[y].mean()), 3), "right": round(float(s[~y].mean()), 3)},
         "range_p_yes": [round(float(s.min()), 3), round(float(s.max()), 3)],
