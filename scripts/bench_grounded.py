@@ -314,6 +314,8 @@ def cmd_response(args):
     # the response-head signals of programs/grounded/respsig.py (#19), on top of the artifact's own
     module.use_resp_lm = module.use_resp_lm or "lm" in args.resp
     module.use_resp_sim = module.use_resp_sim or "sim" in args.resp
+    module.use_resp_cov = module.use_resp_cov or "cov" in args.resp
+    module.head_unit_stats = module.head_unit_stats and not args.no_unit_stats
     print(f"\nHalluClean dev, response level; unit part: {det.path} ({module.combiner.kind}, features "
           f"{len(module.features)}); heads by nested {args.folds}-fold CV grouped by item, fold seeds {args.seeds}\n")
     tasks = tuple(args.tasks)
@@ -451,8 +453,10 @@ def main(argv=None):
     ap.add_argument("--drop-features", nargs="*", default=[], help="response: head features left out (ablation)")
     ap.add_argument("--skip-per-task", action="store_true", help="response: only the rules and the pooled heads")
     ap.add_argument("--skip-pooled", action="store_true", help="response: no pooled heads")
-    ap.add_argument("--resp", nargs="*", default=[], choices=["lm", "sim"],
-                    help="response: add the response-head signals resp_lm / resp_sim (programs/grounded/respsig.py)")
+    ap.add_argument("--resp", nargs="*", default=[], choices=["lm", "sim", "cov"],
+                    help="response: add the response-head signals resp_lm / resp_sim / resp_cov (programs/grounded/respsig.py)")
+    ap.add_argument("--no-unit-stats", action="store_true",
+                    help="response: heads without the per-unit-feature mean/max columns (-O head_unit_stats=false)")
     ap.add_argument("--tasks", nargs="+", default=["qa", "dialogue", "summarization"],
                     help="response: the HalluClean tasks (the pooled head pools these)")
     args = ap.parse_args(argv)

@@ -136,3 +136,30 @@ def test_lm_signal_with_its_model_file_gone_counts_and_goes_on(tmp_path):
     assert p.failures.get("lm_error") == 1 and p.failures.get("lm_missing") == 1
     assert "lm" not in p.rationale.split("signals used:")[1].replace("align", "").split(", ")
     assert np.isfinite(p.score) and [u for u in p.units if u["text"] == "Lyon"][0]["label"] == "unsupported"
+
+
+def test_coverage_counts_the_evidence_words_the_answer_repeats_beyond_the_question():
+    from halluscope.programs.grounded.respsig import coverage_features
+
+    q = "[Human]: Do you know the movie Gran Torino?"
+    ctx = "Gran Torino is starring Clint Eastwood"
+    right = coverage_features(q, "Yes, Clint Eastwood starred in Gran Torino.", ctx)
+    wrong = coverage_features(q, "Yes, Tom Cruise starred in Gran Torino.", ctx)
+    # evidence content words: gran, torino, starring, clint, eastwood; new to the question: starring, clint, eastwood
+    assert right == {"r_cov": pytest.approx(4 / 5), "r_cov_new": pytest.approx(2 / 3)}
+    assert wrong == {"r_cov": pytest.approx(2 / 5), "r_cov_new": 0.0}
+    assert coverage_features(q, "Yes.", "") == {"r_cov": 0.0, "r_cov_new": 0.0}
+
+
+def test_a_head_without_unit_stats_reads_only_the_aggregates_and_the_signals():
+    m = get("grounded").make(units_from="none", resp_cov=True, head_unit_stats=False, **FAST)
+    from halluscope.programs.grounded.response import RESPONSE_BASE
+
+    assert m.response_features == list(RESPONSE_BASE) + ["r_cov", "r_cov_new"]
+    info = fit_grounded(m, qa_examples(), "f1")
+    assert info["response"]["held_out"]["auc"] > 0.9 and len(m.head.model.features) == len(RESPONSE_BASE) + 2
+    state = json.loads(json.dumps(m.dump_state()))
+    with pytest.raises(ValueError, match="response head's features"):
+        get("grounded").make(units_from="none", resp_cov=True, **FAST).load_state(state)
+    again = get("grounded").make(units_from="none", resp_cov=True, head_unit_stats=False, **FAST).load_state(state)
+    assert "resp_cov" in again(question="q", answer="Valparaiso 1204", context="Santiago").rationale

