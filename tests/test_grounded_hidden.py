@@ -152,6 +152,10 @@ def test_probe_fits_a_linear_signal_round_trips_and_scores_out_of_fold():
     ys2[0][:] = 9.0
     oof2 = oof_probe_scores(spiked, ys2, alpha=1.0, k=5)
     assert np.abs(oof2[0] - 9.0).min() > 5.0
+    # pooled rows (other languages' units) join every fold's training part: here they teach the spike
+    extra = (np.vstack([np.eye(6)[5] * 100.0] * 20), np.full(20, 9.0))
+    oof3 = oof_probe_scores(spiked, ys2, alpha=1.0, k=5, extra=extra)
+    assert np.abs(oof3[0] - 9.0).max() < np.abs(oof2[0] - 9.0).min()
 
 
 def test_item_features_hidden_columns_and_fallback():

@@ -631,6 +631,8 @@ def fit_probe(module: GroundedDetector, items: list[dict], rows: list[np.ndarray
         return {"hidden_probe": "no item had hidden states"}
     langs = sorted({str(it.get("lang") or "") for it in items})
     extra = pool_rows(module, langs) if module.hidden_pool else None
+    pooled = extra[2] if extra is not None else []
+    extra = extra[:2] if extra is not None else None
     oof = oof_probe_scores(vecs, targets, module.hidden_alpha, extra=extra)
     module.probe = Probe.fit(np.vstack(vecs + ([extra[0]] if extra is not None else [])),
                              np.concatenate(targets + ([extra[1]] if extra is not None else [])), module.hidden_alpha)
@@ -648,33 +650,43 @@ def fit_probe(module: GroundedDetector, items: list[dict], rows: list[np.ndarray
     y = np.concatenate(targets)
     r = float(np.corrcoef(np.concatenate(oof)[ok], y[ok])[0, 1]) if ok.sum() > 2 else float("nan")
     return {"hidden_probe": {"alpha": module.hidden_alpha, "dim": int(d), "units": int(ok.sum()),
-                             "pooled_units": int(len(extra[1])) if extra is not None else 0,
+                             "pooled_units": int(len(extra[1])) if extra is not None else 0, "pooled_langs": pooled,
                              "oof_corr": round(r, 4) if math.isfinite(r) else None}}
 
 
 _POOL: dict = {}
 
 
-def pool_rows(module: GroundedDetector, exclude: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+def pool_rows(module: GroundedDetector, exclude: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
     """``(vectors, gold unit probabilities)`` of the Mu-SHROOM validation units in ``module.hidden_pool`` of every
-    language not in ``exclude`` (memoised per process: the scorer's disk cache makes a miss cheap after the first)."""
+    language not in ``exclude``, from the scorer's disk cache only: a language joins the pool when every one of its
+    items is cached (the pool never runs the model over other languages; the fit record names the languages
+    pooled; memoised per process)."""
     from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
 
     sc = module.hidden_scorer()
     key = (module.hidden_pool, tuple(exclude), sc.backend.name, sc.max_item_tokens, sc.max_evidence_tokens)
     if key not in _POOL:
-        V, Y = [], []
+        V, Y, langs = [], [], []
         for lang in VAL_LANGS:
             if lang in exclude:
                 continue
+            v, y = [], []
             for ex in load_mushroom(module.hidden_pool, lang=lang, split="val", context="native"):
                 units = units_of(ex.answer)
                 if not units:
                     continue
-                h = sc.units(ex.get("question", ""), ex.answer, ex.get("context", ""), units, lang)
-                V.append(h.vectors[h.covered])
-                Y.append(np.asarray(unit_targets(ex.answer, units, ex.soft_labels, ex.hard_labels))[h.covered])
-        _POOL[key] = (np.vstack(V), np.concatenate(Y)) if V else None
+                h = sc.units(ex.get("question", ""), ex.answer, ex.get("context", ""), units, lang, cached_only=True)
+                if h is None:
+                    v = []
+                    break
+                v.append(h.vectors[h.covered])
+                y.append(np.asarray(unit_targets(ex.answer, units, ex.soft_labels, ex.hard_labels))[h.covered])
+            if v:
+                V += v
+                Y += y
+                langs.append(lang)
+        _POOL[key] = (np.vstack(V), np.concatenate(Y), langs) if V else None
     return _POOL[key]
 
 

@@ -232,9 +232,10 @@ class HiddenScorer:
             evidence = be.detokenize(toks[:budget]).decode("utf-8", "ignore")
         return evidence
 
-    def token_outputs(self, question: str, answer: str, context: str, lang: str = "en") -> dict:
+    def token_outputs(self, question: str, answer: str, context: str, lang: str = "en",
+                      cached_only: bool = False) -> dict | None:
         """``{"pieces": [bytes], "H": [n, d] float32, "lp": [n], "ent": [n], "cut": k, "tokens": m}`` for the
-        answer's scored tokens (cached)."""
+        answer's scored tokens (cached; ``cached_only``: None instead of evaluating a miss)."""
         be = self.backend
         t0 = time.perf_counter()
         ans = be.tokenize(" " + answer)
@@ -254,6 +255,8 @@ class HiddenScorer:
             return out
         except (OSError, ValueError, KeyError):
             pass
+        if cached_only:
+            return None
         if ans:
             H, lp, ent = be.forward(prompt + ans, len(prompt))
         else:
@@ -275,8 +278,11 @@ class HiddenScorer:
             logger.warning("grounded: could not write the hidden-state cache %s: %s", path, e)
         return out
 
-    def units(self, question: str, answer: str, context: str, units: list[AnswerUnit], lang: str = "en") -> ItemHidden:
-        res = self.token_outputs(question or "", answer, context or "", lang)
+    def units(self, question: str, answer: str, context: str, units: list[AnswerUnit], lang: str = "en",
+              cached_only: bool = False) -> ItemHidden | None:
+        res = self.token_outputs(question or "", answer, context or "", lang, cached_only=cached_only)
+        if res is None:
+            return None
         offsets = token_char_offsets(" " + answer, res["pieces"])  # the answer follows "Answer:" after a space
         offsets = [None if o is None or o[1] <= 1 else (max(0, o[0] - 1), o[1] - 1) for o in offsets]
         H = res["H"] if len(res["pieces"]) else np.zeros((0, 0), np.float32)
