@@ -23,8 +23,10 @@ Gemma 3 270M from the ``gemma`` extra).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import weakref
 import logging
 import os
 import threading
@@ -116,12 +118,22 @@ class LlamaHidden:
         self.name = f"{path.name}@{file_sha256(path)[:12]}"
         self.n_ctx = n_ctx
         self._llama_cpp = llama_cpp
-        self.llm = Llama(model_path=str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE,
-                         n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, verbose=False, seed=0,
-                         n_threads=n_threads or max(1, os.cpu_count() or 1))
+        from llama_cpp._utils import suppress_stdout_stderr
+
+        # llama.cpp notes on stderr that no pooling overrides the model's default: expected, so kept off the CLI's
+        with suppress_stdout_stderr(disable=False):
+            self.llm = Llama(model_path=str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE,
+                             n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, verbose=False, seed=0,
+                             n_threads=n_threads or max(1, os.cpu_count() or 1))
         self.n_embd, self.n_vocab = self.llm.n_embd(), self.llm.n_vocab()
         self._lock = threading.Lock()
         self.tokens_evaluated = 0
+        _LOADED.add(self)
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.close()
 
     def tokenize(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
@@ -148,6 +160,20 @@ class LlamaHidden:
             L = L.reshape(n, self.n_vocab)[start - 1:n - 1]  # the rows that predict tokens[start:]
             lp, ent = token_stats(L, tokens[start:])
         return H, lp, ent
+
+
+_LOADED: "weakref.WeakSet[LlamaHidden]" = weakref.WeakSet()
+
+
+@atexit.register
+def _free_models() -> None:
+    """Free loaded models before interpreter shutdown (llama-cpp-python's own ``__del__`` runs after its module
+    globals are gone and prints a TypeError traceback otherwise; see :func:`halluscope.lm._free_engines`)."""
+    for m in list(_LOADED):
+        try:
+            m.close()
+        except Exception:  # noqa: BLE001 - shutting down
+            pass
 
 
 def plan_single(max_item_tokens: int, max_evidence_tokens: int, prompt_tokens: int, answer_tokens: int) -> tuple[int, int]:
