@@ -313,13 +313,20 @@ def cmd_response(args):
     module = det.program
     if module.head is not None:
         module.head = None  # the unit part only: every head below is fitted here by CV
+    # the response-head signals of programs/grounded/respsig.py (#19), on top of the artifact's own
+    module.use_resp_lm = module.use_resp_lm or "lm" in args.resp
+    module.use_resp_sim = module.use_resp_sim or "sim" in args.resp
+    module.use_resp_cov = module.use_resp_cov or "cov" in args.resp
+    module.head_unit_stats = module.head_unit_stats and not args.no_unit_stats
     print(f"\nHalluClean dev, response level; unit part: {det.path} ({module.combiner.kind}, features "
           f"{len(module.features)}); heads by nested {args.folds}-fold CV grouped by item, fold seeds {args.seeds}\n")
-    tasks = ("qa", "dialogue", "summarization")
+    tasks = tuple(args.tasks)
     data, t0 = {}, time.perf_counter()
     for task in tasks:
         exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
-        X, y, g, _ = response_rows(module, exs)
+        X, y, g, fails = response_rows(module, exs)
+        if fails:
+            print(f"{task}: counted notes/failures {fails}", file=sys.stderr)
         P = np.array([[float(r[list(RESPONSE_BASE).index("p_max")]), float(r[list(RESPONSE_BASE).index("p_content_max")])]
                       for r in X])
         data[task] = (X, y, g, P)
@@ -485,6 +492,12 @@ def main(argv=None):
     ap.add_argument("--skip-per-task", action="store_true", help="response: only the rules and the pooled heads")
     ap.add_argument("--skip-pooled", action="store_true", help="response: no pooled heads")
     ap.add_argument("--threads", type=int, default=1, help="hidden: llama.cpp threads (1 is faster on a shared machine)")
+    ap.add_argument("--resp", nargs="*", default=[], choices=["lm", "sim", "cov"],
+                    help="response: add the response-head signals resp_lm / resp_sim / resp_cov (programs/grounded/respsig.py)")
+    ap.add_argument("--no-unit-stats", action="store_true",
+                    help="response: heads without the per-unit-feature mean/max columns (-O head_unit_stats=false)")
+    ap.add_argument("--tasks", nargs="+", default=["qa", "dialogue", "summarization"],
+                    help="response: the HalluClean tasks (the pooled head pools these)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     {"cv": cmd_cv, "ablation": cmd_ablation, "xling": cmd_xling,

@@ -21,8 +21,8 @@ __all__ = ["GroundedDetector", "fit_grounded", "DEFAULT_WEIGHTS"]
 
 def _lm_model_problem(lm_model, options) -> str | None:
     """With the LM signal on, a named GGUF file must exist (else every item would fail as ``lm_missing``)."""
-    if options.get("lm") and lm_model and not Path(lm_model).expanduser().is_file():
-        return f"no GGUF file {lm_model!r} (the LM signal is on: -O lm=true); give an existing .gguf file, or \"\" " \
+    if (options.get("lm") or options.get("resp_lm")) and lm_model and not Path(lm_model).expanduser().is_file():
+        return f"no GGUF file {lm_model!r} (the LM signal is on: -O lm=true or resp_lm=true); give an existing .gguf file, or \"\" " \
                f"for the embedded SmolLM2-135M-Instruct"
     return None
 

