@@ -288,7 +288,8 @@ class HiddenScorer:
         else:
             H, lp, ent = np.zeros((0, 0), np.float32), np.zeros(0, np.float32), np.zeros(0, np.float32)
         pieces = [be.detokenize([t]) for t in ans]
-        out = {"H": np.asarray(H, np.float32), "lp": np.asarray(lp, np.float32), "ent": np.asarray(ent, np.float32),
+        # rounded to float16 as the cache stores it, so a cache hit and a fresh evaluation give the same features
+        out = {"H": np.asarray(H, np.float16).astype(np.float32), "lp": np.asarray(lp, np.float32), "ent": np.asarray(ent, np.float32),
                "pieces": pieces, "cut": cut, "tokens": len(prompt) + len(ans)}
         self.calls += 1
         self.answers_cut += cut > 0
