@@ -47,5 +47,9 @@ register(ProgramSpec(
                   "lm_evidence_tokens": whole(0), "lm_item_tokens": whole(0), "window": whole(0),
                   "l2": number(0, lo_open=True), "head_l2": number(0, lo_open=True), "aggregate": text("max", "top3"),
                   "combiner": text("logreg", "trees"), "head": text("logreg", "trees"),
+                  "hidden_model": text(what="a GGUF file path, \"gemma\" (the optional gemma extra) or \"\" for the "
+                                            "embedded SmolLM2-135M-Instruct"),
+                  "hidden_item_tokens": whole(0), "hidden_evidence_tokens": whole(0),
+                  "hidden_alpha": number(0, lo_open=True), "hidden_parts": text("all", "probe", "tokens"),
                   "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))
