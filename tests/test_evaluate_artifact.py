@@ -44,7 +44,7 @@ def test_evaluate_artifact_scores_the_compiled_program_and_records_it(tmp_path, 
     assert cli_main(["evaluate", "--artifact", "--program", "grounded", "--compiled-dir", str(COMPILED), *common,
                      "--out-dir", str(tmp_path / "compiled")]) == 0
     err = capsys.readouterr().err
-    assert "scoring the compiled artifact" in err and "grounded/de/iou/v0003" in err
+    assert "scoring the compiled artifact" in err and "grounded/de/iou/v0002" in err
     zero, fitted = _summary(tmp_path / "zero"), _summary(tmp_path / "compiled")
     assert fitted["n"] == zero["n"] > 0
     assert fitted["iou"] != pytest.approx(zero["iou"])  # the artifact, not the unfitted program
