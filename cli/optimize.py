@@ -107,6 +107,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--max-errors", type=COUNT, default=None,
                    help="LM/program errors tolerated inside one compile before it stops (default: DSPy's 10)")
     o.add_argument("--folds", type=POSITIVE_INT, default=2, help="cross-validation folds; 1 = no cross-validation")
+    o.add_argument("--fold-groups", default=None, metavar="FIELD",
+                   help="keep items sharing this field in one fold (e.g. source_id: a HalluClean answer and its twin)")
     o.add_argument("--seed", type=COUNT, default=0, help="seeds folds, splits and the optimizer")
     o.add_argument("--threads", type=POSITIVE_INT, default=1, help="parallel program calls (the embedded model runs one "
                                                           "call at a time anyway)")
@@ -225,7 +227,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     lang = dataset.key(args.lang, args.task, examples)  # compiled/<program>/<lang>/<metric>/
     config = OptimizeConfig(
         program=spec.name, metric=args.metric, program_options=options, lang=lang, source=source,
-        folds=args.folds, optimizer=opt, compiled_dir=args.compiled_dir, report_dir=args.report_dir,
+        folds=args.folds, fold_groups=args.fold_groups, optimizer=opt, compiled_dir=args.compiled_dir, report_dir=args.report_dir,
         tracking_uri=args.tracking_uri, mlflow=not args.no_mlflow, max_failed_share=args.max_failed_share,
         dataset=args.dataset, split=args.split, context=args.context, limit=args.limit,
         argv=sys.argv[1:] if parser.prog == "optimize.py" else None,

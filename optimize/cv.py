@@ -49,6 +49,7 @@ __all__ = [
     "FoldSizeError",
     "CompileError",
     "make_folds",
+    "make_group_folds",
     "train_val_split",
     "min_compile_items",
     "check_fold_sizes",
@@ -242,19 +243,26 @@ def _has_hallucination(ex: Any) -> bool | None:
     return None if hard is None else bool(hard)
 
 
-def make_folds(examples: Sequence[Any], k: int = 2, seed: int = 0, stratify: bool = True) -> list[list[int]]:
+def make_folds(examples: Sequence[Any], k: int = 2, seed: int = 0, stratify: bool = True,
+               group_by: str | None = None) -> list[list[int]]:
     """``k`` disjoint lists of example indices covering every example, sizes differing by at most one.
 
     Deterministic for a given ``seed`` and example order. Stratified by whether an item has a hallucination
     when ``stratify`` and both classes occur: each class is shuffled and dealt round-robin, continuing where
     the previous class stopped, so class shares and fold sizes are both balanced. Indices within a fold are
     sorted (the file order).
+
+    ``group_by`` (a field such as ``source_id``): items sharing its value always land in the same fold (a
+    HalluClean answer and its twin, the right and the hallucinated answer to one question); see
+    :func:`make_group_folds`. Items without the field are groups of one.
     """
     n = len(examples)
     if k < 2:
         raise ValueError(f"need at least 2 folds to cross-validate, not {k}")
     if n < k:
         raise FoldSizeError(f"{n} items cannot make {k} folds (each fold needs at least one item)")
+    if group_by:
+        return make_group_folds(examples, k, seed, group_by)
     rng = random.Random(seed)
     groups: list[list[int]]
     classes = [_has_hallucination(ex) for ex in examples]
@@ -270,6 +278,37 @@ def make_folds(examples: Sequence[Any], k: int = 2, seed: int = 0, stratify: boo
         for i in g:
             folds[pos % k].append(i)
             pos += 1
+    return [sorted(f) for f in folds]
+
+
+def make_group_folds(examples: Sequence[Any], k: int, seed: int, group_by: str) -> list[list[int]]:
+    """Folds of whole groups (items sharing ``group_by``'s value), stratified by a group's make-up: groups
+    with the same (hallucinated, not hallucinated) counts are shuffled and dealt round-robin, larger groups
+    first, each to the fold with the fewest items so far (ties: the next fold in turn), so fold sizes and class
+    shares stay balanced. Raises :class:`FoldSizeError` when there are fewer groups than folds."""
+    rng = random.Random(seed)
+    by_key: dict[Any, list[int]] = {}
+    for i, ex in enumerate(examples):
+        value = ex.get(group_by) if hasattr(ex, "get") else None
+        by_key.setdefault(("item", i) if value is None else ("group", str(value)), []).append(i)
+    groups = list(by_key.values())
+    if len(groups) < k:
+        raise FoldSizeError(f"{len(groups)} groups of {group_by!r} cannot make {k} folds")
+    kinds: dict[tuple[int, int], list[list[int]]] = {}
+    for g in groups:
+        pos = sum(1 for i in g if _has_hallucination(examples[i]) is True)
+        kinds.setdefault((len(g), pos), []).append(g)
+    folds: list[list[int]] = [[] for _ in range(k)]
+    turn = 0
+    for kind in sorted(kinds, key=lambda c: (-c[0], -c[1])):
+        members = kinds[kind]
+        rng.shuffle(members)
+        for g in members:
+            smallest = min(len(f) for f in folds)
+            while len(folds[turn % k]) != smallest:
+                turn += 1
+            folds[turn % k].extend(g)
+            turn += 1
     return [sorted(f) for f in folds]
 
 
@@ -580,6 +619,7 @@ def cross_validate(
     fit: Callable[[dspy.Module, list, str], dict] | None = None,
     max_failed_share: float | None = None,
     sizes_checked: bool = False,
+    group_by: str | None = None,
 ) -> CVResult:
     """Compile on ``k-1`` folds, score zero-shot and compiled on the held-out fold, for every fold.
 
@@ -590,13 +630,14 @@ def cross_validate(
     of the held-out items scored so far (by the zero-shot or by the compiled program, counted over the folds
     done) failed, or a compile in which more than that share of the LM calls failed. The fold sizes are checked
     first (:func:`check_fold_sizes`) unless the caller did (``sizes_checked``: the optimize run's plan).
+    ``group_by``: folds of whole groups (:func:`make_folds`).
     """
     log = log or logger.info
     examples = list(examples)
     metric = get_metric(metric_name)
     if not sizes_checked:
         check_fold_sizes(len(examples), k, cfg)
-    folds = make_folds(examples, k, cfg.seed)
+    folds = make_folds(examples, k, cfg.seed, group_by=group_by)
     result = CVResult(folds=[], metrics=[])
     for i, held in enumerate(folds, start=1):
         t0 = time.perf_counter()

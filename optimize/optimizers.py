@@ -33,7 +33,7 @@ __all__ = ["compile_gepa", "compile_reanchor", "reanchor_problem", "gepa_metric"
 
 # Programs whose decision outputs ReAnchor calibrates, and the build option that types them (None: always typed).
 DECISION_PROGRAMS = {"direct": "decisions", "direct+routing": "decisions", "halluclean": "decisions",
-                     "medico": None}
+                     "medico": None, "jointcq": "decisions", "finch": "decisions", "spans": "decisions"}
 
 
 def gepa_metric(metric_name: str | None, metric: Callable, log: Callable[[str], None] | None = None) -> Callable:

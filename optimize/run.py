@@ -107,6 +107,7 @@ class OptimizeConfig:
     lang: str = "all"  # the artifact's language key (a Mu-SHROOM language, a HalluClean task, or "all")
     source: str = "examples"  # where the examples came from, in words (recorded everywhere)
     folds: int = 2  # 1 = no cross-validation
+    fold_groups: str | None = None  # a field (e.g. source_id): items sharing it stay in one fold
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # its seed/threads are the run's
     # The run FAILS (no artifact, MLflow status FAILED) when more than this share of the held-out (or test) items
     # failed, or of a compile's LM calls; the same default as ``halluscope evaluate --max-failed-share``.
@@ -279,7 +280,8 @@ def optimizer_for(spec, cfg: OptimizerConfig, options: dict | None = None) -> Op
     fitted by it ("fit", with ``cfg``'s seed, threads and error budget) unless it uses an LM *and* an optimizer
     was chosen (``cfg.chosen``, e.g. ``--optimizer bootstrap``): then a hook that takes an ``optimizer``
     argument (it compiles prompts itself, as JointCQ's criteria-filtered claim-query stage does) gets that
-    optimizer (``fit_with``), and any other hook runs after the prompts are compiled, on the compiled program
+    optimizer (``fit_with``), except ``reanchor`` alone, which calibrates the program's decision outputs and leaves
+    the hook unused (JointCQ's claim-query prompts stay as built), and any other hook runs after the prompts are compiled, on the compiled program
     (``then_fit``: MEDICO's Detect demos are bootstrapped, then its ensemble is fitted on their features). A
     program that uses no LM (with these build ``options``: grounded uses one only with ``detectors``) is always
     fit-only."""
@@ -288,6 +290,8 @@ def optimizer_for(spec, cfg: OptimizerConfig, options: dict | None = None) -> Op
         return cfg
     needs_lm = spec.needs_lm(options) if hasattr(spec, "needs_lm") else getattr(spec, "uses_lm", True)
     if cfg.chosen and cfg.name != "fit" and needs_lm:
+        if _takes_optimizer(fit) and cfg.name == "reanchor":  # calibrate the decisions; the prompts stay as built
+            return cfg
         if _takes_optimizer(fit) and (cfg.name not in ("mipro", "bootstrap") or cfg.reanchor):
             raise ValueError(f"program {spec.name!r} compiles its prompts in its own fit hook, with mipro or bootstrap "
                              f"only; --optimizer {cfg.label} is not supported for it")
@@ -378,12 +382,14 @@ def plan_run(config: OptimizeConfig, examples: Sequence[Any], *, spec=None,
         option = DECISION_PROGRAMS.get(spec.name)
         if option and not options.get(option):
             options = {**options, option: True}
-            log(f"{spec.name}: -O {option}=true (its verdict is a Boolean decision output ReAnchor calibrates)")
+            log(f"{spec.name}: -O {option}=true (its decisions become outputs ReAnchor calibrates)")
     if config.folds < 1:
         raise ValueError(f"folds must be at least 1, not {config.folds}")
     if not 0.0 <= config.max_failed_share <= 1.0:
         raise ValueError(f"max_failed_share must be between 0 and 1, not {config.max_failed_share}")
-    examples = slim_examples(examples, spec.extra_inputs)
+    if config.fold_groups and config.folds > 1 and not any(config.fold_groups in ex for ex in examples):
+        raise ValueError(f"--fold-groups {config.fold_groups}: no example has that field")
+    examples = slim_examples(examples, (*spec.extra_inputs, *([config.fold_groups] if config.fold_groups else [])))
     if not examples:
         raise ValueError(f"no examples in {config.source}")
     if spec.demo_fields is not None:  # gold examples double as labeled demos (--max-labeled-demos)
@@ -445,7 +451,8 @@ def stage_prepare(config: OptimizeConfig, examples: Sequence[Any], *, task_lm: d
                             optimizer=cfg, compared=compared)
     result.report.update({
         "status": "running", "program": spec.name, "program_options": options, "metric": metric, "lang": lang,
-        "source": config.source, "n": len(examples), "folds": config.folds, "optimizer": cfg.to_dict(),
+        "source": config.source, "n": len(examples), "folds": config.folds,
+        **({"fold_groups": config.fold_groups} if config.fold_groups else {}), "optimizer": cfg.to_dict(),
         "optimizer_desc": cfg.describe(), "task_lm": task_rec, "prompt_lm": prompt_rec, "compared": compared,
         "max_failed_share": config.max_failed_share, "argv": redact_argv(config.argv),
     })
@@ -468,7 +475,8 @@ def stage_cross_validate(run: OptimizeRun) -> None:
     cv = cross_validate(run.build, run.examples, run.config.metric, run.cfg, k=run.config.folds,
                         task_lm=run.task_lm, prompt_lm=run.prompt_lm, extra_inputs=run.spec.extra_inputs,
                         failures=run.failures, log=run.log, on_fold=on_fold, fit=run.fit,
-                        max_failed_share=run.config.max_failed_share, sizes_checked=True)  # by plan_run
+                        max_failed_share=run.config.max_failed_share, sizes_checked=True,  # by plan_run
+                        group_by=run.config.fold_groups)
     run.result.cv = cv
     run.report["cv"] = cv.to_dict()
 
@@ -680,6 +688,7 @@ def stage_track(run: OptimizeRun) -> None:
     params = {
         "program": run.spec.name, "metric": c.metric, "lang": c.lang, "source": c.source, "dataset": c.dataset,
         "split": c.split, "context": c.context, "limit": c.limit, "folds": c.folds,
+        "fold_groups": c.fold_groups,
         "seed": cfg.seed, "threads": cfg.threads, "optimizer": cfg.label,
         "optimizer_desc": cfg.describe(), "auto": cfg.auto, "candidates": cfg.candidates, "trials": cfg.trials,
         "max_bootstrapped_demos": cfg.max_bootstrapped_demos, "max_labeled_demos": cfg.max_labeled_demos,

@@ -8,6 +8,8 @@ not fitted on.
   python scripts/bench_grounded.py halluclean [--hc-dir ../shared/data/halluclean] [--limit N]
   python scripts/bench_grounded.py speed     [...]
   python scripts/bench_grounded.py response  [--hc-dir ...] [--lang en] [--version N]   # issue #19: response level
+  python scripts/bench_grounded.py hidden    [-O hidden_model=gemma] [-O hidden_cache_dir=DIR] [--threads 1]
+                                             # #19: fill the hidden-state cache, with its speed (s/item, CPU, RSS)
 
 ``cv``: per language, k seeded folds (averaged over ``--seeds``, default 0 1 2): fit on k-1 folds (``fit_grounded``, metric iou), predict the held-out
 fold; IoU / Corr / MaxIoU are the official item scores averaged over all items of the language, beside ``mark-all``
@@ -311,13 +313,20 @@ def cmd_response(args):
     module = det.program
     if module.head is not None:
         module.head = None  # the unit part only: every head below is fitted here by CV
+    # the response-head signals of programs/grounded/respsig.py (#19), on top of the artifact's own
+    module.use_resp_lm = module.use_resp_lm or "lm" in args.resp
+    module.use_resp_sim = module.use_resp_sim or "sim" in args.resp
+    module.use_resp_cov = module.use_resp_cov or "cov" in args.resp
+    module.head_unit_stats = module.head_unit_stats and not args.no_unit_stats
     print(f"\nHalluClean dev, response level; unit part: {det.path} ({module.combiner.kind}, features "
           f"{len(module.features)}); heads by nested {args.folds}-fold CV grouped by item, fold seeds {args.seeds}\n")
-    tasks = ("qa", "dialogue", "summarization")
+    tasks = tuple(args.tasks)
     data, t0 = {}, time.perf_counter()
     for task in tasks:
         exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
-        X, y, g, _ = response_rows(module, exs)
+        X, y, g, fails = response_rows(module, exs)
+        if fails:
+            print(f"{task}: counted notes/failures {fails}", file=sys.stderr)
         P = np.array([[float(r[list(RESPONSE_BASE).index("p_max")]), float(r[list(RESPONSE_BASE).index("p_content_max")])]
                       for r in X])
         data[task] = (X, y, g, P)
@@ -423,9 +432,45 @@ def cmd_speed(args):
     print(f"| **all** | {tot_items} | | | | **{tot_items / tot_cpu:.0f}** | {tot_items / tot_secs:.0f} |{extra}")
 
 
+def cmd_hidden(args):
+    """#19 item 3: run the hidden-state scorer over every item (filling its disk cache, so ``cv -O hidden=true``
+    with the same ``hidden_*`` options only reads it) and report its cost per language: wall and CPU seconds per
+    evaluated item (the machine may be shared: CPU time is the comparable number), tokens per item, the share of
+    units no scored token covers, answers cut by the token budget, peak RSS."""
+    from halluscope.programs.grounded.hidden import HiddenScorer, LlamaHidden
+    from halluscope.programs.grounded.units import units_of
+
+    opts = parse_opts(args.O)
+    d = GroundedDetector(hidden=True, **{k: v for k, v in opts.items() if k != "hidden"})
+    sc = HiddenScorer(model=d.hidden_model or None, cache_dir=d.hidden_cache_dir or None,
+                      max_evidence_tokens=d.hidden_evidence_tokens, max_item_tokens=d.hidden_item_tokens)
+    t0 = time.perf_counter()
+    n_ctx = 2048 if d.hidden_item_tokens <= 0 else min(2048, max(256, d.hidden_item_tokens))
+    sc._backend = LlamaHidden(d.hidden_model or None, n_ctx=n_ctx, n_threads=args.threads)
+    print(f"\nHidden-state scorer {sc.backend.name}: loaded in {time.perf_counter() - t0:.2f} s; {args.threads} "
+          f"thread(s); budget {d.hidden_item_tokens} tokens/item, evidence <= {d.hidden_evidence_tokens}\n")
+    print("| language | items | evaluated | wall s/item | CPU s/item | tokens/item | units uncovered | answers cut |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for lang in args.langs:
+        exs = load(args, lang)
+        t, c, calls, toks, cut = time.perf_counter(), time.process_time(), sc.calls, sc.tokens, sc.answers_cut
+        unc = tot = 0
+        for ex in exs:
+            units = units_of(ex.answer)
+            r = sc.units(ex.get("question", ""), ex.answer, ex.get("context", ""), units, lang)
+            unc += int((~r.covered).sum())
+            tot += len(units)
+        n = sc.calls - calls
+        k = max(1, n)
+        print(f"| {lang} | {len(exs)} | {n} | {(time.perf_counter() - t) / k:.2f} | {(time.process_time() - c) / k:.2f} "
+              f"| {(sc.tokens - toks) / k:.0f} | {unc / max(1, tot):.3f} | {sc.answers_cut - cut} |", flush=True)
+    print(f"\n{sc.calls} evaluated, {sc.cache_hits} from the cache")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["cv", "ablation", "xling", "halluclean", "speed", "response"])
+    ap.add_argument("command", choices=["cv", "ablation", "xling", "halluclean", "speed", "response",
+                                                "hidden"])
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "mushroom"))
     ap.add_argument("--hc-dir", default=str(ROOT.parent / "shared" / "data" / "halluclean"))
     ap.add_argument("--context", default="native", choices=["native", "translated-en", "none", "native+translated-en"])
@@ -446,11 +491,18 @@ def main(argv=None):
     ap.add_argument("--drop-features", nargs="*", default=[], help="response: head features left out (ablation)")
     ap.add_argument("--skip-per-task", action="store_true", help="response: only the rules and the pooled heads")
     ap.add_argument("--skip-pooled", action="store_true", help="response: no pooled heads")
+    ap.add_argument("--threads", type=int, default=1, help="hidden: llama.cpp threads (1 is faster on a shared machine)")
+    ap.add_argument("--resp", nargs="*", default=[], choices=["lm", "sim", "cov"],
+                    help="response: add the response-head signals resp_lm / resp_sim / resp_cov (programs/grounded/respsig.py)")
+    ap.add_argument("--no-unit-stats", action="store_true",
+                    help="response: heads without the per-unit-feature mean/max columns (-O head_unit_stats=false)")
+    ap.add_argument("--tasks", nargs="+", default=["qa", "dialogue", "summarization"],
+                    help="response: the HalluClean tasks (the pooled head pools these)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     {"cv": cmd_cv, "ablation": cmd_ablation, "xling": cmd_xling,
      "halluclean": lambda a: cmd_halluclean(a), "speed": lambda a: cmd_speed(a),
-     "response": cmd_response}[args.command](args)
+     "response": cmd_response, "hidden": cmd_hidden}[args.command](args)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\nwall {time.perf_counter() - t:.1f} s, peak RSS {rss:.0f} MB", file=sys.stderr)
 

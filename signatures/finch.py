@@ -20,13 +20,18 @@ as an ``enum``, so schema-constrained decoding (the embedded model) can only emi
 string validates. Both judges return :class:`Verdict` objects (explanation first, so the model reasons
 before it rates) because only fields inside a pydantic model keep that schema. A verdict cut off by
 ``max_tokens`` (no rating) validates as an unknown rating instead of failing the whole batch call.
+
+:class:`JudgeBlockDecision` (the program's ``decisions`` option) is the per-block judge with the rating as a
+top-level Choice, which ``dspy.ReAnchor`` calibrates (per-label weights on the rating probabilities read from
+the backend's token log-probabilities, :mod:`halluscope.core.decisions`); one call per (block, sample) pair, so an
+odd rating costs that one vote only.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Annotated
+from typing import Annotated, Literal
 
 import dspy
 import pydantic
@@ -44,6 +49,7 @@ __all__ = [
     "SampleAnswer",
     "JudgeBlock",
     "JudgeBlocks",
+    "JudgeBlockDecision",
     "ErrorSummary",
     "CorrectBlock",
     "Reflect",
@@ -165,6 +171,22 @@ class JudgeBlocks(dspy.Signature):
     blocks: str = dspy.InputField(desc="the answer split into numbered blocks, one per line: [1] ..., [2] ...")
     sample: str = dspy.InputField(desc="another answer to the same question")
     ratings: list[BlockVerdict] = dspy.OutputField(desc="one verdict per block, in block order")
+
+
+class JudgeBlockDecision(dspy.Signature):
+    """Compare one block (a sentence) of an answer with another answer to the same question.
+    Rate the block "accurate" if the other answer supports its claims, "contradiction" if the other answer
+    states something incompatible with any of its claims (a different name, number, date or fact), and
+    "neutral" if the other answer neither supports nor contradicts it. The other answer may be wrong too:
+    judge consistency, not truth. Explain in one short sentence."""
+
+    question: str = dspy.InputField(desc="the question both answers respond to")
+    answer: str = dspy.InputField(desc="the full answer the block comes from, for context")
+    block: str = dspy.InputField(desc="the block of the answer to rate")
+    sample: str = dspy.InputField(desc="another answer to the same question")
+    explanation: str = dspy.OutputField(desc="one short sentence: what the sample says about the block's claims")
+    rating: Literal["accurate", "contradiction", "neutral"] = dspy.OutputField(
+        desc="accurate, contradiction or neutral")
 
 
 # -- correction ---------------------------------------------------------------------------------------

@@ -10,15 +10,20 @@
 
 The docstrings are the instructions optimizers rewrite. Labels and verdicts are plain strings, parsed
 leniently by the program (a ``Literal`` output would make constrained decoding force a label on the embedded
-model and hide the cases where the model did not actually decide).
+model and hide the cases where the model did not actually decide). :class:`VerifyClaimDecision` is the one
+exception, used only with the program's ``decisions`` option: its label is a Choice that ``dspy.ReAnchor``
+calibrates (per-label weights on the probabilities read from the backend's token log-probabilities,
+:mod:`halluscope.core.decisions`); without fitted weights the generated word decides, parsed as before.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import dspy
 import pydantic
 
-__all__ = ["ClaimQuery", "ClaimsAndQueries", "VerifyClaim", "ClaimVerdict", "VerifyClaims", "ClaimCriteria",
+__all__ = ["ClaimQuery", "ClaimsAndQueries", "VerifyClaim", "VerifyClaimDecision", "ClaimVerdict", "VerifyClaims", "ClaimCriteria",
            "QueryCriteria"]
 
 
@@ -51,6 +56,15 @@ class VerifyClaim(dspy.Signature):
     snippets: str = dspy.InputField(desc="numbered evidence snippets from a search")
     label: str = dspy.OutputField(desc="correct, hallucinated or unverifiable")
     rationale: str = dspy.OutputField(desc="why, citing a snippet")
+
+
+class VerifyClaimDecision(VerifyClaim):
+    """Judge the claim against the evidence snippets. Answer "correct" if the snippets support it,
+    "hallucinated" if the snippets contradict it, and "unverifiable" if they neither support nor
+    contradict it. Give a one-sentence rationale that cites the snippet you relied on."""
+
+    label: Literal["correct", "hallucinated", "unverifiable"] = dspy.OutputField(
+        desc="correct, hallucinated or unverifiable")
 
 
 class ClaimVerdict(pydantic.BaseModel):

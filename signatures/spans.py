@@ -5,7 +5,7 @@ from __future__ import annotations
 import dspy
 import pydantic
 
-__all__ = ["QuotedSpan", "ExtractSpans"]
+__all__ = ["QuotedSpan", "ExtractSpans", "ConfirmQuote"]
 
 
 class QuotedSpan(pydantic.BaseModel):
@@ -26,3 +26,14 @@ class ExtractSpans(dspy.Signature):
     context: str = dspy.InputField(desc="reference text retrieved for the question; may be empty")
     language: str = dspy.InputField(desc="language code of the answer, e.g. de")
     spans: list[QuotedSpan] = dspy.OutputField(desc="the wrong parts, quoted exactly from the answer")
+
+
+class ConfirmQuote(dspy.Signature):
+    """Is the quoted part of the answer factually wrong or unsupported? Use the context when it is given.
+    Answer Yes if it is wrong, No if it is correct."""
+
+    question: str = dspy.InputField(desc="the question the answer responds to")
+    answer: str = dspy.InputField(desc="the answer the quote comes from")
+    context: str = dspy.InputField(desc="reference text retrieved for the question; may be empty")
+    quote: str = dspy.InputField(desc="a part of the answer, quoted exactly")
+    wrong: bool = dspy.OutputField(desc="Yes if the quoted part is wrong, No if it is correct")

@@ -159,12 +159,15 @@ def test_verbal_fallback_lets_the_lm_write_its_probability(tmp_path):
     assert res.final_info["decision_probs"] == "verbal"
 
 
-def test_reanchor_on_a_program_without_decisions_is_refused_by_name(tmp_path):
-    items = [dspy.Example(id=str(i), answer="Paris", question="q", hard_labels=[[0, 2]]).with_inputs(
-        "answer", "question") for i in range(2)]
-    cfg = _config(tmp_path, program="spans", metric="iou", optimizer=OptimizerConfig(name="reanchor"))
-    with pytest.raises(ValueError, match="'spans' has no decision output .* programs with one: direct"):
-        run_optimize(cfg, items, task_lm=_always_yes_lm(logprobs=_logprobs))
+def test_reanchor_on_a_program_without_decisions_is_refused_by_name():
+    from halluscope.optimize.optimizers import reanchor_problem
+    from halluscope.programs.spans.program import SpanDetector
+
+    problem = reanchor_problem(SpanDetector(), "spans", _always_yes_lm(logprobs=_logprobs), "logprobs")
+    assert problem is not None and "\n" not in problem
+    assert "'spans' has no decision output" in problem and "programs with one: direct" in problem
+    assert "jointcq" in problem and "finch" in problem
+    assert reanchor_problem(SpanDetector(decisions=True), "spans", None, "logprobs") is None
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -213,12 +216,16 @@ def test_cli_reanchor_without_logprobs_exits_2_naming_the_backend(tmp_path, caps
     assert "backend scripted/test returns no token log-probabilities" in err and "Traceback" not in err
 
 
-def test_jointcq_refuses_gepa_and_reanchor_in_one_line():
+def test_jointcq_refuses_gepa_and_staged_reanchor_in_one_line_and_runs_reanchor_alone_without_its_hook():
     from halluscope.optimize.run import optimizer_for
     from halluscope.programs.registry import get
 
     with pytest.raises(ValueError, match="'jointcq' compiles its prompts in its own fit hook"):
         optimizer_for(get("jointcq"), OptimizerConfig(name="gepa"), {})
+    with pytest.raises(ValueError, match="--optimizer mipro\\+reanchor is not supported"):
+        optimizer_for(get("jointcq"), OptimizerConfig(name="mipro+reanchor"), {})
+    cfg = optimizer_for(get("jointcq"), OptimizerConfig(name="reanchor"), {})
+    assert (cfg.name, cfg.fit_with, cfg.then_fit) == ("reanchor", None, False)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -319,3 +326,219 @@ def test_a_choice_output_reads_its_label_probabilities_and_applies_the_weights()
         assert verify(claim="x").label == "correct"
         verify.fields = {"label": {"weights": {"correct": 0.5, "hallucinated": 1.0, "unverifiable": 1.0}}}
         assert verify(claim="x").label == "hallucinated"  # 0.25 < 0.3: the fitted weight moves the decision
+
+
+# ------------------------------------------------------------------------------------------------------
+# Item 1 completeness: JointCQ's verdict, FINCH-ZK's judge, MEDICO's verdict, `spans`' per-quote confidence
+# ------------------------------------------------------------------------------------------------------
+
+JCQ_DIST = {"correct": 0.5, "hallucinated": 0.4, "unverifiable": 0.1}
+
+
+def _jointcq_lm(**kw):
+    from halluscope.signatures.jointcq import ClaimQuery
+
+    def respond(call):
+        if "pairs" in call.outputs:
+            answer = call.inputs["answer"]
+            return {"pairs": [ClaimQuery(claim=answer.rstrip("."), query=answer)]}
+        if "answer" in call.outputs:  # the log-probability probe before the run
+            return {"answer": "Yes"}
+        return {"label": "correct", "rationale": "see [1]"}
+
+    def dist(call):  # the verifier leans towards "hallucinated" when the claim says Berlin
+        if "answer" in call.outputs:
+            return {"answer": {"Yes": 0.9, "No": 0.1}}
+        bad = "Berlin" in call.inputs.get("claim", "")
+        return {"label": {"correct": 0.5, "hallucinated": 0.45 if bad else 0.3, "unverifiable": 0.05 if bad else 0.2}}
+
+    return scripted_lm(respond, logprobs=kw.pop("logprobs", dist), **kw)
+
+
+def test_jointcq_verifier_label_is_a_choice_whose_fitted_weights_change_the_decision():
+    from halluscope.programs.registry import get
+
+    program = get("jointcq").make(decisions=True)
+    lm = scripted_lm({"pairs": lambda call: [{"claim": "Berlin holds item 0", "query": "item 0"}],
+                      "label": "correct", "rationale": "see [1]"},
+                     logprobs=lambda call: {"label": JCQ_DIST})
+    ex = _examples(1)[0]
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+        program.verify.fields = {"label": {"weights": {"correct": 1.0, "hallucinated": 1.0, "unverifiable": 1.0}}}
+        before = program(**ex.inputs())
+        program.verify.fields = {"label": {"weights": {"correct": 0.5, "hallucinated": 1.0, "unverifiable": 1.0}}}
+        after = program(**ex.inputs())
+    assert [c["label"] for c in before.claims] == ["correct"] and before.label is False
+    assert [c["label"] for c in after.claims] == ["hallucinated"] and after.label is True  # 0.25 < 0.4
+    verify_calls = [c for c in lm.engine.calls if "label" in c.outputs]
+    assert verify_calls and all("Literal" in c.outputs["label"] for c in verify_calls)
+
+
+def test_jointcq_decisions_refuse_the_batched_verifier_in_one_line():
+    from halluscope.programs.registry import get
+
+    with pytest.raises(ValueError, match="decisions needs batch_verify=false"):
+        get("jointcq").make(decisions=True, batch_verify=True)
+
+
+def test_reanchor_fits_jointcq_verifier_weights_under_cross_validation(tmp_path):
+    cfg = _config(tmp_path, program="jointcq", optimizer=OptimizerConfig(name="reanchor"))
+    res = run_optimize(cfg, _examples(), task_lm=_jointcq_lm())
+    assert res.status == FINISHED, res.error
+    assert res.manifest["program_options"]["decisions"] is True
+    assert res.cv.mean("zero_shot")["balanced_accuracy"]["mean"] == 0.5  # the generated word: always "correct"
+    assert res.cv.mean("compiled")["balanced_accuracy"]["mean"] == 1.0  # weights on P(label) separate them
+    rows = [r for r in res.final_info["reanchor"]["fitted"] if "value" in r]
+    assert [(r["predictor"], r["field"], r["parameter"]) for r in rows] == [("verify", "label", "weights")]
+    saved = json.loads((res.artifact.path / "program.json").read_text())
+    assert set(saved["verify"]["fields"]["label"]["weights"]) == {"correct", "hallucinated", "unverifiable"}
+
+
+def _finch_lm(logprobs=None):
+    def respond(call):
+        if "rating" in call.outputs:
+            return {"explanation": "the other answer says Paris", "rating": "accurate"}
+        if "answer" in call.outputs:
+            return {"answer": "Item holds are in Paris."}
+        return {k: "x" for k in call.outputs}
+
+    return scripted_lm(respond, logprobs=logprobs)
+
+
+def test_finch_judge_rating_is_a_choice_whose_fitted_weights_change_the_decision():
+    from halluscope.programs.finch.program import FinchZK
+
+    dist = {"accurate": 0.5, "contradiction": 0.4, "neutral": 0.1}
+    lm = _finch_lm(logprobs=lambda call: {"rating": dist})
+    program = FinchZK(n_samples=2, correct=False, decisions=True)
+    assert program.batch_judge is False  # decisions: one judge call per (block, sample) pair
+    ex = _examples(1)[0]
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+        program.judge.fields = {"rating": {"weights": {"accurate": 1.0, "contradiction": 1.0, "neutral": 1.0}}}
+        before = program(**ex.inputs())
+        program.judge.fields = {"rating": {"weights": {"accurate": 0.5, "contradiction": 1.0, "neutral": 1.0}}}
+        after = program(**ex.inputs())
+    assert [u["label"] for u in before.units] == ["accurate"] and before.label is False
+    assert [u["label"] for u in after.units] == ["contradiction"] and after.label is True
+    judge_calls = [c for c in lm.engine.calls if "rating" in c.outputs]
+    assert judge_calls and all("Literal" in c.outputs["rating"] for c in judge_calls)
+
+
+def _medico_p(call) -> dict:
+    p = 0.93 if "Berlin" in call.inputs.get("answer", "") else 0.81
+    return {k: {"Yes": p, "No": 1 - p} for k in call.outputs}
+
+
+def _medico_lm(logprobs=None):
+    def respond(call):  # says hallucinated to everything: True, or "Yes" when asked for a decision word
+        return {k: ("Yes" if "Literal" in t else True) for k, t in call.outputs.items() if k in ("verdict", "answer")} \
+            | ({"rationale": "see [1]"} if "rationale" in call.outputs else {})
+
+    return scripted_lm(respond, logprobs=logprobs)
+
+
+def test_medico_verdict_threshold_changes_the_decision_and_the_score_is_p_true():
+    from halluscope.programs.medico.program import Medico
+
+    program = Medico(correct=False)
+    lm = _medico_lm(logprobs=_medico_p)
+    wrong, right = (e.inputs() for e in _examples(2))
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+        program.detect.fields = {"verdict": {"threshold": 0.5}}
+        assert (program(**wrong).label, program(**right).label) == (True, True)
+        program.detect.fields = {"verdict": {"threshold": 0.9}}
+        w, r = program(**wrong), program(**right)
+    assert (w.label, r.label) == (True, False)
+    assert (w.score, r.score) == (pytest.approx(0.93), pytest.approx(0.81))
+    assert w.likelihood == "decision"
+
+
+def test_reanchor_fits_medico_verdict_then_its_ensemble(tmp_path):
+    lm = _medico_lm(logprobs=_medico_p)
+    cfg = _config(tmp_path, program="medico", program_options={"correct": False},
+                  optimizer=OptimizerConfig(name="reanchor"))
+    res = run_optimize(cfg, _examples(), task_lm=lm)
+    assert res.status == FINISHED, res.error
+    assert res.manifest["optimizer"]["description"].startswith("ReAnchor") and "then fit" in \
+        res.manifest["optimizer"]["description"]
+    assert res.cv.mean("zero_shot")["balanced_accuracy"]["mean"] == 0.5
+    assert res.cv.mean("compiled")["balanced_accuracy"]["mean"] == 1.0
+    rows = [r for r in res.final_info["reanchor"]["fitted"] if "value" in r]
+    assert [(r["predictor"], r["field"]) for r in rows] == [("detect", "verdict")]
+
+
+def test_relative_to_cut_puts_the_cut_point_at_one_half():
+    from halluscope.programs.spans.program import relative_to_cut
+
+    assert relative_to_cut(0.9, 0.9) == 0.5
+    assert relative_to_cut(0.45, 0.9) == pytest.approx(0.25)
+    assert relative_to_cut(0.95, 0.9) == pytest.approx(0.75)
+    assert relative_to_cut(1.0, 0.9) == 1.0 and relative_to_cut(0.0, 0.9) == 0.0
+
+
+def test_spans_confirm_stage_fitted_threshold_changes_the_hard_labels():
+    from halluscope.programs.spans.program import SpanDetector
+
+    answer = "Berlin holds item 0 since 1920."
+    lm = scripted_lm({"spans": [{"text": "Berlin", "probability": 0.9}, {"text": "1920", "probability": 0.9}],
+                      "wrong": lambda call: "Yes" if "Literal" in call.outputs.get("wrong", "") else True},
+                     logprobs=lambda call: {"wrong": {"Yes": 0.93 if call.inputs.get("quote") == "Berlin" else 0.81,
+                                                      "No": 0.07 if call.inputs.get("quote") == "Berlin" else 0.19}})
+    program = SpanDetector(decisions=True)
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+        program.confirm.fields = {"wrong": {"threshold": 0.5}}
+        loose = program(question="Where is item 0?", answer=answer, context="Item 0 is in Paris.")
+        program.confirm.fields = {"wrong": {"threshold": 0.9}}
+        strict = program(question="Where is item 0?", answer=answer, context="Item 0 is in Paris.")
+    assert loose.hard_labels == [[0, 6], [26, 30]]
+    assert strict.hard_labels == [[0, 6]]  # P(wrong) of '1920' (0.81) is below the fitted cut point
+    assert [c.inputs["quote"] for c in lm.engine.calls if "wrong" in c.outputs] == ["Berlin", "1920"] * 2
+    assert not loose.failures and not strict.failures
+
+
+def test_spans_without_decisions_keep_one_stage():
+    from halluscope.programs.spans.program import SpanDetector
+
+    assert [n for n, _ in SpanDetector().named_predictors()] == ["extract"]
+
+
+@pytest.mark.parametrize("program, options", [
+    ("halluclean", {"revise": False}), ("medico", {"correct": False}), ("jointcq", {}),
+    ("finch", {"n_samples": 2, "correct": False}), ("spans", {}),
+])
+def test_reanchor_refuses_each_program_on_a_backend_without_logprobs_in_one_line(tmp_path, program, options):
+    lm = _always_yes_lm()
+    cfg = _config(tmp_path, program=program, program_options=options, optimizer=OptimizerConfig(name="reanchor"))
+    with pytest.raises(ValueError, match="backend scripted/test returns no token log-probabilities") as e:
+        run_optimize(cfg, _examples(4), task_lm=lm)
+    assert "\n" not in str(e.value)
+    assert len(lm.engine.calls) == 1  # the probe only: nothing was evaluated or compiled
+
+
+@pytest.mark.parametrize("program", ["halluclean", "medico", "jointcq", "finch", "spans"])
+def test_cli_refuses_typos_and_a_zero_budget_for_each_program(program, capsys):
+    from halluscope.cli.optimize import build_parser, validate_args
+
+    p = build_parser()
+    for argv, message in ((["--optimizer", "reanchr"], "did you mean 'reanchor'"),
+                          (["--optimizer", "gepa", "--max-metric-calls", "0"], "at least 1, not 0")):
+        with pytest.raises(SystemExit) as e:
+            validate_args(p, p.parse_args(["--program", program, "--metric", "f1", "--task", "qa", *argv]))
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+
+
+def test_grouped_folds_keep_an_answer_and_its_twin_together_and_stay_balanced():
+    from halluscope.optimize.cv import make_folds
+
+    items = [dspy.Example(id=f"{q}-{v}", source_id=str(q), label=(v == "h")) for q in range(17) for v in "rh"]
+    folds = make_folds(items, k=5, seed=0, group_by="source_id")
+    assert sorted(i for f in folds for i in f) == list(range(34))
+    for f in folds:
+        assert {items[i].source_id for i in f}.isdisjoint(
+            {items[i].source_id for g in folds if g is not f for i in g})
+        assert sum(items[i].label for i in f) * 2 == len(f)  # both answers of each question: balanced
+    assert sorted(len(f) for f in folds) == [6, 6, 6, 8, 8]
+    assert make_folds(items, k=5, seed=0, group_by="source_id") == folds
+    assert make_folds(items, k=5, seed=1, group_by="source_id") != folds

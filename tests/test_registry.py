@@ -48,7 +48,8 @@ def test_options_are_the_build_signature_defaults(name):
 
 
 def test_option_values_match_what_the_programs_build_with():
-    assert get("spans").options == {"reasoning": False, "use_context": True, "fuzzy_threshold": 0.85}
+    assert get("spans").options == {"reasoning": False, "use_context": True, "fuzzy_threshold": 0.85,
+                                   "decisions": False}
     assert get("logits").options == {"shift": 0.0}
     assert get("mark-all").options == {}
     assert get("halluclean").options == {"task": None, "revise": True, "max_tokens": None, "decisions": False}
@@ -131,7 +132,7 @@ def test_unknown_option_from_python_names_the_program_and_the_valid_options():
         get("spans").make(reasonning=True)
     msg = str(e.value)
     assert msg == ("unknown option 'reasonning' for program 'spans'; "
-                   "valid options: fuzzy_threshold, reasoning, use_context")
+                   "valid options: decisions, fuzzy_threshold, reasoning, use_context")
     assert isinstance(e.value, ValueError) and isinstance(e.value, OptionError)
     assert e.value.unknown == ["reasonning"] and e.value.program == "spans"
 
@@ -186,7 +187,7 @@ def test_unknown_program_names_the_valid_programs():
 
 def test_check_options_overlays_the_defaults():
     assert get("spans").check_options({"reasoning": True}) == {"reasoning": True, "use_context": True,
-                                                               "fuzzy_threshold": 0.85}
+                                                               "fuzzy_threshold": 0.85, "decisions": False}
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -201,8 +202,9 @@ def test_parse_options_with_a_spec():
 
     assert parse_options(["shift=0.5"]) == {"shift": 0.5}
     assert parse_options(["reasoning=true"], get("spans")) == {"reasoning": True, "use_context": True,
-                                                               "fuzzy_threshold": 0.85}
-    with pytest.raises(argparse.ArgumentTypeError, match="valid options: fuzzy_threshold, reasoning, use_context"):
+                                                               "fuzzy_threshold": 0.85, "decisions": False}
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match="valid options: decisions, fuzzy_threshold, reasoning, use_context"):
         parse_options(["nonsense=1"], get("spans"))
     with pytest.raises(argparse.ArgumentTypeError, match="not KEY=VALUE"):
         parse_options(["novalue"])
@@ -225,8 +227,8 @@ EVAL_ARGS = ["evaluate", "--program", "spans", "--lang", "de", "--no-progress", 
 
 @pytest.mark.parametrize("option, needles", [
     ("nonsense=1", ["unknown option 'nonsense' for program 'spans'",
-                    "valid options: fuzzy_threshold, reasoning, use_context"]),
-    ("novalue", ["'novalue' is not KEY=VALUE", "valid options: fuzzy_threshold, reasoning, use_context"]),
+                    "valid options: decisions, fuzzy_threshold, reasoning, use_context"]),
+    ("novalue", ["'novalue' is not KEY=VALUE", "valid options: decisions, fuzzy_threshold, reasoning, use_context"]),
     ("fuzzy_threshold=NaN", ["option 'fuzzy_threshold' of program 'spans': expected a finite number in [0, 1]"]),
 ])
 def test_evaluate_cli_bad_option_exits_2(option, needles, no_data_dir, capsys):
@@ -261,7 +263,7 @@ def test_evaluate_cli_good_option_still_runs(no_data_dir, capsys):
 
 @pytest.mark.parametrize("option, needles", [
     ("nonsense=1", ["unknown option 'nonsense' for program 'spans'",
-                    "valid options: fuzzy_threshold, reasoning, use_context"]),
+                    "valid options: decisions, fuzzy_threshold, reasoning, use_context"]),
     ("novalue", ["'novalue' is not KEY=VALUE"]),
     ("fuzzy_threshold=Infinity", ["option 'fuzzy_threshold' of program 'spans': expected a finite number in [0, 1], "
                                   "got inf"]),
@@ -284,7 +286,7 @@ def test_optimize_py_script_bad_option_exits_2(no_data_dir):
                            "--lang", "de", "--data-dir", no_data_dir, "--no-mlflow", "-O", "nonsense=1"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
-    assert "unknown option 'nonsense' for program 'spans'; valid options: fuzzy_threshold, reasoning, use_context" \
+    assert "unknown option 'nonsense' for program 'spans'; valid options: decisions, fuzzy_threshold, reasoning, use_context" \
         in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -311,7 +313,7 @@ def test_artifact_with_an_option_the_code_no_longer_accepts_is_refused(tmp_path)
     msg = str(e.value)
     assert "no longer accepts the build options" in msg
     assert "unknown option 'window' for program 'spans'" in msg
-    assert "valid options: fuzzy_threshold, reasoning, use_context" in msg
+    assert "valid options: decisions, fuzzy_threshold, reasoning, use_context" in msg
 
     # an option value the code refuses is a mismatch too (a task that no longer exists)
     root = tmp_path / "task"

@@ -58,7 +58,8 @@ from halluscope.programs.finch.sampling import DEFAULT_SAMPLERS, Sample, Sampler
 from halluscope.programs.finch.scoring import (DEFAULT_TAU, block_label, block_score, number_blocks, reconstruct,
                                                response_label, response_score)
 from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
-from halluscope.signatures.finch import CorrectBlock, ErrorSummary, JudgeBlock, JudgeBlocks, Reflect, parse_rating
+from halluscope.signatures.finch import (CorrectBlock, ErrorSummary, JudgeBlock, JudgeBlockDecision, JudgeBlocks,
+                                         Reflect, Verdict, parse_rating)
 
 __all__ = ["FinchZK"]
 
@@ -102,6 +103,8 @@ class FinchZK(dspy.Module):
         reflect_samples: samples shown to the improver.
         sample_max_tokens / variant_max_tokens / judge_max_tokens / correct_max_tokens: per-stage
             ``max_tokens`` (None = the LM's own).
+        decisions: the judge's rating is a Choice (:class:`JudgeBlockDecision`, one call per (block, sample)
+            pair: ``batch_judge`` is then off) that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
 
     These parameters are the registered program's build options (``spec.options`` reads their defaults from
     here); values from a command line are converted (``"false"``, ``"4"``, ``"none"``).
@@ -123,6 +126,7 @@ class FinchZK(dspy.Module):
         variant_max_tokens: int | None = None,
         judge_max_tokens: int | None = None,
         correct_max_tokens: int | None = None,
+        decisions: bool = False,
     ):
         super().__init__()
         if isinstance(samplers, str):
@@ -130,7 +134,8 @@ class FinchZK(dspy.Module):
         tau = float(tau)
         block_label(0.0, tau)  # validates tau
         self.n_samples = int(n_samples)
-        self.batch_judge = _as_bool(batch_judge)
+        self.decisions = _as_bool(decisions)
+        self.batch_judge = _as_bool(batch_judge) and not self.decisions
         self.correct = _as_bool(correct)
         self.improver = None if improver in ("", "none", "None") else improver
         self.tau = tau
@@ -148,7 +153,8 @@ class FinchZK(dspy.Module):
             variant_max_tokens=_as_opt_int(variant_max_tokens),
         )
         self.sampler._compiled = True  # frozen: not among the optimizable predictors
-        self.judge = dspy.Predict(JudgeBlocks if self.batch_judge else JudgeBlock)
+        self.judge = dspy.Predict(JudgeBlockDecision if self.decisions else JudgeBlocks if self.batch_judge
+                                  else JudgeBlock)
         if self.correct:
             self.summarize = dspy.Predict(ErrorSummary)
             self.correct_block = dspy.Predict(CorrectBlock)
@@ -183,8 +189,9 @@ class FinchZK(dspy.Module):
 
             def one(pair):
                 b, s = pair
-                return self.judge(question=question, answer=answer, block=texts[b], sample=s.answer,
-                                  config=cfg).verdict
+                out = self.judge(question=question, answer=answer, block=texts[b], sample=s.answer, config=cfg)
+                return Verdict(explanation=str(out.explanation or ""), rating=str(out.rating or "")) \
+                    if self.decisions else out.verdict
 
             calls["judge"] += len(pairs)
             for (b, s), (ok, out) in zip(pairs, try_map(one, pairs, threads=self.num_threads)):

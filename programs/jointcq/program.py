@@ -79,7 +79,7 @@ from halluscope.programs.jointcq.align import (HALLUCINATED, LABELS, MAX_TOKENS,
 from halluscope.programs.jointcq.demo_filter import fit_claim_queries
 from halluscope.programs.registry import ProgramSpec, number, register, whole
 from halluscope.core.retrieval import Retriever, make_retriever
-from halluscope.signatures.jointcq import ClaimsAndQueries, VerifyClaim, VerifyClaims
+from halluscope.signatures.jointcq import ClaimsAndQueries, VerifyClaim, VerifyClaimDecision, VerifyClaims
 from halluscope.core.text import segment
 
 __all__ = ["ClaimRecord", "JointCQ", "jointcq_report"]
@@ -144,13 +144,20 @@ class JointCQ(dspy.Module):
         num_threads: claims searched and verified in parallel.
         filter_demos: optimize (the fit hook): most criteria-filtered demonstrations kept for the claim-query stage.
         filter_coverage: optimize: lowest share of answer sentences the claims must cover for a demonstration.
+        decisions: the verifier's label is a Choice (``VerifyClaimDecision``) that ``dspy.ReAnchor`` calibrates
+            (``--optimizer reanchor``: per-label weights on the label probabilities read from the backend's token
+            log-probabilities); needs the per-claim verifier (``batch_verify`` false).
     """
 
     def __init__(self, retriever: str = "context", top_k: int = 10, use_queries: bool = True,
                  batch_verify: bool = False, align_threshold: float = 0.5, narrow_spans: bool = True,
                  unaligned_counts: bool = True, unverifiable_score: float = 0.3, max_evidence_chars: int = 3000,
-                 num_threads: int = 4, filter_demos: int = 2, filter_coverage: float = 1.0):
+                 num_threads: int = 4, filter_demos: int = 2, filter_coverage: float = 1.0,
+                 decisions: bool = False):
         super().__init__()
+        if decisions and batch_verify:
+            raise ValueError("jointcq: decisions needs batch_verify=false (ReAnchor fits the per-claim verifier's label; "
+                             "the batched verifier's labels sit inside a list)")
         if not isinstance(retriever, str):
             raise ValueError(f"jointcq: retriever is a spec string such as 'context' or 'kb:DIR', not {retriever!r}")
         if int(top_k) < 1:
@@ -171,7 +178,7 @@ class JointCQ(dspy.Module):
                              f"{filter_demos}, {filter_coverage}")
         self.filter_demos, self.filter_coverage = int(filter_demos), float(filter_coverage)
         self.generate = dspy.Predict(ClaimsAndQueries)
-        self.verify = dspy.Predict(VerifyClaim)
+        self.verify = dspy.Predict(VerifyClaimDecision if decisions else VerifyClaim)
         self.verify_batch = dspy.Predict(VerifyClaims)
 
     @property

