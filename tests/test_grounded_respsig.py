@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from halluscope.programs.grounded import detector as det_mod
+from halluscope.programs.grounded import program as det_mod
 from halluscope.programs.grounded.align import EncoderUnavailable
 from halluscope.programs.grounded.program import fit_grounded, response_rows
 from halluscope.programs.grounded.lmscore import LMScorer
