@@ -155,7 +155,9 @@ def validate_args(p: argparse.ArgumentParser, args, *, injected_lm: bool = False
     """The arguments checked before any data is read (a usage error exits 2), the default program chosen when
     none is given (:func:`default_program`, saying why); returns ``(spec, dataset, optimizer)`` — the program's
     and the dataset's registered specs and the run's :class:`OptimizerConfig` — so that the run looks each up and
-    builds each once."""
+    builds each once. The ranges of --folds and --max-failed-share are the parser's types; what the run itself
+    requires (a program with an LM or a fit hook, fold sizes, fold groups) is checked once, by
+    :func:`halluscope.optimize.run.plan_run`."""
     dataset = check_data_args(args)  # --lang/--task/--split/--column as the dataset reads them (exit 2)
     if args.program is None:
         args.program, why = default_program(args, injected_lm=injected_lm, dataset=dataset)
@@ -169,11 +171,6 @@ def validate_args(p: argparse.ArgumentParser, args, *, injected_lm: bool = False
         ok = [m for m, lvl in METRIC_LEVEL.items() if lvl == "response"]
         p.error(f"argument --metric: {args.metric!r} scores spans, but program {args.program!r} is response-level "
                 f"(choose from {', '.join(ok)})")
-    if not spec.uses_lm and getattr(spec, "fit", None) is None:
-        p.error(f"argument --program: {args.program!r} uses no LM and has no fit hook: there is nothing to "
-                f"optimise (choose from LM programs or programs with a fit hook)")
-    if args.folds < 1:
-        p.error(f"argument --folds: must be at least 1, not {args.folds}")
     try:
         opt = OptimizerConfig(name=args.optimizer, auto=args.auto, candidates=args.candidates, trials=args.trials,
                               max_bootstrapped_demos=args.max_bootstrapped_demos,
@@ -194,8 +191,6 @@ def validate_args(p: argparse.ArgumentParser, args, *, injected_lm: bool = False
         p.error("--optimizer bootstrap with no demos would compile nothing; allow some demos")
     if not 0.0 < args.val_fraction < 1.0:
         p.error("argument --val-fraction: must be between 0 and 1")
-    if not 0.0 <= args.max_failed_share <= 1.0:
-        p.error("argument --max-failed-share: must be between 0 and 1")
     return spec, dataset, opt
 
 

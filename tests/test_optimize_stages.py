@@ -313,13 +313,16 @@ def test_fit_program_through_the_cli_needs_no_lm(tmp_path, fit_program, monkeypa
     assert run.data.params["optimizer"] == "fit" and "cv/compiled/f1" in run.data.metrics
 
 
-def test_cli_still_refuses_a_program_without_lm_or_fit(capsys):
-    from halluscope.cli.optimize import build_parser, validate_args
+def test_cli_still_refuses_a_program_without_lm_or_fit(capsys, tmp_path):
+    # checked once, by plan_run, before any LM is set up: a usage error (exit 2) naming the program
+    from halluscope.cli.optimize import main
 
-    p = build_parser()
-    with pytest.raises(SystemExit):
-        validate_args(p, p.parse_args(["--program", "mark-all", "--metric", "f1"]))
-    assert "uses no LM and has no fit hook" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--program", "mark-all", "--metric", "iou", "--lang", "de", "--no-mlflow",
+              "--compiled-dir", str(tmp_path / "compiled"), "--report-dir", str(tmp_path / "reports")])
+    assert e.value.code == 2
+    assert "'mark-all' uses no LM and has no fit hook" in capsys.readouterr().err
+    assert not (tmp_path / "compiled").exists()
 
 
 @pytest.mark.parametrize("program, lang, metric", [("spans", "de", "iou"), ("halluclean", "qa", "f1")])
