@@ -55,8 +55,9 @@ def test_evaluate_artifact_scores_the_compiled_program_and_records_it(tmp_path, 
     assert fitted["iou"] == pytest.approx(ref.scores["iou"]) and fitted["corr"] == pytest.approx(ref.scores["corr"])
 
     # a path to the version folder (here a copy outside compiled/) gives the same score
-    copy = tmp_path / "elsewhere" / "v0002"
-    shutil.copytree(COMPILED / "grounded" / "de" / "iou" / "v0002", copy)
+    served = f"v{detector.version:04d}"  # the version scored above, whichever is served
+    copy = tmp_path / "elsewhere" / served
+    shutil.copytree(COMPILED / "grounded" / "de" / "iou" / served, copy)
     assert cli_main(["evaluate", "--artifact", str(copy), *common, "--out-dir", str(tmp_path / "path")]) == 0
     assert _summary(tmp_path / "path")["iou"] == pytest.approx(fitted["iou"])
 
