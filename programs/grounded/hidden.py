@@ -38,7 +38,7 @@ from typing import Protocol
 import numpy as np
 
 from halluscope.core import paths
-from halluscope.programs.grounded.lmscore import select_evidence, token_char_offsets
+from halluscope.programs.grounded.lmscore import evidence_in_tokens, token_char_offsets
 from halluscope.programs.grounded.units import AnswerUnit
 
 __all__ = ["HIDDEN", "HiddenBackend", "LlamaHidden", "HiddenScorer", "ItemHidden", "unit_hidden", "Probe",
@@ -249,14 +249,7 @@ class HiddenScorer:
     def evidence_for(self, answer: str, context: str, lang: str, budget: int) -> str:
         if not context.strip() or budget <= 0:
             return ""
-        be = self.backend
-        sample = context[:2000]
-        per_token = len(sample) / max(1, len(be.tokenize(sample)))
-        evidence = select_evidence(answer, context, int(budget * per_token), lang)
-        toks = be.tokenize(evidence)
-        if len(toks) > budget:
-            evidence = be.detokenize(toks[:budget]).decode("utf-8", "ignore")
-        return evidence
+        return evidence_in_tokens(self.backend, answer, context, budget, lang)
 
     def token_outputs(self, question: str, answer: str, context: str, lang: str = "en",
                       cached_only: bool = False) -> dict | None:

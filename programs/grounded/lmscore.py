@@ -45,7 +45,7 @@ from halluscope.lm.models import file_sha256, smollm2_path
 from halluscope.programs.grounded.units import AnswerUnit, tokens_of
 from halluscope.core.text import segment
 
-__all__ = ["Backend", "LlamaBackend", "LMScorer", "plan_budget", "select_evidence", "token_char_offsets",
+__all__ = ["Backend", "LlamaBackend", "LMScorer", "plan_budget", "select_evidence", "evidence_in_tokens", "token_char_offsets",
            "unit_rows"]
 
 logger = logging.getLogger(__name__)
@@ -163,6 +163,20 @@ def select_evidence(answer: str, context: str, budget_chars: int, lang: str = "e
     return " ".join(t for _, t in sorted(chosen))
 
 
+def evidence_in_tokens(backend, answer: str, context: str, budget: int, lang: str = "en") -> str:
+    """:func:`select_evidence` within ``budget`` *tokens* of ``backend`` (anything with ``tokenize`` /
+    ``detokenize``): the character budget comes from this context's own characters per token (a Chinese character
+    is two or three tokens for SmolLM2's tokenizer, an English word about one), and the selection is cut to the
+    token budget exactly."""
+    sample = context[:2000]
+    per_token = len(sample) / max(1, len(backend.tokenize(sample)))
+    evidence = select_evidence(answer, context, int(budget * per_token), lang)
+    toks = backend.tokenize(evidence)
+    if len(toks) > budget:
+        evidence = backend.detokenize(toks[:budget]).decode("utf-8", "ignore")
+    return evidence
+
+
 def token_char_offsets(answer: str, pieces: list[bytes]) -> list[tuple[int, int] | None]:
     """Character offsets of consecutive token byte ``pieces`` in ``answer`` (None where they stop matching)."""
     data = answer.encode("utf-8")
@@ -238,14 +252,7 @@ class LMScorer:
         budget = self.max_evidence_tokens if budget is None else min(int(budget), self.max_evidence_tokens)
         if not context.strip() or budget <= 0:
             return ""
-        be = self.backend
-        sample = context[:2000]
-        per_token = len(sample) / max(1, len(be.tokenize(sample)))
-        evidence = select_evidence(answer, context, int(budget * per_token), lang)
-        toks = be.tokenize(evidence)
-        if len(toks) > budget:
-            evidence = be.detokenize(toks[:budget]).decode("utf-8", "ignore")
-        return evidence
+        return evidence_in_tokens(self.backend, answer, context, budget, lang)
 
     def token_logprobs(self, question: str, answer: str, context: str, lang: str = "en") -> dict:
         """``{"pieces": [hex bytes], "with": [...], "without": [...], "tokens": n, "answer_tokens_cut": k}`` for
