@@ -303,18 +303,16 @@ class GroundedDetector(dspy.Module):
                               lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy,
                               lang=lang or "", encoder=shared_encoder() if set(ENCODER) & set(self.features) else None,
                               hidden=hid)
-        if hid_fail:
-            feats.failures["scorer_missing"] = feats.failures.get("scorer_missing", 0) + 1
-        if hid is not None and hid.cut:
-            feats.failures["hs_answer_cut"] = feats.failures.get("hs_answer_cut", 0) + 1
-        for k, v in det_fail.items():
-            feats.failures[k] = feats.failures.get(k, 0) + v
-        if self.use_lm and lm_rows is None and (answer or "").strip():
-            feats.failures["lm_missing"] = feats.failures.get("lm_missing", 0) + 1
-        if lm_fail:
-            feats.failures["lm_error"] = feats.failures.get("lm_error", 0) + 1
-        if lm_info.get("answer_tokens_cut"):  # a counted warning: the tail's units have the LM fallback
-            feats.failures["lm_answer_cut"] = feats.failures.get("lm_answer_cut", 0) + 1
+        counted = {**det_fail,
+                   "scorer_missing": int(bool(hid_fail)),
+                   "hs_answer_cut": int(hid is not None and bool(hid.cut)),
+                   "lm_missing": int(self.use_lm and lm_rows is None and bool((answer or "").strip())),
+                   "lm_error": int(bool(lm_fail)),
+                   # a counted warning: the tail's units have the LM fallback
+                   "lm_answer_cut": int(bool(lm_info.get("answer_tokens_cut")))}
+        for k, v in counted.items():
+            if v:
+                feats.failures[k] = feats.failures.get(k, 0) + v
         return feats
 
     def detector_spans(self, question: str, answer: str, context: str, lang: str) -> tuple[dict, dict]:
