@@ -123,10 +123,10 @@ def _baseline_examples() -> list[dspy.Example]:
 
 
 def _baseline_p_yes(call) -> float:
-    """P(Yes) = a per-context baseline (the content-free answer "N/A" gets it) moved a little by the answer."""
+    """P(Yes) = a per-context baseline (the content-free request, no answer, gets it) moved a little by the answer."""
     text = call.inputs.get("input", "")
     base = 0.95 if "Paris." in text else 0.70
-    if "N/A" in text:
+    if "(empty)" in text:
         return base
     wrong = any(city in text for city in ("Berlin", "Madrid"))
     return {0.95: (0.97 if wrong else 0.93), 0.70: (0.80 if wrong else 0.65)}[base]
@@ -159,14 +159,14 @@ def test_content_free_calibration_takes_out_the_per_context_baseline():
         base = 0.95 if "Paris" in e.context else 0.70
         assert p.score == pytest.approx(contextual_probability(_baseline_p_yes_of(e), base))
         assert not p.failures
-    cf_calls = [c for c in lm.engine.calls[n_before:] if "N/A" in c.inputs.get("input", "")]
+    cf_calls = [c for c in lm.engine.calls[n_before:] if "(empty)" in c.inputs.get("input", "")]
     assert len(cf_calls) == len(examples)  # one content-free request per case (the scripted LM has no cache)
     assert len(lm.engine.calls) - n_before == 2 * len(examples)
     with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter()), trace=[]):
         calibrated(**examples[0].inputs())
         trace = dspy.settings.trace
     # only the calibrated request is traced: an optimizer never takes the content-free one for a demo
-    assert len(trace) == 1 and "N/A" not in trace[0][1]["input"]
+    assert len(trace) == 1 and "(empty)" not in trace[0][1]["input"]
 
 
 def _baseline_p_yes_of(ex) -> float:
@@ -178,7 +178,7 @@ def test_content_free_calibration_without_a_content_free_probability_counts_a_fa
     from halluscope.programs.halluclean.program import build_direct
 
     def respond(call):  # the content-free request does not parse; the real one answers
-        return "not json at all" if "N/A" in call.inputs.get("input", "") else {k: "Yes" for k in call.outputs}
+        return "not json at all" if "(empty)" in call.inputs.get("input", "") else {k: "Yes" for k in call.outputs}
 
     lm = scripted_lm(respond, logprobs=lambda call: {k: {"Yes": 0.9, "No": 0.1} for k in call.outputs})
     program = build_direct(calibrate="content_free")

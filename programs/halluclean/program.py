@@ -189,7 +189,9 @@ def _verdict_outcome(raw, probability: float | None = None) -> tuple[bool, float
 
 
 CALIBRATIONS = ("content_free",)  # the ``calibrate`` option's values (None: off)
-CONTENT_FREE_ANSWER = "N/A"  # the answer shown in the content-free request of ``calibrate="content_free"``
+# the answer of the content-free request of ``calibrate="content_free"``: none (the input shows "(empty)"); on
+# HalluClean QA an empty answer took out more of the per-question baseline than "N/A" (BENCHMARKS.md, #21 round three)
+CONTENT_FREE_ANSWER = ""
 
 
 def _content_free_prior(predictor, failures: dict, **inputs) -> float | None:
@@ -292,7 +294,7 @@ class DirectAsk(dspy.Module):
         decisions: the verdict is a Boolean decision output (``DirectAskDecision``) that ``dspy.ReAnchor``
             calibrates; once calibrated, the score is P(Yes) read from the backend's token probabilities.
         calibrate: ``"content_free"``: contextual calibration (Zhao et al. 2021). Each case is also asked with
-            the answer replaced by "N/A" (one more request per context and question; the right and the
+            no answer ("(empty)"; one more request per context and question; the right and the
             hallucinated answer to one question share it through the cache), and the score is P(Yes) divided
             by that content-free P(Yes), renormalised (:func:`halluscope.core.decisions.contextual_probability`):
             the per-case baseline the context and question set is taken out. Implies ``decisions``, read from
@@ -407,7 +409,7 @@ def build_direct(max_tokens: dict | None = None, decisions: bool = False, calibr
     Args:
         max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
         decisions: a Boolean decision output that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
-        calibrate: "content_free": P(Yes) divided by the P(Yes) of the same case with the answer "N/A"
+        calibrate: "content_free": P(Yes) divided by the P(Yes) of the same case without the answer
             (contextual calibration; one more request per question); null: off.
     """
     return DirectAsk(routing=False, max_tokens=max_tokens, decisions=decisions, calibrate=calibrate)
@@ -421,7 +423,7 @@ def build_direct_routing(task: str | None = None, max_tokens: dict | None = None
         task: the task route for every case; None = each example's own task.
         max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
         decisions: a Boolean decision output that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
-        calibrate: "content_free": P(Yes) divided by the P(Yes) of the same case with the answer "N/A"
+        calibrate: "content_free": P(Yes) divided by the P(Yes) of the same case without the answer
             (contextual calibration; one more request per question); null: off.
     """
     return DirectAsk(routing=True, task=task, max_tokens=max_tokens, decisions=decisions, calibrate=calibrate)
