@@ -17,7 +17,7 @@ Probes (``/empty``, ``/na``: the same request with no answer or the answer "N/A"
 * ``support``: the QA wording asking "Is the answer stated in or supported by the knowledge?" (Yes = supported);
 * ``direct/noctx``: ``direct`` with the knowledge left out (the answer kept);
 * ``demo``: ``direct`` with 4 labelled demos (the right and hallucinated answers of the first 2 questions,
-  which are then left out of the scoring).
+  which are then left out of the scoring); ``rdemo``: ``routing`` with the same demos in the QA wording.
 
 Requests go through DSPy's disk cache, so a rerun costs no model calls; token counts are of the prompts and
 replies as the engine's tokenizer counts them (cached requests included).
@@ -53,15 +53,16 @@ N_DEMO_CASES = 4
 
 def make_probe(kind: str, demo_cases: list) -> DirectAsk:
     """The program a probe reads P(Yes) with (cut point 0.5 so that every call is a log-probability request)."""
-    if kind in ("routing", "support"):
+    if kind in ("routing", "support", "rdemo"):
         program = DirectAsk(routing=True, task="qa", decisions=True)
         if kind == "support":
             program.ask.signature = SUPPORT
     else:
         program = DirectAsk(decisions=True)
     program.ask.fields = {"verdict": {"threshold": 0.5}}
-    if kind == "demo":
-        program.ask.demos = [dspy.Example(**route_inputs(TASKS["generic"], ex.question, ex.answer, ex.context),
+    if kind in ("demo", "rdemo"):
+        route = TASKS["generic" if kind == "demo" else "qa"]
+        program.ask.demos = [dspy.Example(**route_inputs(route, ex.question, ex.answer, ex.context),
                                           verdict="Yes" if ex.label else "No") for ex in demo_cases]
     return program
 
@@ -159,7 +160,7 @@ def main() -> None:
     probes, cost = {}, {}
     for name in needed:
         scored = cases
-        if name.startswith("demo"):  # the demo questions are not scored
+        if name.startswith(("demo", "rdemo")):  # the demo questions are not scored
             shown = {ex.source_id for ex in demo_cases}
             scored = [ex for ex in cases if ex.source_id not in shown]
         n0, t0 = len(lm.history), time.time()
