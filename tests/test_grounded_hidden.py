@@ -10,7 +10,7 @@ import pytest
 
 from halluscope.programs.grounded.program import GroundedDetector, fit_grounded
 from halluscope.programs.grounded.features import HIDDEN, feature_names, item_features
-from halluscope.programs.grounded.hidden import (HiddenScorer, ItemHidden, Probe, oof_probe_scores, plan_single,
+from halluscope.programs.grounded.hidden import (HiddenScorer, ItemHidden, Probe, RidgeStats, oof_probe_scores, plan_single,
                                                  token_stats, unit_hidden)
 from halluscope.programs.grounded.lmscore import token_char_offsets
 from halluscope.programs.grounded.units import units_of
@@ -156,6 +156,26 @@ def test_probe_fits_a_linear_signal_round_trips_and_scores_out_of_fold():
     extra = (np.vstack([np.eye(6)[5] * 100.0] * 20), np.full(20, 9.0))
     oof3 = oof_probe_scores(spiked, ys2, alpha=1.0, k=5, extra=extra)
     assert np.abs(oof3[0] - 9.0).max() < np.abs(oof2[0] - 9.0).min()
+
+
+def test_probe_from_summed_statistics_equals_the_ridge_fit_on_the_rows():
+    rng = np.random.default_rng(1)
+    V = rng.normal(size=(300, 8)) * rng.uniform(0.5, 5, size=8) + rng.normal(size=8)
+    y = V @ rng.normal(size=8) + rng.normal(size=300)
+    V[7, 2] = np.nan  # a unit without tokens: left out of the fit
+    alpha = 3.0
+    ok = np.isfinite(V).all(axis=1)
+    Z = (V[ok] - V[ok].mean(0)) / V[ok].std(0)
+    want = np.linalg.solve(Z.T @ Z + alpha * np.eye(8), Z.T @ (y[ok] - y[ok].mean()))
+    np.testing.assert_allclose(Probe.fit(V, y, alpha).coef, want, rtol=1e-8, atol=1e-10)
+    # statistics of disjoint blocks add up to those of all rows, and subtract back
+    a, b = RidgeStats.of(V[:100], y[:100]), RidgeStats.of(V[100:], y[100:])
+    both = Probe.fit_stats(a + b, alpha)
+    np.testing.assert_allclose(both.coef, want, rtol=1e-8, atol=1e-10)
+    assert abs(both.intercept - y[ok].mean()) < 1e-9
+    np.testing.assert_allclose(Probe.fit_stats((a + b) - a, alpha).coef, Probe.fit(V[100:], y[100:], alpha).coef,
+                               rtol=1e-7, atol=1e-9)
+    assert not Probe.fit_stats(RidgeStats.of(V[:1], y[:1]), alpha).fitted  # one row: nothing to fit
 
 
 def test_item_features_hidden_columns_and_fallback():
