@@ -220,6 +220,43 @@ def test_fit_learns_the_probe_state_round_trips_and_an_artifact_switches_the_sig
     assert [(s.start, s.end, s.prob) for s in again.spans] == [(s.start, s.end, s.prob) for s in pred.spans]
 
 
+def test_pooled_probe_adds_the_units_of_every_fully_cached_other_language(tmp_path):
+    import json
+
+    from halluscope.loaders.mushroom import load_mushroom
+    from tests.test_grounded import fixture_records
+
+    root = tmp_path / "mushroom"
+    for lang in ("fr", "sv", "de"):  # de is the training language: never pooled
+        f = root / "val" / f"mushroom.{lang}-val.v2.jsonl"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        # each language's answers end in its own word, so no two languages share a cached forward pass
+        recs = [dict(r, id=f"val-{lang}-{i}", lang=lang, model_output_text=f"{r['model_output_text']} {lang}")
+                for i, r in enumerate(fixture_records(6))]
+        f.write_text("".join(json.dumps(r) + "\n" for r in recs), "utf-8")
+        for r in recs:  # the retrieved contexts, in the folder layout the loader reads
+            c = root / "context" / "val" / "native" / lang / f"{r['id']}.context.txt"
+            c.parent.mkdir(parents=True, exist_ok=True)
+            c.write_text(r["context"], "utf-8")
+    prog = _fake_program(tmp_path / "cache", hidden_pool=str(root))
+    sc = prog.hidden_scorer()
+    covered = 0
+    for ex in load_mushroom(root, lang="fr", split="val", context="native"):  # every fr item cached
+        r = sc.units(ex.get("question", ""), ex.answer, ex.get("context", ""), units_of(ex.answer), "fr")
+        covered += int(r.covered.sum())
+    sv = load_mushroom(root, lang="sv", split="val", context="native")[0]  # one sv item of six: sv stays out
+    sc.units(sv.get("question", ""), sv.answer, sv.get("context", ""), units_of(sv.answer), "sv")
+    forwards = sc.backend.forwards
+    train = fixture_examples(16)
+    info = fit_grounded(prog, train, "iou")["hidden_probe"]
+    assert info["pooled_langs"] == ["fr"] and info["pooled_units"] == covered > 0
+    alone = _fake_program(tmp_path / "cache")
+    assert fit_grounded(alone, fixture_examples(16), "iou")["hidden_probe"]["pooled_units"] == 0
+    assert not np.allclose(alone.probe.coef, prog.probe.coef)  # the pooled rows changed the fit
+    # only the training items' distinct passes ran the model: the pool reads the cache, never runs the model
+    assert sc.backend.forwards - forwards == len({(ex.question, ex.answer, ex.context) for ex in train})
+
+
 def test_program_without_the_signal_never_builds_the_scorer(tmp_path):
     prog = GroundedDetector(genlogits=False)
     fit_grounded(prog, fixture_examples(8), "iou")

@@ -713,18 +713,23 @@ def pool_rows(module: GroundedDetector, exclude: list[str]) -> tuple[RidgeStats,
     """The probe's sufficient statistics (:class:`RidgeStats`) of the Mu-SHROOM validation units (vectors, gold unit
     probabilities) in ``module.hidden_pool`` of every language not in ``exclude``, and the languages pooled, from
     the scorer's disk cache only: a language joins the pool when every one of its items is cached (the pool never
-    runs the model over other languages; the fit record names the languages pooled; memoised per process)."""
+    runs the model over other languages; the fit record names the languages pooled; each language's statistics are
+    memoised per process)."""
     from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
 
     sc = module.hidden_scorer()
-    key = (module.hidden_pool, tuple(exclude), sc.backend.name, sc.max_item_tokens, sc.max_evidence_tokens)
-    if key not in _POOL:
-        V, Y, langs = [], [], []
-        for lang in VAL_LANGS:
-            if lang in exclude:
-                continue
+    total, langs = None, []
+    for lang in VAL_LANGS:
+        if lang in exclude:
+            continue
+        key = (module.hidden_pool, lang, sc.backend.name, sc.max_item_tokens, sc.max_evidence_tokens)
+        if key not in _POOL:  # one language's statistics, or None when any of its items is not cached
             v, y = [], []
-            for ex in load_mushroom(module.hidden_pool, lang=lang, split="val", context="native"):
+            try:
+                pool_items = load_mushroom(module.hidden_pool, lang=lang, split="val", context="native")
+            except FileNotFoundError:  # the folder lacks this language (or its contexts): not pooled
+                pool_items = []
+            for ex in pool_items:
                 units = units_of(ex.answer)
                 if not units:
                     continue
@@ -734,12 +739,11 @@ def pool_rows(module: GroundedDetector, exclude: list[str]) -> tuple[RidgeStats,
                     break
                 v.append(h.vectors[h.covered])
                 y.append(np.asarray(unit_targets(ex.answer, units, ex.soft_labels, ex.hard_labels))[h.covered])
-            if v:
-                V += v
-                Y += y
-                langs.append(lang)
-        _POOL[key] = (RidgeStats.of(np.vstack(V), np.concatenate(Y)), langs) if V else None
-    return _POOL[key]
+            _POOL[key] = RidgeStats.of(np.vstack(v), np.concatenate(y)) if v else None
+        if _POOL[key] is not None:
+            total = _POOL[key] if total is None else total + _POOL[key]
+            langs.append(lang)
+    return (total, langs) if total is not None else None
 
 
 # -- the response head (issue #19) --------------------------------------------------------------------------
