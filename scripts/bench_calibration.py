@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import time
 
 import dspy
@@ -141,9 +142,59 @@ def score_rule(rule: str, probes: dict, cases: list, folds: int, seeds: list[int
     }
 
 
+def fold_demos(cases: list, folds: list[list[int]], k: int, seed: int) -> list[list]:
+    """Per fold, the demo cases: both answers of ``k // 2`` questions drawn (by ``seed`` and the fold's
+    index) from the questions with no case in that fold, in file order. Never a held-out case."""
+    if k < 2 or k % 2:
+        raise SystemExit(f"--cv-demos needs an even number of demos (both answers of a question), not {k}")
+    out = []
+    for i, fold in enumerate(folds):
+        held = {cases[j].source_id for j in fold}
+        train_q = sorted({ex.source_id for ex in cases} - held, key=str)
+        if len(train_q) < k // 2:
+            raise SystemExit(f"fold {i + 1} has {len(train_q)} training questions, fewer than {k // 2}")
+        drawn = set(random.Random(f"{seed}-{i}").sample(train_q, k // 2))
+        out.append([ex for ex in cases if ex.source_id in drawn])
+    return out
+
+
+def cv_demos(kind: str, cases: list, k: int, folds: int, seed: int, lm) -> dict:
+    """Each grouped fold scored with ``k`` demos drawn from its training part, calibrated by the content-free
+    request with the same demos, decided at the fixed cut logit 0 (calibrated P = 0.5; nothing fitted)."""
+    fold_idx = make_folds(cases, folds, seed, group_by="source_id")
+    demos = fold_demos(cases, fold_idx, k, seed)
+    n0, t0 = len(lm.history), time.time()
+    per_fold, scored = [], []
+    for idx, shown in zip(fold_idx, demos):
+        held = [cases[j] for j in idx]
+        p = read_probe(kind, held, shown)
+        p_cf = read_probe(f"{kind}/empty", held, shown)
+        rows = [(ex, logit(p[ex.id]) - logit(p_cf[f"q{ex.source_id}"])) for ex in held
+                if ex.id in p and f"q{ex.source_id}" in p_cf]
+        y = np.array([bool(ex.label) for ex, _ in rows])
+        s = np.array([v for _, v in rows])
+        per_fold.append(_bacc(y, s >= 0.0))
+        scored += rows
+    entries = lm.history[n0:]
+    n_in, n_out = token_counts(lm, entries)
+    hits = sum(bool(e.get("cache_hit")) for e in entries)
+    y = np.array([bool(ex.label) for ex, _ in scored])
+    s = np.array([v for _, v in scored])
+    return {
+        "rule": f"{kind}-{kind}/empty", "cv_demos": k, "folds": folds, "seed": seed, "n": len(scored),
+        "demo_questions": [sorted({str(ex.source_id) for ex in d}) for d in demos],
+        "per_fold_cut_at_half": [round(b, 3) for b in per_fold],
+        "mean": round(float(np.mean(per_fold)), 3), "sd": round(float(np.std(per_fold, ddof=1)), 3),
+        "pooled_auc": round(auc(y, s), 3),
+        "pair_ranking": round(pair_ranking([ex.source_id for ex, _ in scored], y, s), 3),
+        "cost": {"requests": len(entries), "new": len(entries) - hits, "cached": hits,
+                 "input_tokens": n_in, "output_tokens": n_out, "wall_s": round(time.time() - t0, 1)},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rules", nargs="+", required=True, metavar="RULE",
+    ap.add_argument("--rules", nargs="+", default=[], metavar="RULE",
                     help="a probe, or probe-baseline (logit difference), e.g. routing-routing/empty")
     ap.add_argument("--task", default="qa")
     ap.add_argument("--data-dir", default="../shared/data/halluclean")
@@ -151,10 +202,21 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--lm", default="local")
     ap.add_argument("--cache-dir", default=None)
+    ap.add_argument("--cv-demos", type=int, default=0, metavar="K",
+                    help="instead of --rules: per grouped fold, K demos (both answers of K/2 questions) drawn from "
+                         "its training part, content-free calibration, fixed cut at P = 0.5")
+    ap.add_argument("--cv-kinds", nargs="+", default=["rdemo"], choices=["demo", "rdemo"])
     args = ap.parse_args()
+    if not args.rules and not args.cv_demos:
+        ap.error("give --rules or --cv-demos K")
 
     lm = configure(args.lm, cache_dir=args.cache_dir)
     cases = load_halluclean(args.data_dir, args.task)
+    if args.cv_demos:
+        for kind in args.cv_kinds:
+            for seed in args.seeds:
+                print(json.dumps(cv_demos(kind, cases, args.cv_demos, args.folds, seed, lm)), flush=True)
+        return
     demo_cases = cases[:N_DEMO_CASES]
     needed = sorted({name for rule in args.rules for name in rule.split("-")})
     probes, cost = {}, {}
