@@ -306,7 +306,7 @@ def cmd_response(args):
     one of the same item."""
     from halluscope.artifacts.store import load_compiled
     from halluscope.loaders.halluclean import load_halluclean
-    from halluscope.programs.grounded.program import response_rows, stack_vectors
+    from halluscope.programs.grounded.program import impute_nan_columns, response_rows, stack_vectors
     from halluscope.programs.grounded.response import (RESP_PROBE_ALPHA, RESPONSE_BASE, auc, binary_scores, cv_head,
                                                        pair_ranking)
 
@@ -339,7 +339,7 @@ def cmd_response(args):
     print(f"\nHalluClean dev, response level; unit part: {det.path} ({module.combiner.kind}, features "
           f"{len(module.features)}); heads by nested {args.folds}-fold CV grouped by item, fold seeds {args.seeds}\n")
     tasks = tuple(args.tasks)
-    data, vectors, t0 = {}, {}, time.perf_counter()
+    data, vectors, examples, t0 = {}, {}, {}, time.perf_counter()
     for task in tasks:
         exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
         vecs: list = []
@@ -353,7 +353,26 @@ def cmd_response(args):
                       for r in X])
         data[task] = (X, y, g, P)
         vectors[task] = stack_vectors(vecs) if module.use_resp_hs else None
+        examples[task] = exs
     feats = module.response_features
+    if args.lm_from_hs:  # resp_lm's four columns computed from resp_hs's passes (with and without the evidence)
+        from halluscope.programs.grounded.respsig import RESP_LM, _low_quarter, _tail
+
+        sc = module.resp_hidden()
+        for task in tasks:
+            rows = []
+            for ex in examples[task]:
+                q = _tail(ex.get("question", ""))
+                w = np.asarray(sc.token_outputs(q, ex.answer, ex.get("context", ""), "en")["lp"], dtype=float)
+                b = np.asarray(sc.token_outputs(q, ex.answer, "", "en")["lp"], dtype=float)
+                n = min(len(w), len(b))
+                w, d = w[:n], w[:n] - b[:n]
+                rows.append([np.mean(w), _low_quarter(w), np.mean(d), _low_quarter(d)] if n else [np.nan] * 4)
+            X, y, g, P = data[task]
+            data[task] = (impute_nan_columns(np.hstack([X, np.asarray(rows, dtype=float)])), y, g, P)
+        feats = feats + [f"{k}_hs" for k in RESP_LM]
+        print(f"(resp_lm's columns from the hidden-state passes; {sc.calls} passes evaluated, {sc.cache_hits} cached)",
+              file=sys.stderr)
     if args.drop_features:  # an ablation: the heads without these response features (e.g. the answer's length)
         keep = [j for j, f in enumerate(feats) if f not in set(args.drop_features)]
         data = {t: (X[:, keep], y, g, P) for t, (X, y, g, P) in data.items()}
@@ -479,12 +498,14 @@ def probe_report(module, args, tasks, data, vectors):
         V = vectors[task]
         a = mean_auc_pair(y, g, [oof(V, y, g, sd, probe_fn(V, y)) for sd in args.seeds])
         others = [t for t in tasks if t != task]
-        Vo = np.vstack([vectors[t] for t in others])
-        yo = np.concatenate([data[t][1] for t in others])
-        ok = np.isfinite(Vo).all(axis=1)
-        p = Probe.fit(Vo[ok], yo[ok].astype(float), alpha)
-        sb = p.score(np.where(np.isfinite(V), V, 0.0))
-        b = (auc(y, sb), pair_ranking(g, y, sb))
+        b = (float("nan"), float("nan"))
+        if others:
+            Vo = np.vstack([vectors[t] for t in others])
+            yo = np.concatenate([data[t][1] for t in others])
+            ok = np.isfinite(Vo).all(axis=1)
+            p = Probe.fit(Vo[ok], yo[ok].astype(float), alpha)
+            sb = p.score(np.where(np.isfinite(V), V, 0.0))
+            b = (auc(y, sb), pair_ranking(g, y, sb))
         Vb = bare.get(task)
         c = mean_auc_pair(y, g, [oof(Vb, y, g, sd, probe_fn(Vb, y)) for sd in args.seeds]) if Vb is not None \
             else (float("nan"), float("nan"))
@@ -611,6 +632,9 @@ def main(argv=None):
                     help="response --resp hs: also the probe alone per task, across tasks, and an answer-only style baseline")
     ap.add_argument("--bare-tasks", nargs="*", default=["dialogue"],
                     help="response --probe-report: the tasks whose evidence-free hidden states are computed (column c)")
+    ap.add_argument("--lm-from-hs", action="store_true",
+                    help="response --resp hs: add resp_lm's columns (the evidence's PMI with the answer) computed from the "
+                         "hidden-state passes with and without the evidence (the latter: --probe-report's column c)")
     ap.add_argument("--no-unit-stats", action="store_true",
                     help="response: heads without the per-unit-feature mean/max columns (-O head_unit_stats=false)")
     ap.add_argument("--tasks", nargs="+", default=["qa", "dialogue", "summarization"],
