@@ -435,7 +435,11 @@ def probe_report(module, args, tasks, data, vectors):
     Per task, AUC / pair ranking of (a) the probe alone, out-of-fold within the task (5 folds grouped by item, the
     fold seeds); (b) the probe fitted on the *other* tasks only; (c) the probe on hidden states computed with
     *no evidence* in the prompt (only the question's tail: if it scores as well, it does not read the evidence);
-    (d) a bag-of-words logistic regression on the answer's text alone (a style baseline: no evidence, no LM)."""
+    (d) a bag-of-words logistic regression on the answer's text alone (a style baseline: no evidence, no LM);
+    then single columns of the same passes, unfitted, with the sign that ranks hallucinated answers higher when
+    they are *less* likely: (e) minus the answer tokens' mean log-probability without the evidence, (f) with it,
+    (g) minus the evidence's PMI (``resp_lm``'s ``r_lm_pmi``: with minus without); an AUC below 0.5 means the
+    hallucinated answers are the *more* predictable ones."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -446,20 +450,29 @@ def probe_report(module, args, tasks, data, vectors):
 
     alpha = args.probe_alpha
     bare: dict = {}
+    single: dict = {}
     t = time.perf_counter()
     for task in tasks:  # (c): the same pass without the evidence (only for --bare-tasks: another LM pass each)
         exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
         data[task] = data[task] + ([ex.answer for ex in exs],)
         if task not in args.bare_tasks:
             continue
-        rows = []
+        rows, lps = [], []
         for ex in exs:
+            q = _tail(ex.get("question", ""))
             try:
-                rows.append(module.resp_hidden().token_outputs(_tail(ex.get("question", "")), ex.answer, "", "en")["H"].mean(axis=0))
+                b = module.resp_hidden().token_outputs(q, ex.answer, "", "en")
+                w = module.resp_hidden().token_outputs(q, ex.answer, ex.get("context", "") or "", "en")
+                rows.append(b["H"].mean(axis=0))
+                n = min(len(b["lp"]), len(w["lp"]))
+                lb, lw = np.asarray(b["lp"][:n], dtype=float), np.asarray(w["lp"][:n], dtype=float)
+                lps.append([-lb.mean(), -lw.mean(), -(lw - lb).mean()])
             except Exception:  # noqa: BLE001 - an answer without tokens: a NaN row
                 rows.append(None)
+                lps.append([np.nan] * 3)
         d = next(len(r) for r in rows if r is not None)
         bare[task] = np.vstack([np.full(d, np.nan) if r is None else r for r in rows])
+        single[task] = np.asarray(lps, dtype=float)
     print(f"(evidence-free hidden states in {time.perf_counter() - t:.1f} s)", file=sys.stderr)
 
     def oof(V, y, g, seed, score_fn):
@@ -491,8 +504,10 @@ def probe_report(module, args, tasks, data, vectors):
 
     print(f"\nThe response probe alone (ridge alpha {alpha:g} on the answer's mean hidden state; AUC / pair ranking; "
           f"out-of-fold, {args.folds} folds grouped by item, fold seeds {args.seeds})\n")
-    print("| task | (a) probe, within the task | (b) probe fitted on the other tasks | (c) probe, no evidence in the prompt | (d) answer-text bag of words (style) |")
-    print("|---|---|---|---|---|")
+    print("| task | (a) probe, within the task | (b) probe fitted on the other tasks | (c) probe, no evidence in the prompt "
+          "| (d) answer-text bag of words (style) | (e) -log p(answer), no evidence | (f) -log p(answer), with it "
+          "| (g) -PMI of the evidence |")
+    print("|---|---|---|---|---|---|---|---|")
     for task in tasks:
         X, y, g, P, texts = data[task]
         V = vectors[task]
@@ -511,7 +526,11 @@ def probe_report(module, args, tasks, data, vectors):
             else (float("nan"), float("nan"))
         dd = mean_auc_pair(y, g, [oof(None, y, g, sd, bow_fn(texts, y)) for sd in args.seeds])
         f = lambda r: f"{r[0]:.3f} / {100 * r[1]:.0f}%"  # noqa: E731
-        print(f"| {task} | {f(a)} | {f(b)} ({'+'.join(others)}) | {f(c)} | {f(dd)} |", flush=True)
+        sg = single.get(task)
+        ef = [(auc(y, sg[:, k]), pair_ranking(g, y, sg[:, k])) if sg is not None else (float("nan"),) * 2
+              for k in range(3)]
+        print(f"| {task} | {f(a)} | {f(b)} ({'+'.join(others)}) | {f(c)} | {f(dd)} | {f(ef[0])} | {f(ef[1])} "
+              f"| {f(ef[2])} |", flush=True)
         data[task] = data[task][:4]
 
 
