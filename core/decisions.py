@@ -16,6 +16,10 @@ there that begin the option's label (case and leading spaces ignored), renormali
   program counts a failed item); :func:`logprobs_problem` checks a backend once, before an optimizer runs.
 * ``dspy.context(halluscope_decision_probs="verbal")`` (``--decision-probs verbal``) falls back to DSPy's own
   behaviour: the LM writes its probabilities.
+* Contextual calibration (Zhao et al. 2021, "Calibrate before use"): within :func:`calibrated_by` a Boolean
+  output's P(True) is divided by the P(True) the same prompt got with a content-free input
+  (:func:`contextual_probability`), before DSPy applies the cut point and before ReAnchor records it, so a
+  fitted threshold sits on the calibrated probability.
 
 :func:`decision_probability` reads the probability of the last decision a predictor decoded (programs put it
 into the contract's ``score``).
@@ -43,9 +47,13 @@ __all__ = [
     "decision_evidence",
     "has_decision_outputs",
     "backend_name",
+    "PRIOR_SETTING",
+    "contextual_probability",
+    "calibrated_by",
 ]
 
 LOGPROB_SETTING = "halluscope_decision_probs"  # dspy.settings key: "logprobs" (default) or "verbal"
+PRIOR_SETTING = "halluscope_decision_prior"  # dspy.settings key: {output name: P(True) of the content-free input}
 TOP_LOGPROBS = 20  # alternatives asked for at each generated position (OpenAI's maximum)
 YES, NO = "Yes", "No"
 
@@ -110,6 +118,24 @@ def option_probabilities(tokens: list, value_start: int, labels: list[str]) -> d
             return {k: v / total for k, v in mass.items()} if total > 0 else None
         pos += len(text)
     return None
+
+
+def contextual_probability(p: float, prior: float, eps: float = 1e-6) -> float:
+    """P(True) ``p`` calibrated by the content-free P(True) ``prior`` (Zhao et al. 2021 for two labels):
+    each label's probability divided by its content-free probability, renormalised; the same as
+    ``sigmoid(logit(p) - logit(prior))``. 0.5 means "as likely True as for a content-free input".
+    Both are clipped to ``[eps, 1 - eps]`` so that certainty on either side stays finite."""
+    p, q = (min(max(float(x), eps), 1.0 - eps) for x in (p, prior))
+    yes, no = p * (1.0 - q), (1.0 - p) * q
+    return yes / (yes + no)
+
+
+@contextmanager
+def calibrated_by(priors: dict[str, float]):
+    """Within: Boolean decision outputs named in ``priors`` are read as :func:`contextual_probability` of their
+    P(True) and the given content-free P(True) (outputs not named are read as usual)."""
+    with dspy.context(**{PRIOR_SETTING: dict(priors)}):
+        yield
 
 
 def _value_start(text: str, field: str, value: str) -> int | None:
@@ -198,7 +224,9 @@ class _LogprobDecisions:
                     raise ValueError(f"decision {name!r}: no probability for any of {labels} in the output")
                 probs = {lab: float(lab == value) for lab in labels}
             if kind == "noul":
-                result[name] = {"noul": probs[YES]}
+                prior = (dspy.settings.get(PRIOR_SETTING) or {}).get(name)
+                p_yes = probs[YES] if prior is None else contextual_probability(probs[YES], prior)
+                result[name] = {"noul": p_yes}
             else:
                 result[name] = {"probabilities": probs, "confidence": max(probs.values())}
         return result

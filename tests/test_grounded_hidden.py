@@ -10,7 +10,7 @@ import pytest
 
 from halluscope.programs.grounded.program import GroundedDetector, fit_grounded
 from halluscope.programs.grounded.features import HIDDEN, feature_names, item_features
-from halluscope.programs.grounded.hidden import (HiddenScorer, ItemHidden, Probe, oof_probe_scores, plan_single,
+from halluscope.programs.grounded.hidden import (HiddenScorer, ItemHidden, Probe, RidgeStats, oof_probe_scores, plan_single,
                                                  token_stats, unit_hidden)
 from halluscope.programs.grounded.lmscore import token_char_offsets
 from halluscope.programs.grounded.units import units_of
@@ -158,6 +158,26 @@ def test_probe_fits_a_linear_signal_round_trips_and_scores_out_of_fold():
     assert np.abs(oof3[0] - 9.0).max() < np.abs(oof2[0] - 9.0).min()
 
 
+def test_probe_from_summed_statistics_equals_the_ridge_fit_on_the_rows():
+    rng = np.random.default_rng(1)
+    V = rng.normal(size=(300, 8)) * rng.uniform(0.5, 5, size=8) + rng.normal(size=8)
+    y = V @ rng.normal(size=8) + rng.normal(size=300)
+    V[7, 2] = np.nan  # a unit without tokens: left out of the fit
+    alpha = 3.0
+    ok = np.isfinite(V).all(axis=1)
+    Z = (V[ok] - V[ok].mean(0)) / V[ok].std(0)
+    want = np.linalg.solve(Z.T @ Z + alpha * np.eye(8), Z.T @ (y[ok] - y[ok].mean()))
+    np.testing.assert_allclose(Probe.fit(V, y, alpha).coef, want, rtol=1e-8, atol=1e-10)
+    # statistics of disjoint blocks add up to those of all rows, and subtract back
+    a, b = RidgeStats.of(V[:100], y[:100]), RidgeStats.of(V[100:], y[100:])
+    both = Probe.fit_stats(a + b, alpha)
+    np.testing.assert_allclose(both.coef, want, rtol=1e-8, atol=1e-10)
+    assert abs(both.intercept - y[ok].mean()) < 1e-9
+    np.testing.assert_allclose(Probe.fit_stats((a + b) - a, alpha).coef, Probe.fit(V[100:], y[100:], alpha).coef,
+                               rtol=1e-7, atol=1e-9)
+    assert not Probe.fit_stats(RidgeStats.of(V[:1], y[:1]), alpha).fitted  # one row: nothing to fit
+
+
 def test_item_features_hidden_columns_and_fallback():
     answer = "Paris 1889"
     units = units_of(answer)
@@ -198,6 +218,43 @@ def test_fit_learns_the_probe_state_round_trips_and_an_artifact_switches_the_sig
     fresh._hidden_scorer = HiddenScorer(backend=FakeBackend(), cache_dir=tmp_path)
     again = fresh(**inputs(ex))
     assert [(s.start, s.end, s.prob) for s in again.spans] == [(s.start, s.end, s.prob) for s in pred.spans]
+
+
+def test_pooled_probe_adds_the_units_of_every_fully_cached_other_language(tmp_path):
+    import json
+
+    from halluscope.loaders.mushroom import load_mushroom
+    from tests.test_grounded import fixture_records
+
+    root = tmp_path / "mushroom"
+    for lang in ("fr", "sv", "de"):  # de is the training language: never pooled
+        f = root / "val" / f"mushroom.{lang}-val.v2.jsonl"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        # each language's answers end in its own word, so no two languages share a cached forward pass
+        recs = [dict(r, id=f"val-{lang}-{i}", lang=lang, model_output_text=f"{r['model_output_text']} {lang}")
+                for i, r in enumerate(fixture_records(6))]
+        f.write_text("".join(json.dumps(r) + "\n" for r in recs), "utf-8")
+        for r in recs:  # the retrieved contexts, in the folder layout the loader reads
+            c = root / "context" / "val" / "native" / lang / f"{r['id']}.context.txt"
+            c.parent.mkdir(parents=True, exist_ok=True)
+            c.write_text(r["context"], "utf-8")
+    prog = _fake_program(tmp_path / "cache", hidden_pool=str(root))
+    sc = prog.hidden_scorer()
+    covered = 0
+    for ex in load_mushroom(root, lang="fr", split="val", context="native"):  # every fr item cached
+        r = sc.units(ex.get("question", ""), ex.answer, ex.get("context", ""), units_of(ex.answer), "fr")
+        covered += int(r.covered.sum())
+    sv = load_mushroom(root, lang="sv", split="val", context="native")[0]  # one sv item of six: sv stays out
+    sc.units(sv.get("question", ""), sv.answer, sv.get("context", ""), units_of(sv.answer), "sv")
+    forwards = sc.backend.forwards
+    train = fixture_examples(16)
+    info = fit_grounded(prog, train, "iou")["hidden_probe"]
+    assert info["pooled_langs"] == ["fr"] and info["pooled_units"] == covered > 0
+    alone = _fake_program(tmp_path / "cache")
+    assert fit_grounded(alone, fixture_examples(16), "iou")["hidden_probe"]["pooled_units"] == 0
+    assert not np.allclose(alone.probe.coef, prog.probe.coef)  # the pooled rows changed the fit
+    # only the training items' distinct passes ran the model: the pool reads the cache, never runs the model
+    assert sc.backend.forwards - forwards == len({(ex.question, ex.answer, ex.context) for ex in train})
 
 
 def test_program_without_the_signal_never_builds_the_scorer(tmp_path):

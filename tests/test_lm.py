@@ -277,3 +277,19 @@ def test_usage_of_counts_cache_hits_apart():
     assert (u.calls, u.cache_hits, u.input_tokens, u.output_tokens) == (3, 1, 15, 3)
     assert u.by_model == {"a": 2, "b": 1}
     assert u.to_dict()["lm_cache_hits"] == 1
+
+
+def test_llama_threads_default_to_the_cpus_the_process_may_run_on(monkeypatch):
+    import os
+
+    from halluscope.lm import models
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)  # as under taskset -c 3
+    assert models.usable_cpus() == 1
+
+    def no_affinity(pid):
+        raise OSError("not supported")
+
+    monkeypatch.setattr(os, "sched_getaffinity", no_affinity, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert models.usable_cpus() == 6

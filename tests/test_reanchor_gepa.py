@@ -10,8 +10,8 @@ import dspy
 import pytest
 
 from halluscope.artifacts import store as A
-from halluscope.core.decisions import (NoLogprobsError, logprobs_problem, option_probabilities,
-                                  with_logprob_decisions)
+from halluscope.core.decisions import (NoLogprobsError, contextual_probability, logprobs_problem,
+                                  option_probabilities, with_logprob_decisions)
 from halluscope.metrics.feedback import evidence_snippet, feedback_metric, response_feedback, span_feedback
 from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.optimizers import gepa_metric
@@ -85,6 +85,134 @@ def test_calibrated_direct_reads_p_yes_into_the_score():
     assert (wrong.label, right.label) == (True, False)  # P(Yes) 0.93 / 0.81 against the cut point 0.9
     assert wrong.score == pytest.approx(0.93) and right.score == pytest.approx(0.81)
     assert all("Literal" in c.outputs["verdict"] and "'No'" in c.outputs["verdict"] for c in lm.engine.calls)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Contextual calibration (content-free P(Yes), round three)
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_contextual_probability_divides_by_the_content_free_probability():
+    assert contextual_probability(0.9, 0.9) == pytest.approx(0.5)  # as likely Yes as with no answer at all
+    # each label divided by its content-free probability, renormalised = sigmoid(logit p - logit prior)
+    p, q = 0.93, 0.81
+    want = (p / q) / (p / q + (1 - p) / (1 - q))
+    assert contextual_probability(p, q) == pytest.approx(want)
+    assert contextual_probability(p, q) == pytest.approx(1 / (1 + math.exp(-(math.log(p / (1 - p))
+                                                                             - math.log(q / (1 - q))))))
+    assert contextual_probability(0.8, 0.95) < 0.5 < contextual_probability(0.8, 0.6)  # below / above its baseline
+    assert contextual_probability(0.5, 0.5) == pytest.approx(0.5)
+    assert contextual_probability(0.3, 0.5) == pytest.approx(0.3)  # a balanced baseline changes nothing
+    # certainty on either side stays a finite probability strictly inside (0, 1)
+    for p, q in ((1.0, 1.0), (0.0, 0.0), (1.0, 0.0), (0.0, 1.0)):
+        assert 0.0 < contextual_probability(p, q) < 1.0
+    assert contextual_probability(1.0, 1.0) == pytest.approx(0.5) == contextual_probability(0.0, 0.0)
+    assert contextual_probability(1.0, 0.0) > 1 - 1e-9 and contextual_probability(0.0, 1.0) < 1e-9
+
+
+def _baseline_examples() -> list[dspy.Example]:
+    """Two contexts with different baselines: raw P(Yes) does not separate right from wrong across them."""
+    out = []
+    for i in range(8):
+        ctx = "Item is in Paris." if i % 4 < 2 else "Item is in Rome."
+        bad = i % 2 == 0
+        city = ("Berlin" if bad else "Paris") if "Paris" in ctx else ("Madrid" if bad else "Rome")
+        out.append(dspy.Example(id=str(i), question=f"Where is item {i}?", answer=f"{city} holds it.", context=ctx,
+                                task="qa", label=bad).with_inputs("question", "answer", "context", "task"))
+    return out
+
+
+def _baseline_p_yes(call) -> float:
+    """P(Yes) = a per-context baseline (the content-free request, no answer, gets it) moved a little by the answer."""
+    text = call.inputs.get("input", "")
+    base = 0.95 if "Paris." in text else 0.70
+    if "(empty)" in text:
+        return base
+    wrong = any(city in text for city in ("Berlin", "Madrid"))
+    return {0.95: (0.97 if wrong else 0.93), 0.70: (0.80 if wrong else 0.65)}[base]
+
+
+def _baseline_lm():
+    return _always_yes_lm(logprobs=lambda call: {k: {"Yes": _baseline_p_yes(call), "No": 1 - _baseline_p_yes(call)}
+                                                 for k in call.outputs})
+
+
+def test_content_free_calibration_takes_out_the_per_context_baseline():
+    from halluscope.programs.halluclean.program import build_direct
+
+    lm = _baseline_lm()
+    raw = build_direct(decisions=True)
+    raw.ask.fields = {"verdict": {"threshold": 0.5}}
+    calibrated = build_direct(calibrate="content_free")
+    assert calibrated.ask.fields == {"verdict": {"threshold": 0.5}}  # read from log-probabilities from the start
+    examples = _baseline_examples()
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+        raw_scores = [raw(**e.inputs()).score for e in examples]
+        n_before = len(lm.engine.calls)
+        preds = [calibrated(**e.inputs()) for e in examples]
+    labels = [e.label for e in examples]
+    # raw: a right answer in the Paris context (0.93) scores above a wrong one in the Rome context (0.80)
+    assert max(s for s, y in zip(raw_scores, labels) if not y) > min(s for s, y in zip(raw_scores, labels) if y)
+    # calibrated: P(Yes) against the context's content-free P(Yes); the default cut point 0.5 separates them
+    assert [p.label for p in preds] == labels
+    for p, e in zip(preds, examples):
+        base = 0.95 if "Paris" in e.context else 0.70
+        assert p.score == pytest.approx(contextual_probability(_baseline_p_yes_of(e), base))
+        assert not p.failures
+    cf_calls = [c for c in lm.engine.calls[n_before:] if "(empty)" in c.inputs.get("input", "")]
+    assert len(cf_calls) == len(examples)  # one content-free request per case (the scripted LM has no cache)
+    assert len(lm.engine.calls) - n_before == 2 * len(examples)
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter()), trace=[]):
+        calibrated(**examples[0].inputs())
+        trace = dspy.settings.trace
+    # only the calibrated request is traced: an optimizer never takes the content-free one for a demo
+    assert len(trace) == 1 and "(empty)" not in trace[0][1]["input"]
+
+
+def _baseline_p_yes_of(ex) -> float:
+    base = 0.95 if "Paris" in ex.context else 0.70
+    return {0.95: (0.97 if ex.label else 0.93), 0.70: (0.80 if ex.label else 0.65)}[base]
+
+
+def test_content_free_calibration_without_a_content_free_probability_counts_a_failure():
+    from halluscope.programs.halluclean.program import build_direct
+
+    def respond(call):  # the content-free request does not parse; the real one answers
+        return "not json at all" if "(empty)" in call.inputs.get("input", "") else {k: "Yes" for k in call.outputs}
+
+    lm = scripted_lm(respond, logprobs=lambda call: {k: {"Yes": 0.9, "No": 0.1} for k in call.outputs})
+    program = build_direct(calibrate="content_free")
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+        pred = program(**_baseline_examples()[0].inputs())
+    assert pred.failures.get("content_free") == 1
+    assert pred.score == pytest.approx(0.9) and pred.label is True  # read uncalibrated, and said so
+
+
+def test_calibrate_option_is_checked_by_the_registry():
+    from halluscope.programs.registry import OptionError, get
+
+    spec = get("direct")
+    assert spec.make(calibrate="content_free").calibrate == "content_free"
+    with pytest.raises(OptionError, match="calibrate"):
+        spec.make(calibrate="contentfree")
+
+
+def test_reanchor_fits_the_cut_point_on_the_calibrated_probability(tmp_path):
+    lm = _baseline_lm()
+    examples = _baseline_examples() * 2
+    examples = [e.copy(id=f"{e.id}-{k}") for k, e in enumerate(examples)]
+    cfg = _config(tmp_path, optimizer=OptimizerConfig(name="reanchor"), program_options={"calibrate": "content_free"},
+                  folds=1)
+    res = run_optimize(cfg, examples, task_lm=lm)
+    assert res.status == FINISHED, res.error
+    report = res.final_info["reanchor"]
+    row = report["fitted"][0]
+    # ReAnchor saw the calibrated requests only (one per training item), not the content-free ones
+    assert row["observed"]["calls"] == len(examples)
+    calibrated = sorted({round(contextual_probability(_baseline_p_yes_of(e), 0.95 if "Paris" in e.context else 0.70), 4)
+                         for e in examples})
+    assert (row["observed"]["min"], row["observed"]["max"]) == (calibrated[0], calibrated[-1])
+    assert report["train_score_before"] == 1.0  # the default cut point 0.5 already separates them
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from halluscope.programs.grounded.lmscore import evidence_in_tokens, token_char_
 from halluscope.programs.grounded.units import AnswerUnit
 
 __all__ = ["HIDDEN", "HiddenBackend", "LlamaHidden", "HiddenScorer", "ItemHidden", "unit_hidden", "Probe",
-           "oof_probe_scores", "plan_single", "token_stats", "gemma_path"]
+           "oof_probe_scores", "RidgeStats", "plan_single", "token_stats", "gemma_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -313,6 +313,35 @@ class HiddenScorer:
 
 # -- the probe: hidden vectors -> one score, fitted on training units only ---------------------------------
 
+@dataclass
+class RidgeStats:
+    """Sufficient statistics of rows ``V`` (n, d) and targets ``y`` for the ridge probe: the count, the sums of
+    x, x xᵀ, y and x·y over the rows whose vector is finite. Statistics of disjoint row sets add up."""
+
+    n: int
+    sx: np.ndarray
+    sxx: np.ndarray
+    sy: float
+    sxy: np.ndarray
+
+    @classmethod
+    def of(cls, V: np.ndarray, y: np.ndarray) -> "RidgeStats":
+        V, y = np.asarray(V, dtype=float), np.asarray(y, dtype=float)
+        if V.ndim != 2:
+            V = V.reshape(len(y), -1)
+        ok = np.isfinite(V).all(axis=1)
+        V, y = V[ok], y[ok]
+        return cls(len(V), V.sum(axis=0), V.T @ V, float(y.sum()), V.T @ y)
+
+    def __add__(self, other: "RidgeStats") -> "RidgeStats":
+        return RidgeStats(self.n + other.n, self.sx + other.sx, self.sxx + other.sxx, self.sy + other.sy,
+                          self.sxy + other.sxy)
+
+    def __sub__(self, other: "RidgeStats") -> "RidgeStats":
+        return RidgeStats(self.n - other.n, self.sx - other.sx, self.sxx - other.sxx, self.sy - other.sy,
+                          self.sxy - other.sxy)
+
+
 class Probe:
     """Standardise the unit vectors, ridge-regress them on the units' gold probabilities: one score per unit.
     Its state is plain numbers (``to_dict``/``from_dict``)."""
@@ -325,23 +354,22 @@ class Probe:
 
     @classmethod
     def fit(cls, V: np.ndarray, y: np.ndarray, alpha: float = 100.0) -> "Probe":
-        V, y = np.asarray(V, dtype=float), np.asarray(y, dtype=float)
-        ok = np.isfinite(V).all(axis=1)
-        V, y = V[ok], y[ok]
-        if len(V) < 2:
+        return cls.fit_stats(RidgeStats.of(V, y), alpha)
+
+    @classmethod
+    def fit_stats(cls, st: "RidgeStats", alpha: float = 100.0) -> "Probe":
+        """The probe from the rows' sufficient statistics (what :meth:`fit` computes from the rows themselves), so
+        a large fixed block of rows (a pooled probe's other languages) is summed once, not once per fold."""
+        if st.n < 2:
             return cls(alpha=alpha)
-        mean, scale = V.mean(axis=0), V.std(axis=0)
+        mean = st.sx / st.n
+        scale = np.sqrt(np.maximum(np.diag(st.sxx) / st.n - mean ** 2, 0.0))
         scale[scale < 1e-6] = 1.0
-        Z = (V - mean) / scale
-        ym = float(y.mean())
-        # ridge in its dual or primal form, whichever is smaller
-        n, d = Z.shape
-        if n < d:
-            a = np.linalg.solve(Z @ Z.T + alpha * np.eye(n), y - ym)
-            coef = Z.T @ a
-        else:
-            coef = np.linalg.solve(Z.T @ Z + alpha * np.eye(d), Z.T @ (y - ym))
-        return cls(mean, scale, coef, ym, alpha)
+        ym = st.sy / st.n
+        ztz = (st.sxx - st.n * np.outer(mean, mean)) / np.outer(scale, scale)
+        zty = (st.sxy - mean * st.sy) / scale
+        coef = np.linalg.solve(ztz + alpha * np.eye(len(mean)), zty)
+        return cls(mean, scale, coef, float(ym), alpha)
 
     @property
     def fitted(self) -> bool:
@@ -372,24 +400,33 @@ class Probe:
 
 
 def oof_probe_scores(item_vectors: list[np.ndarray], item_targets: list[np.ndarray], alpha: float, k: int = 5,
-                     seed: int = 0, extra: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
+                     seed: int = 0, extra: "tuple[np.ndarray, np.ndarray] | RidgeStats | None" = None) -> list[np.ndarray]:
     """Out-of-fold probe scores of training items: each item scored by a probe fitted on the other ``k - 1``
     folds of items (so the combiner learns how far to trust a probe on units it has not seen); ``extra`` rows
-    ``(vectors, targets)`` (other languages' units: a pooled probe) join every fold's training part."""
+    ``(vectors, targets)`` or their :class:`RidgeStats` (other languages' units: a pooled probe) join every fold's
+    training part."""
     n = len(item_vectors)
     out = [np.full(len(v), np.nan) for v in item_vectors]
     if n < 2:
         return out
     k = min(k, n)
     order = np.random.default_rng(seed).permutation(n)
-    for f in range(k):
-        held = set(order[f::k].tolist())
-        tr = [i for i in range(n) if i not in held and len(item_vectors[i])]
-        if not tr:
+    if extra is not None and not isinstance(extra, RidgeStats):
+        extra = RidgeStats.of(*extra)
+    parts = [order[f::k].tolist() for f in range(k)]
+    stats = []  # one block of statistics per fold, so each training part is a sum of blocks
+    for p in parts:
+        rows = [i for i in p if len(item_vectors[i])]
+        stats.append(RidgeStats.of(np.vstack([item_vectors[i] for i in rows]),
+                                   np.concatenate([item_targets[i] for i in rows])) if rows else None)
+    for f, held in enumerate(parts):
+        train = [st for g, st in enumerate(stats) if g != f and st is not None]
+        if not train:
             continue
-        V = [item_vectors[i] for i in tr] + ([extra[0]] if extra is not None else [])
-        y = [item_targets[i] for i in tr] + ([extra[1]] if extra is not None else [])
-        probe = Probe.fit(np.vstack(V), np.concatenate(y), alpha)
+        total = sum(train[1:], train[0])
+        if extra is not None:
+            total = total + extra
+        probe = Probe.fit_stats(total, alpha)
         for i in held:
             if len(item_vectors[i]):
                 out[i] = probe.score(item_vectors[i])

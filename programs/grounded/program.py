@@ -18,7 +18,7 @@ from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_pro
 from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
 from halluscope.programs.grounded.features import (GEN, HIDDEN, LM, NUMBERS, _window_mean, detector_features,
                                                    feature_names, item_features)
-from halluscope.programs.grounded.hidden import HiddenScorer, Probe, oof_probe_scores
+from halluscope.programs.grounded.hidden import HiddenScorer, Probe, RidgeStats, oof_probe_scores
 from halluscope.programs.grounded.lmscore import LMScorer
 from halluscope.programs.grounded.response import (ResponseHead, content_mask, fit_head, response_feature_names,
                                                    response_features, units_decision)
@@ -723,12 +723,11 @@ def fit_probe(module: GroundedDetector, items: list[dict], rows: list[np.ndarray
         module.probe = Probe(alpha=module.hidden_alpha)
         return {"hidden_probe": "no item had hidden states"}
     langs = sorted({str(it.get("lang") or "") for it in items})
-    extra = pool_rows(module, langs) if module.hidden_pool else None
-    pooled = extra[2] if extra is not None else []
-    extra = extra[:2] if extra is not None else None
+    pool = pool_rows(module, langs) if module.hidden_pool else None
+    extra, pooled = (pool[0], pool[1]) if pool is not None else (None, [])
     oof = oof_probe_scores(vecs, targets, module.hidden_alpha, extra=extra)
-    module.probe = Probe.fit(np.vstack(vecs + ([extra[0]] if extra is not None else [])),
-                             np.concatenate(targets + ([extra[1]] if extra is not None else [])), module.hidden_alpha)
+    own = RidgeStats.of(np.vstack(vecs), np.concatenate(targets))
+    module.probe = Probe.fit_stats(own + extra if extra is not None else own, module.hidden_alpha)
     j = module.features.index("hs_probe")
     w = module.features.index("win_hs_probe") if "win_hs_probe" in module.features else None
     for it, row, s in zip(items, rows, oof):
@@ -743,29 +742,34 @@ def fit_probe(module: GroundedDetector, items: list[dict], rows: list[np.ndarray
     y = np.concatenate(targets)
     r = float(np.corrcoef(np.concatenate(oof)[ok], y[ok])[0, 1]) if ok.sum() > 2 else float("nan")
     return {"hidden_probe": {"alpha": module.hidden_alpha, "dim": int(d), "units": int(ok.sum()),
-                             "pooled_units": int(len(extra[1])) if extra is not None else 0, "pooled_langs": pooled,
+                             "pooled_units": int(extra.n) if extra is not None else 0, "pooled_langs": pooled,
                              "oof_corr": round(r, 4) if math.isfinite(r) else None}}
 
 
 _POOL: dict = {}
 
 
-def pool_rows(module: GroundedDetector, exclude: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
-    """``(vectors, gold unit probabilities)`` of the Mu-SHROOM validation units in ``module.hidden_pool`` of every
-    language not in ``exclude``, from the scorer's disk cache only: a language joins the pool when every one of its
-    items is cached (the pool never runs the model over other languages; the fit record names the languages
-    pooled; memoised per process)."""
+def pool_rows(module: GroundedDetector, exclude: list[str]) -> tuple[RidgeStats, list[str]] | None:
+    """The probe's sufficient statistics (:class:`RidgeStats`) of the Mu-SHROOM validation units (vectors, gold unit
+    probabilities) in ``module.hidden_pool`` of every language not in ``exclude``, and the languages pooled, from
+    the scorer's disk cache only: a language joins the pool when every one of its items is cached (the pool never
+    runs the model over other languages; the fit record names the languages pooled; each language's statistics are
+    memoised per process)."""
     from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
 
     sc = module.hidden_scorer()
-    key = (module.hidden_pool, tuple(exclude), sc.backend.name, sc.max_item_tokens, sc.max_evidence_tokens)
-    if key not in _POOL:
-        V, Y, langs = [], [], []
-        for lang in VAL_LANGS:
-            if lang in exclude:
-                continue
+    total, langs = None, []
+    for lang in VAL_LANGS:
+        if lang in exclude:
+            continue
+        key = (module.hidden_pool, lang, sc.backend.name, sc.max_item_tokens, sc.max_evidence_tokens)
+        if key not in _POOL:  # one language's statistics, or None when any of its items is not cached
             v, y = [], []
-            for ex in load_mushroom(module.hidden_pool, lang=lang, split="val", context="native"):
+            try:
+                pool_items = load_mushroom(module.hidden_pool, lang=lang, split="val", context="native")
+            except FileNotFoundError:  # the folder lacks this language (or its contexts): not pooled
+                pool_items = []
+            for ex in pool_items:
                 units = units_of(ex.answer)
                 if not units:
                     continue
@@ -775,12 +779,11 @@ def pool_rows(module: GroundedDetector, exclude: list[str]) -> tuple[np.ndarray,
                     break
                 v.append(h.vectors[h.covered])
                 y.append(np.asarray(unit_targets(ex.answer, units, ex.soft_labels, ex.hard_labels))[h.covered])
-            if v:
-                V += v
-                Y += y
-                langs.append(lang)
-        _POOL[key] = (np.vstack(V), np.concatenate(Y), langs) if V else None
-    return _POOL[key]
+            _POOL[key] = RidgeStats.of(np.vstack(v), np.concatenate(y)) if v else None
+        if _POOL[key] is not None:
+            total = _POOL[key] if total is None else total + _POOL[key]
+            langs.append(lang)
+    return (total, langs) if total is not None else None
 
 
 # -- the response head (issue #19) --------------------------------------------------------------------------

@@ -50,7 +50,9 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.core.contract import Detection, to_prediction
-from halluscope.core.decisions import decision_evidence, noul_probability
+from dspy.adapters.decision import record_evidence
+
+from halluscope.core.decisions import calibrated_by, decision_evidence, noul_probability
 from halluscope.core.tasks import task_key
 from halluscope.core.text import diff_spans
 from halluscope.lm.models import make_lm
@@ -186,6 +188,28 @@ def _verdict_outcome(raw, probability: float | None = None) -> tuple[bool, float
     return v, (float(probability) if probability is not None else (1.0 if v else 0.0)), True
 
 
+CALIBRATIONS = ("content_free",)  # the ``calibrate`` option's values (None: off)
+# the answer of the content-free request of ``calibrate="content_free"``: none (the input shows "(empty)"); on
+# HalluClean QA an empty answer took out more of the per-question baseline than "N/A" (BENCHMARKS.md, #21 round three)
+CONTENT_FREE_ANSWER = ""
+
+
+def _content_free_prior(predictor, failures: dict, **inputs) -> float | None:
+    """P(Yes) ``predictor`` gives ``inputs`` (the case with a content-free answer), read in a collector of its own
+    so that ReAnchor fits its cut point on the calibrated requests only, and outside the trace so that an
+    optimizer never takes it for a demo; None (counted as ``failures["content_free"]``) when it did not parse or
+    gave no probability."""
+    with record_evidence() as log, dspy.context(trace=None):
+        try:
+            predictor(**inputs)
+        except AdapterParseError:
+            pass
+    prior = noul_probability(log, predictor, "verdict")
+    if prior is None:
+        failures["content_free"] = 1
+    return prior
+
+
 class HalluClean(dspy.Module):
     """Plan -> Reason -> Judge (detection) -> Revise (only when judged hallucinated), task-routed.
 
@@ -269,21 +293,38 @@ class DirectAsk(dspy.Module):
         max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
         decisions: the verdict is a Boolean decision output (``DirectAskDecision``) that ``dspy.ReAnchor``
             calibrates; once calibrated, the score is P(Yes) read from the backend's token probabilities.
+        calibrate: ``"content_free"``: contextual calibration (Zhao et al. 2021). Each case is also asked with
+            no answer ("(empty)"; one more request per context and question; the right and the
+            hallucinated answer to one question share it through the cache), and the score is P(Yes) divided
+            by that content-free P(Yes), renormalised (:func:`halluscope.core.decisions.contextual_probability`):
+            the per-case baseline the context and question set is taken out. Implies ``decisions``, read from
+            log-probabilities from the start with cut point 0.5 ("more likely Yes than for no answer at all"),
+            which ``--optimizer reanchor`` then fits. None: off.
     """
 
     def __init__(self, routing: bool = False, task: str | None = None, max_tokens: dict | None = None,
-                 decisions: bool = False):
+                 decisions: bool = False, calibrate: str | None = None):
         super().__init__()
         self.routing = bool(routing)
         self.task = _check_task_option(task)
-        self.ask = _predict(DirectAskDecision if decisions else DirectAskSig, max_tokens, "judge")
+        if calibrate not in (None, *CALIBRATIONS):
+            raise ValueError(f"calibrate must be one of {', '.join(CALIBRATIONS)} or null, not {calibrate!r}")
+        self.calibrate = calibrate
+        self.ask = _predict(DirectAskDecision if decisions or calibrate else DirectAskSig, max_tokens, "judge")
+        if calibrate:  # the calibrated probability is the decision from the start (ReAnchor moves the cut point)
+            self.ask.fields = {"verdict": {"threshold": 0.5}}
 
     def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "",
                 task: str | None = None, **_):
         answer = answer or ""
         route = resolve_task(self.task, task) if self.routing else TASKS["generic"]
         failures: dict[str, int] = {}
-        with decision_evidence() as evidence:
+        priors = {}
+        if self.calibrate:
+            prior = _content_free_prior(self.ask, failures, **route_inputs(route, question, CONTENT_FREE_ANSWER,
+                                                                           context))
+            priors = {} if prior is None else {"verdict": prior}
+        with decision_evidence() as evidence, calibrated_by(priors):
             try:
                 raw = self.ask(**route_inputs(route, question, answer, context)).verdict
                 raw = "" if raw is None else raw if isinstance(raw, bool) else str(raw)
@@ -362,26 +403,30 @@ def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=No
     return out
 
 
-def build_direct(max_tokens: dict | None = None, decisions: bool = False) -> DirectAsk:
+def build_direct(max_tokens: dict | None = None, decisions: bool = False, calibrate: str | None = None) -> DirectAsk:
     """The direct-ask baseline: :class:`DirectAsk` without task routing.
 
     Args:
         max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
         decisions: a Boolean decision output that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
+        calibrate: "content_free": P(Yes) divided by the P(Yes) of the same case without the answer
+            (contextual calibration; one more request per question); null: off.
     """
-    return DirectAsk(routing=False, max_tokens=max_tokens, decisions=decisions)
+    return DirectAsk(routing=False, max_tokens=max_tokens, decisions=decisions, calibrate=calibrate)
 
 
 def build_direct_routing(task: str | None = None, max_tokens: dict | None = None,
-                         decisions: bool = False) -> DirectAsk:
+                         decisions: bool = False, calibrate: str | None = None) -> DirectAsk:
     """Direct ask + task routing: :class:`DirectAsk` with ``routing=True``.
 
     Args:
         task: the task route for every case; None = each example's own task.
         max_tokens: output budget, {"judge": N}; None = DEFAULT_MAX_TOKENS["judge"] (16).
         decisions: a Boolean decision output that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
+        calibrate: "content_free": P(Yes) divided by the P(Yes) of the same case without the answer
+            (contextual calibration; one more request per question); null: off.
     """
-    return DirectAsk(routing=True, task=task, max_tokens=max_tokens, decisions=decisions)
+    return DirectAsk(routing=True, task=task, max_tokens=max_tokens, decisions=decisions, calibrate=calibrate)
 
 
 def _task_problem(task, options) -> str | None:
@@ -408,6 +453,7 @@ def _budgets_problem(max_tokens, options) -> str | None:
 
 _TASK = text(nullable=True, what="a HalluClean task", check=_task_problem)
 _BUDGETS = free("per-stage token budgets {stage: whole number >= 1}", nullable=True, check=_budgets_problem)
+_CALIBRATE = text(*CALIBRATIONS, nullable=True, what="a calibration of the verdict's P(Yes)")
 
 register(ProgramSpec(
     name="halluclean",
@@ -426,7 +472,7 @@ register(ProgramSpec(
     description="Direct ask baseline: one call, 'is there a hallucination? Yes/No', generic prompt for every task",
     level="response",
     default_metric="f1",
-    option_types={"max_tokens": _BUDGETS},
+    option_types={"max_tokens": _BUDGETS, "calibrate": _CALIBRATE},
 ))
 
 register(ProgramSpec(
@@ -436,5 +482,5 @@ register(ProgramSpec(
                 "description and labelled input",
     level="response",
     default_metric="f1",
-    option_types={"task": _TASK, "max_tokens": _BUDGETS},
+    option_types={"task": _TASK, "max_tokens": _BUDGETS, "calibrate": _CALIBRATE},
 ))
