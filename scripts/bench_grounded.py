@@ -306,9 +306,12 @@ def cmd_response(args):
     one of the same item."""
     from halluscope.artifacts.store import load_compiled
     from halluscope.loaders.halluclean import load_halluclean
-    from halluscope.programs.grounded.program import response_rows
-    from halluscope.programs.grounded.response import RESPONSE_BASE, auc, binary_scores, cv_head, pair_ranking
+    from halluscope.programs.grounded.program import impute_nan_columns, response_rows, stack_vectors
+    from halluscope.programs.grounded.response import (RESP_PROBE_ALPHA, RESPONSE_BASE, auc, binary_scores, cv_head,
+                                                       pair_ranking)
 
+    if args.probe_alpha is None:
+        args.probe_alpha = RESP_PROBE_ALPHA
     det = load_compiled("grounded", lang=args.lang, metric="iou", version=args.version)
     module = det.program
     if module.head is not None:
@@ -317,20 +320,59 @@ def cmd_response(args):
     module.use_resp_lm = module.use_resp_lm or "lm" in args.resp
     module.use_resp_sim = module.use_resp_sim or "sim" in args.resp
     module.use_resp_cov = module.use_resp_cov or "cov" in args.resp
+    module.use_resp_hs = module.use_resp_hs or "hs" in args.resp
+    if args.hidden_cache_dir:
+        module.hidden_cache_dir = args.hidden_cache_dir
+    if module.use_resp_hs:  # the hidden-state pass with --threads llama.cpp threads
+        from halluscope.programs.grounded.hidden import LlamaHidden
+        from halluscope.programs.grounded.respsig import RESP_HS_ITEM_TOKENS
+
+        module.resp_hidden()._backend = LlamaHidden(module.hidden_model or None, n_ctx=RESP_HS_ITEM_TOKENS,
+                                                    n_threads=args.threads)
     module.head_unit_stats = module.head_unit_stats and not args.no_unit_stats
+    if module.use_resp_lm:  # the LM with --threads llama.cpp threads (1 is faster on a shared machine)
+        from halluscope.programs.grounded.lmscore import LlamaBackend
+        from halluscope.programs.grounded.respsig import RESP_LM_ITEM_TOKENS
+
+        module.resp_scorer()._backend = LlamaBackend(module.lm_model or None, n_ctx=min(2048, RESP_LM_ITEM_TOKENS),
+                                                     n_threads=args.threads)
     print(f"\nHalluClean dev, response level; unit part: {det.path} ({module.combiner.kind}, features "
           f"{len(module.features)}); heads by nested {args.folds}-fold CV grouped by item, fold seeds {args.seeds}\n")
     tasks = tuple(args.tasks)
-    data, t0 = {}, time.perf_counter()
+    data, vectors, examples, t0 = {}, {}, {}, time.perf_counter()
     for task in tasks:
         exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
-        X, y, g, fails = response_rows(module, exs)
+        vecs: list = []
+        tt, tc = time.perf_counter(), time.process_time()
+        X, y, g, fails = response_rows(module, exs, vectors=vecs)
         if fails:
             print(f"{task}: counted notes/failures {fails}", file=sys.stderr)
+        print(f"{task}: {len(exs)} answers' features in {time.perf_counter() - tt:.1f} s wall, "
+              f"{time.process_time() - tc:.1f} s CPU", file=sys.stderr, flush=True)
         P = np.array([[float(r[list(RESPONSE_BASE).index("p_max")]), float(r[list(RESPONSE_BASE).index("p_content_max")])]
                       for r in X])
         data[task] = (X, y, g, P)
+        vectors[task] = stack_vectors(vecs) if module.use_resp_hs else None
+        examples[task] = exs
     feats = module.response_features
+    if args.lm_from_hs:  # resp_lm's four columns computed from resp_hs's passes (with and without the evidence)
+        from halluscope.programs.grounded.respsig import RESP_LM, _low_quarter, _tail
+
+        sc = module.resp_hidden()
+        for task in tasks:
+            rows = []
+            for ex in examples[task]:
+                q = _tail(ex.get("question", ""))
+                w = np.asarray(sc.token_outputs(q, ex.answer, ex.get("context", ""), "en")["lp"], dtype=float)
+                b = np.asarray(sc.token_outputs(q, ex.answer, "", "en")["lp"], dtype=float)
+                n = min(len(w), len(b))
+                w, d = w[:n], w[:n] - b[:n]
+                rows.append([np.mean(w), _low_quarter(w), np.mean(d), _low_quarter(d)] if n else [np.nan] * 4)
+            X, y, g, P = data[task]
+            data[task] = (impute_nan_columns(np.hstack([X, np.asarray(rows, dtype=float)])), y, g, P)
+        feats = feats + [f"{k}_hs" for k in RESP_LM]
+        print(f"(resp_lm's columns from the hidden-state passes; {sc.calls} passes evaluated, {sc.cache_hits} cached)",
+              file=sys.stderr)
     if args.drop_features:  # an ablation: the heads without these response features (e.g. the answer's length)
         keep = [j for j, f in enumerate(feats) if f not in set(args.drop_features)]
         data = {t: (X[:, keep], y, g, P) for t, (X, y, g, P) in data.items()}
@@ -352,8 +394,9 @@ def cmd_response(args):
     for task, (X, y, g, P) in data.items():
         row("content-unit rule (no head)", task, y, g, P[:, 1], P[:, 1] > t)
 
-    def mean_over_seeds(X, y, g, kind, metric):
-        runs = [cv_head(X, y, g, feats, kind=kind, l2=args.head_l2, metric=metric, folds=args.folds, seed=sd)
+    def mean_over_seeds(X, y, g, kind, metric, V=None):
+        runs = [cv_head(X, y, g, feats, kind=kind, l2=args.head_l2, metric=metric, folds=args.folds, seed=sd,
+                        vectors=V, probe_alpha=args.probe_alpha)
                 for sd in args.seeds]
         return runs
 
@@ -372,16 +415,123 @@ def cmd_response(args):
             continue
         for task, (X, y, g, P) in data.items():
             row_seeds(f"per-task head ({kind}, threshold for {metric})", task, y, g,
-                      mean_over_seeds(X, y, g, kind, metric))
+                      mean_over_seeds(X, y, g, kind, metric, vectors.get(task)))
+    if args.probe_report and module.use_resp_hs:
+        probe_report(module, args, tasks, data, vectors)
     Xa = np.vstack([data[t][0] for t in tasks])
     ya = np.concatenate([data[t][1] for t in tasks])
     ga = [f"{t}:{k}" for t in tasks for k in data[t][2]]
     offs = np.cumsum([0] + [len(data[t][1]) for t in tasks])
+    Va = np.vstack([vectors[t] for t in tasks]) if module.use_resp_hs else None
     for kind in ([] if args.skip_pooled else args.head_kinds):
-        runs = mean_over_seeds(Xa, ya, ga, kind, "balanced_accuracy")
+        runs = mean_over_seeds(Xa, ya, ga, kind, "balanced_accuracy", Va)
         for i, task in enumerate(tasks):
             row_seeds(f"pooled head ({kind}, threshold for balanced accuracy)", task, ya, ga, runs,
                       np.arange(offs[i], offs[i + 1]))
+
+
+def probe_report(module, args, tasks, data, vectors):
+    """``response --resp hs --probe-report``: is the hidden-state probe reading *support* or the writer's *style*?
+    Per task, AUC / pair ranking of (a) the probe alone, out-of-fold within the task (5 folds grouped by item, the
+    fold seeds); (b) the probe fitted on the *other* tasks only; (c) the probe on hidden states computed with
+    *no evidence* in the prompt (only the question's tail: if it scores as well, it does not read the evidence);
+    (d) a bag-of-words logistic regression on the answer's text alone (a style baseline: no evidence, no LM);
+    then single columns of the same passes, unfitted, with the sign that ranks hallucinated answers higher when
+    they are *less* likely: (e) minus the answer tokens' mean log-probability without the evidence, (f) with it,
+    (g) minus the evidence's PMI (``resp_lm``'s ``r_lm_pmi``: with minus without); an AUC below 0.5 means the
+    hallucinated answers are the *more* predictable ones."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    from halluscope.loaders.halluclean import load_halluclean
+    from halluscope.programs.grounded.hidden import Probe
+    from halluscope.programs.grounded.respsig import _tail
+    from halluscope.programs.grounded.response import auc, group_folds, pair_ranking
+
+    alpha = args.probe_alpha
+    bare: dict = {}
+    single: dict = {}
+    t = time.perf_counter()
+    for task in tasks:  # (c): the same pass without the evidence (only for --bare-tasks: another LM pass each)
+        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
+        data[task] = data[task] + ([ex.answer for ex in exs],)
+        if task not in args.bare_tasks:
+            continue
+        rows, lps = [], []
+        for ex in exs:
+            q = _tail(ex.get("question", ""))
+            try:
+                b = module.resp_hidden().token_outputs(q, ex.answer, "", "en")
+                w = module.resp_hidden().token_outputs(q, ex.answer, ex.get("context", "") or "", "en")
+                rows.append(b["H"].mean(axis=0))
+                n = min(len(b["lp"]), len(w["lp"]))
+                lb, lw = np.asarray(b["lp"][:n], dtype=float), np.asarray(w["lp"][:n], dtype=float)
+                lps.append([-lb.mean(), -lw.mean(), -(lw - lb).mean()])
+            except Exception:  # noqa: BLE001 - an answer without tokens: a NaN row
+                rows.append(None)
+                lps.append([np.nan] * 3)
+        d = next(len(r) for r in rows if r is not None)
+        bare[task] = np.vstack([np.full(d, np.nan) if r is None else r for r in rows])
+        single[task] = np.asarray(lps, dtype=float)
+    print(f"(evidence-free hidden states in {time.perf_counter() - t:.1f} s)", file=sys.stderr)
+
+    def oof(V, y, g, seed, score_fn):
+        out = np.full(len(y), np.nan)
+        for fold in group_folds(g, y, args.folds, seed):
+            tr = np.ones(len(y), dtype=bool)
+            tr[fold] = False
+            out[fold] = score_fn(tr, np.asarray(fold))
+        return out
+
+    def probe_fn(V, y):
+        ok = np.isfinite(V).all(axis=1)
+        def f(tr, te):
+            p = Probe.fit(V[tr & ok], y[tr & ok].astype(float), alpha)
+            s = p.score(np.where(np.isfinite(V[te]), V[te], 0.0))
+            return np.where(np.isfinite(s), s, p.intercept)
+        return f
+
+    def bow_fn(texts, y):
+        def f(tr, te):
+            vec = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+            A = vec.fit_transform([texts[i] for i in np.where(tr)[0]])
+            clf = LogisticRegression(C=1.0, max_iter=2000).fit(A, y[tr])
+            return clf.predict_proba(vec.transform([texts[i] for i in te]))[:, 1]
+        return f
+
+    def mean_auc_pair(y, g, runs):
+        return (float(np.mean([auc(y, r) for r in runs])), float(np.mean([pair_ranking(g, y, r) for r in runs])))
+
+    print(f"\nThe response probe alone (ridge alpha {alpha:g} on the answer's mean hidden state; AUC / pair ranking; "
+          f"out-of-fold, {args.folds} folds grouped by item, fold seeds {args.seeds})\n")
+    print("| task | (a) probe, within the task | (b) probe fitted on the other tasks | (c) probe, no evidence in the prompt "
+          "| (d) answer-text bag of words (style) | (e) -log p(answer), no evidence | (f) -log p(answer), with it "
+          "| (g) -PMI of the evidence |")
+    print("|---|---|---|---|---|---|---|---|")
+    for task in tasks:
+        X, y, g, P, texts = data[task]
+        V = vectors[task]
+        a = mean_auc_pair(y, g, [oof(V, y, g, sd, probe_fn(V, y)) for sd in args.seeds])
+        others = [t for t in tasks if t != task]
+        b = (float("nan"), float("nan"))
+        if others:
+            Vo = np.vstack([vectors[t] for t in others])
+            yo = np.concatenate([data[t][1] for t in others])
+            ok = np.isfinite(Vo).all(axis=1)
+            p = Probe.fit(Vo[ok], yo[ok].astype(float), alpha)
+            sb = p.score(np.where(np.isfinite(V), V, 0.0))
+            b = (auc(y, sb), pair_ranking(g, y, sb))
+        Vb = bare.get(task)
+        c = mean_auc_pair(y, g, [oof(Vb, y, g, sd, probe_fn(Vb, y)) for sd in args.seeds]) if Vb is not None \
+            else (float("nan"), float("nan"))
+        dd = mean_auc_pair(y, g, [oof(None, y, g, sd, bow_fn(texts, y)) for sd in args.seeds])
+        f = lambda r: f"{r[0]:.3f} / {100 * r[1]:.0f}%"  # noqa: E731
+        sg = single.get(task)
+        ef = [(auc(y, sg[:, k]), pair_ranking(g, y, sg[:, k])) if sg is not None else (float("nan"),) * 2
+              for k in range(3)]
+        print(f"| {task} | {f(a)} | {f(b)} ({'+'.join(others)}) | {f(c)} | {f(dd)} | {f(ef[0])} | {f(ef[1])} "
+              f"| {f(ef[2])} |", flush=True)
+        data[task] = data[task][:4]
 
 
 def cmd_speed(args):
@@ -491,9 +641,19 @@ def main(argv=None):
     ap.add_argument("--drop-features", nargs="*", default=[], help="response: head features left out (ablation)")
     ap.add_argument("--skip-per-task", action="store_true", help="response: only the rules and the pooled heads")
     ap.add_argument("--skip-pooled", action="store_true", help="response: no pooled heads")
-    ap.add_argument("--threads", type=int, default=1, help="hidden: llama.cpp threads (1 is faster on a shared machine)")
-    ap.add_argument("--resp", nargs="*", default=[], choices=["lm", "sim", "cov"],
+    ap.add_argument("--threads", type=int, default=1, help="hidden, response --resp lm: llama.cpp threads (1 is faster on a shared machine)")
+    ap.add_argument("--resp", nargs="*", default=[], choices=["lm", "sim", "cov", "hs"],
                     help="response: add the response-head signals resp_lm / resp_sim / resp_cov (programs/grounded/respsig.py)")
+    ap.add_argument("--hidden-cache-dir", default="", help="response --resp hs: the hidden-state cache folder")
+    ap.add_argument("--probe-alpha", type=float, default=None,
+                    help="response --resp hs: the response probe's ridge penalty (default: response.RESP_PROBE_ALPHA)")
+    ap.add_argument("--probe-report", action="store_true",
+                    help="response --resp hs: also the probe alone per task, across tasks, and an answer-only style baseline")
+    ap.add_argument("--bare-tasks", nargs="*", default=["dialogue"],
+                    help="response --probe-report: the tasks whose evidence-free hidden states are computed (column c)")
+    ap.add_argument("--lm-from-hs", action="store_true",
+                    help="response --resp hs: add resp_lm's columns (the evidence's PMI with the answer) computed from the "
+                         "hidden-state passes with and without the evidence (the latter: --probe-report's column c)")
     ap.add_argument("--no-unit-stats", action="store_true",
                     help="response: heads without the per-unit-feature mean/max columns (-O head_unit_stats=false)")
     ap.add_argument("--tasks", nargs="+", default=["qa", "dialogue", "summarization"],

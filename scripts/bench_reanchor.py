@@ -62,7 +62,9 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None)
     args = ap.parse_args()
 
-    options = {"decisions": True}
+    # the programs whose decision outputs are typed only on request (direct, halluclean, jointcq) take
+    # ``decisions``; the others (medico, finch, spans) always type theirs
+    options = {"decisions": True} if "decisions" in get(args.program).options else {}
     for kv in args.option:
         k, v = kv.split("=", 1)
         try:

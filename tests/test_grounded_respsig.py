@@ -163,3 +163,98 @@ def test_a_head_without_unit_stats_reads_only_the_aggregates_and_the_signals():
         get("grounded").make(units_from="none", resp_cov=True, **FAST).load_state(state)
     again = get("grounded").make(units_from="none", resp_cov=True, head_unit_stats=False, **FAST).load_state(state)
     assert "resp_cov" in again(question="q", answer="Valparaiso 1204", context="Santiago").rationale
+
+
+# -- resp_hs: the response-level hidden-state probe (#19 item 3, dialogue round two) -------------------------------
+
+def _hs_program(tmp_path, **kw):
+    from tests.test_grounded_hidden import FakeBackend
+    from halluscope.programs.grounded.hidden import HiddenScorer
+
+    m = get("grounded").make(units_from="none", resp_hs=True, head_unit_stats=False, **FAST, **kw)
+    m._resp_hidden = HiddenScorer(cache_dir=tmp_path / "hs", backend=FakeBackend())
+    return m
+
+
+def test_the_response_probe_column_is_out_of_fold():
+    """Each answer's probe score comes from a probe fitted on the other folds: flipping the labels of one fold's
+    answers (each item keeps one right and one hallucinated answer, so the folds stay the same) leaves that fold's
+    own scores unchanged and changes the others'."""
+    from halluscope.programs.grounded.response import PROBE_COLUMN, fit_probe_column, group_folds
+
+    rng = np.random.default_rng(0)
+    n, d = 60, 6
+    y = np.array([b for _ in range(n // 2) for b in rng.permutation([True, False])])
+    V = rng.normal(size=(n, d))
+    V[:, 0] += 3.0 * y
+    groups = [f"g{i // 2}" for i in range(n)]
+    feats = ["a", PROBE_COLUMN]
+    X = np.zeros((n, 2))
+    X1, probe = fit_probe_column(X, y, groups, feats, V, folds=5, seed=0, alpha=1.0)
+    assert probe.fitted and np.isfinite(X1[:, 1]).all() and np.corrcoef(X1[:, 1], y)[0, 1] > 0.6
+    fold = group_folds(groups, y, 5, 0)[0]
+    y2 = y.copy()
+    y2[fold] = ~y2[fold]
+    X2, _ = fit_probe_column(X, y2, groups, feats, V, folds=5, seed=0, alpha=1.0)
+    assert np.allclose(X2[fold, 1], X1[fold, 1])
+    rest = np.setdiff1d(np.arange(n), fold)
+    assert not np.allclose(X2[rest, 1], X1[rest, 1])
+    # an answer without a vector gets the probe's intercept; no probe column or no vectors: nothing fitted
+    V[3] = np.nan
+    X3, _ = fit_probe_column(X, y, groups, feats, V, folds=5, seed=0, alpha=1.0)
+    assert np.isfinite(X3[:, 1]).all()
+    assert fit_probe_column(X, y, groups, ["a", "b"], V)[1] is None and fit_probe_column(X, y, groups, feats, None)[1] is None
+
+
+def test_head_with_the_hidden_state_probe_fits_saves_reloads_and_falls_back(tmp_path):
+    from halluscope.programs.grounded.respsig import RESP_HS
+
+    m = _hs_program(tmp_path)
+    assert m.response_features[-len(RESP_HS):] == list(RESP_HS)
+    exs = qa_examples()
+    info = fit_grounded(m, exs, "f1")
+    assert m.head.probe is not None and m.head.probe.fitted and len(m.head.probe.coef) == 8  # the fake's D
+    assert info["response"]["held_out"]["auc"] > 0.9
+    assert not {k for k in info["response"]["failures"] if k.startswith("resp_")}  # a vector for every answer
+    q, ctx = "What is the capital of Chile?", "The capital of Chile is Santiago."
+    wrong = m(question=q, answer="The capital of Chile is Valparaiso, founded by Romans in 1204.", context=ctx)
+    right = m(question=q, answer="Santiago", context=ctx)
+    assert wrong.score > right.score and "resp_hs" in wrong.rationale.split("signals used:")[1]
+    # the probe's column at prediction time is the fitted probe's score of the answer's mean hidden state
+    vecs: list = []
+    row = m.response_row("Santiago", *m.unit_probs(question=q, answer="Santiago", context=ctx), question=q,
+                         context=ctx, notes={}, vectors=vecs)
+    j = m.response_features.index("r_hs_probe")
+    assert row[j] == pytest.approx(float(m.head.probe.score(vecs[0][None, :])[0]))
+    state = json.loads(json.dumps(m.dump_state()))
+    again = _hs_program(tmp_path).load_state(state)
+    assert again.head.probe is not None
+    # (the probe's numbers are stored to 6 digits)
+    assert again(question=q, answer="Santiago", context=ctx).score == pytest.approx(right.score, abs=1e-5)
+    # llama_cpp's model gone at prediction time: a counted note, the head's training means for the columns
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    gone = get("grounded").make(units_from="none", resp_hs=True, head_unit_stats=False, hidden_model=str(model),
+                                hidden_cache_dir=str(tmp_path / "empty"), **FAST).load_state(state)
+    model.unlink()
+    p = gone(question=q, answer="Valparaiso was founded by Romans in 1204.", context=ctx)
+    assert p.notes.get("resp_hs_missing") == 1 and np.isfinite(p.score)
+    assert "resp_hs" not in p.rationale.split("signals used:")[1]
+    row = gone.response_row("Valparaiso", *gone.unit_probs(question=q, answer="Valparaiso", context=ctx), question=q,
+                            context=ctx, notes={})
+    k = len(gone.response_features) - len(RESP_HS)
+    assert np.allclose(row[k:], gone.head.model.mean[k:])
+
+
+def test_nested_cv_of_a_head_with_the_probe_scores_held_out_answers_by_the_fold_probe(tmp_path):
+    from halluscope.programs.grounded.program import stack_vectors
+    from halluscope.programs.grounded.response import auc, cv_head
+
+    m = _hs_program(tmp_path)
+    exs = qa_examples()
+    vecs: list = []
+    X, y, g, _ = response_rows(m, exs, vectors=vecs)
+    V = stack_vectors(vecs)
+    assert V.shape == (len(exs), 8) and np.isfinite(V).all()
+    probs, labels = cv_head(X, y, g, m.response_features, metric="f1", vectors=V)
+    assert auc(y, probs) > 0.9 and labels.dtype == bool

@@ -22,8 +22,9 @@ from halluscope.programs.grounded.hidden import HiddenScorer, Probe, RidgeStats,
 from halluscope.programs.grounded.lmscore import LMScorer
 from halluscope.programs.grounded.response import (ResponseHead, content_mask, fit_head, response_feature_names,
                                                    response_features, units_decision)
-from halluscope.programs.grounded.respsig import (RESP_LM_EVIDENCE_TOKENS, RESP_LM_ITEM_TOKENS, RESP_NOTES,
-                                                   resp_feature_names, response_signals)
+from halluscope.programs.grounded.respsig import (RESP_HS, RESP_HS_EVIDENCE_TOKENS, RESP_HS_ITEM_TOKENS,
+                                                   RESP_LM_EVIDENCE_TOKENS, RESP_LM_ITEM_TOKENS, RESP_NOTES,
+                                                   hs_response_features, resp_feature_names, response_signals)
 from halluscope.programs.grounded.support import IdfTable
 from halluscope.programs.grounded.units import units_of
 from halluscope.programs.registry import get
@@ -149,6 +150,10 @@ class GroundedDetector(dspy.Module):
             question (the ``semantic`` extra). Missing: note ``resp_sim_missing``, imputed.
         resp_cov: a response-head signal: the share of the evidence's content words the answer repeats (all, and
             those the question lacks); lexical, no model.
+        resp_hs: a response-head signal: the embedded LM's hidden states over the answer (evidence + question's
+            tail as context; ``hidden_model``, ``hidden_cache_dir``), their mean turned into one score by a ridge
+            probe the head fits on the response labels (out-of-fold inside a fit), beside the answer tokens' mean
+            log-probability and entropy. Model missing: note ``resp_hs_missing``, imputed.
         head_unit_stats: the response head also reads the mean and max of every unit feature (about 60 columns;
             off: only the answer-level aggregates and the response signals, a smaller head for small data).
     """
@@ -163,7 +168,8 @@ class GroundedDetector(dspy.Module):
                  hidden: bool = False, hidden_model: str = "", hidden_cache_dir: str = "", hidden_item_tokens: int = 384,
                  hidden_evidence_tokens: int = 160, hidden_alpha: float = 300.0, hidden_parts: str = "all",
                  hidden_pool: str = "",
-                 resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True):
+                 resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
+                 resp_hs: bool = False):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -201,7 +207,8 @@ class GroundedDetector(dspy.Module):
         self.response_data, self.response_tasks, self.units_from = str(response_data or ""), str(response_tasks), str(units_from)
         self.use_resp_lm, self.use_resp_sim, self.use_resp_cov = bool(resp_lm), bool(resp_sim), bool(resp_cov)
         self.head_unit_stats = bool(head_unit_stats)
-        self._resp_scorer = None
+        self.use_resp_hs = bool(resp_hs)
+        self._resp_scorer = self._resp_hidden = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
         self.combiner = Combiner(self.features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)]
                                  + [DEFAULT_WEIGHTS.get(f, 0.0) for f in self.features])
@@ -252,6 +259,15 @@ class GroundedDetector(dspy.Module):
                                          max_evidence_tokens=min(self.lm_evidence_tokens, RESP_LM_EVIDENCE_TOKENS),
                                          max_item_tokens=RESP_LM_ITEM_TOKENS)
         return self._resp_scorer
+
+    def resp_hidden(self) -> HiddenScorer:
+        """The hidden-state scorer of the ``resp_hs`` signal (the answer whole: an item budget of
+        :data:`.respsig.RESP_HS_ITEM_TOKENS`), model loaded on first use."""
+        if self._resp_hidden is None:
+            self._resp_hidden = HiddenScorer(model=self.hidden_model or None, cache_dir=self.hidden_cache_dir or None,
+                                             max_evidence_tokens=RESP_HS_EVIDENCE_TOKENS,
+                                             max_item_tokens=RESP_HS_ITEM_TOKENS)
+        return self._resp_hidden
 
     def item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
                       lang="en"):
@@ -434,8 +450,8 @@ class GroundedDetector(dspy.Module):
 
     @property
     def response_features(self) -> list[str]:
-        return response_feature_names(self.features, self.head_unit_stats) + resp_feature_names(self.use_resp_lm, self.use_resp_sim,
-                                                                          self.use_resp_cov)
+        return response_feature_names(self.features, self.head_unit_stats) + resp_feature_names(
+            self.use_resp_lm, self.use_resp_sim, self.use_resp_cov, self.use_resp_hs)
 
     def resp_signals_used(self, notes: dict) -> list[str]:
         """The response-head signals (:mod:`.respsig`) that had data for an answer, for the rationale."""
@@ -443,24 +459,29 @@ class GroundedDetector(dspy.Module):
             return []
         return [name for name, on, note in (("resp_lm", self.use_resp_lm, "resp_lm_missing"),
                                             ("resp_sim", self.use_resp_sim, "resp_sim_missing"),
-                                            ("resp_cov", self.use_resp_cov, ""))
+                                            ("resp_cov", self.use_resp_cov, ""),
+                                            ("resp_hs", self.use_resp_hs, "resp_hs_missing"))
                 if on and note not in notes]
 
     def response_row(self, answer: str, feats, probs, content=None, *, question: str = "", context: str = "",
-                     lang: str = "en", notes: dict | None = None) -> np.ndarray:
+                     lang: str = "en", notes: dict | None = None, vectors: list | None = None) -> np.ndarray:
         """The response head's input row for one answer (its features as :meth:`unit_probs` gives them). With
-        ``resp_lm``/``resp_sim`` the :mod:`.respsig` columns follow; a signal that failed is counted in ``notes``
-        and its columns are the head's training means (NaN without a head: :func:`response_rows` imputes)."""
+        ``resp_lm``/``resp_sim``/``resp_cov``/``resp_hs`` the :mod:`.respsig` columns follow; a signal that failed
+        is counted in ``notes`` and its columns are the head's training means (NaN without a head:
+        :func:`response_rows` imputes). ``vectors``, when given, receives the answer's mean hidden state
+        (``resp_hs``; NaN when it failed) for fitting the head's probe."""
         content = self.content(feats) if content is None else content
         row = response_features(answer, feats.units, self.impute_missing(feats), self.features, probs,
                                 self.threshold, content, self.head_unit_stats)
-        if not (self.use_resp_lm or self.use_resp_sim or self.use_resp_cov):
+        if not (self.use_resp_lm or self.use_resp_sim or self.use_resp_cov or self.use_resp_hs):
             return row
         cols, missing = response_signals(question or "", answer, context or "", lang or "en",
                                          lm_scorer=self.resp_scorer() if self.use_resp_lm else None,
                                          encoder=shared_encoder() if self.use_resp_sim else None,
                                          lm=self.use_resp_lm, sim=self.use_resp_sim, cov=self.use_resp_cov)
-        names = resp_feature_names(self.use_resp_lm, self.use_resp_sim, self.use_resp_cov)
+        if self.use_resp_hs:
+            cols.update(self.resp_hs_columns(question, answer, context, lang, missing, vectors))
+        names = resp_feature_names(self.use_resp_lm, self.use_resp_sim, self.use_resp_cov, self.use_resp_hs)
         extra = np.array([cols[k] for k in names], dtype=float)
         for note in missing:
             if notes is not None:
@@ -470,6 +491,25 @@ class GroundedDetector(dspy.Module):
                 extra[names.index(k)] = (float(self.head.model.mean[j]) if self.head is not None
                                          and j < len(self.head.model.mean) else float("nan"))
         return np.concatenate([row, extra])
+
+    def resp_hs_columns(self, question: str, answer: str, context: str, lang: str, missing: dict,
+                        vectors: list | None = None) -> dict[str, float]:
+        """The ``resp_hs`` columns of one answer (:data:`.respsig.RESP_HS`; the probe's score by the head's probe,
+        NaN before a head is fitted); a failure sets ``missing["resp_hs_missing"]``."""
+        cols = {k: 0.0 for k in RESP_HS}
+        vec = None
+        if (answer or "").strip():
+            try:
+                cols, vec = hs_response_features(self.resp_hidden(), question or "", answer, context or "",
+                                                  lang or "en")
+            except Exception as e:  # noqa: BLE001 — llama_cpp or the model missing, a llama.cpp error: imputed
+                logger.debug("grounded: response hidden-state signal failed: %s: %s", type(e).__name__, e)
+                missing["resp_hs_missing"] = 1
+        if vec is not None and self.head is not None:
+            cols["r_hs_probe"] = float(self.head.probe_scores(vec[None, :])[0])
+        if vectors is not None:
+            vectors.append(vec)
+        return cols
 
     # -- state: the fitted combiner IS the compiled artifact ---------------------------------------------
 
@@ -753,8 +793,11 @@ def _pair_key(ex) -> str:
     return hashlib.sha256(json.dumps([_get(ex, "question", ""), _get(ex, "context", "")]).encode()).hexdigest()[:16]
 
 
-def response_rows(module: GroundedDetector, examples) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
-    """``(rows, labels, pair keys, failures)``: the response head's input for each example, as forward() makes it."""
+def response_rows(module: GroundedDetector, examples,
+                  vectors: list | None = None) -> tuple[np.ndarray, np.ndarray, list[str], dict]:
+    """``(rows, labels, pair keys, failures)``: the response head's input for each example, as forward() makes it.
+    ``vectors``, when given and ``resp_hs`` is on, receives one hidden-state vector per example (None when it
+    failed)."""
     rows, ys, groups, failures = [], [], [], {}
     for ex in examples:
         answer = _get(ex, "answer", "")
@@ -766,11 +809,18 @@ def response_rows(module: GroundedDetector, examples) -> tuple[np.ndarray, np.nd
             failures[k] = failures.get(k, 0) + v
         rows.append(module.response_row(answer, feats, probs, question=_get(ex, "question", ""),
                                         context=_get(ex, "context", ""), lang=_get(ex, "lang", "en"),
-                                        notes=failures))
+                                        notes=failures, vectors=vectors))
         ys.append(bool(_get(ex, "label", False)))
         groups.append(_pair_key(ex))
     X = np.vstack(rows) if rows else np.zeros((0, len(module.response_features)))
     return impute_nan_columns(X), np.asarray(ys, dtype=bool), groups, failures
+
+
+def stack_vectors(vecs: list) -> np.ndarray:
+    """The answers' hidden-state vectors as one array, a row of NaN for an answer without one."""
+    d = next((len(v) for v in vecs if v is not None), 0)
+    return np.vstack([np.full(d, np.nan) if v is None else np.asarray(v, dtype=float) for v in vecs]) if vecs \
+        else np.zeros((0, d))
 
 
 def impute_nan_columns(X: np.ndarray) -> np.ndarray:
@@ -790,13 +840,14 @@ def fit_response_head(module: GroundedDetector, examples, metric_name: str, data
     """Fit ``module.head`` on the examples' response labels (the unit part as it is); the decision threshold
     is chosen for ``metric_name`` (F1 for ``f1``, else balanced accuracy) on 5-fold held-out probabilities
     grouped by item. Returns what to record (the held-out scores at that threshold among them)."""
-    X, y, groups, failures = response_rows(module, examples)
+    vecs: list = []
+    X, y, groups, failures = response_rows(module, examples, vectors=vecs if module.use_resp_hs else None)
     if len(set(y.tolist())) < 2:
         raise ValueError(f"grounded: a response head needs hallucinated and correct answers; {data} has "
                          f"{int(y.sum())} hallucinated of {len(y)}")
     metric = metric_name if metric_name in ("f1", "accuracy", "balanced_accuracy") else "balanced_accuracy"
     head, cv = fit_head(X, y, groups, module.response_features, kind=module.head_kind, l2=module.head_l2,
-                        metric=metric)
+                        metric=metric, vectors=stack_vectors(vecs) if module.use_resp_hs else None)
     head.info["data"] = data
     module.head = head
     return {"data": data, "kind": module.head_kind, "l2": module.head_l2, "threshold": head.threshold,

@@ -26,10 +26,16 @@ import random
 import numpy as np
 
 from halluscope.programs.grounded.combiner import Combiner, TreeCombiner, combiner_from_dict
+from halluscope.programs.grounded.hidden import Probe
+
+#: the head's column filled by its own hidden-state probe (``resp_hs``, :mod:`.respsig`)
+PROBE_COLUMN = "r_hs_probe"
+#: the response probe's ridge penalty (standardised 576-d answer vectors, a few hundred answers)
+RESP_PROBE_ALPHA = 1000.0
 
 __all__ = ["CONTENT_IDF", "RESPONSE_BASE", "content_mask", "units_decision", "response_feature_names",
            "response_features", "ResponseHead", "fit_head", "choose_response_threshold", "group_folds",
-           "binary_scores", "pair_ranking"]
+           "binary_scores", "pair_ranking", "PROBE_COLUMN", "fit_probe_column", "cv_head"]
 
 #: A word is a content word when its IDF over the evidence texts of the training split is at least this (scaled
 #: IDF, 1 = in no evidence text, 0 = in every one: English "the", "of", "is" score below 0.1 on Mu-SHROOM's
@@ -135,10 +141,21 @@ def response_features(answer: str, units, X: np.ndarray, unit_features: list[str
 
 class ResponseHead:
     """A fitted model over :func:`response_features` (a :class:`.combiner.Combiner` or
-    :class:`.combiner.TreeCombiner`) and its decision ``threshold`` on the probability."""
+    :class:`.combiner.TreeCombiner`) and its decision ``threshold`` on the probability; with ``resp_hs`` also
+    the ridge ``probe`` that turns an answer's mean hidden state into the :data:`PROBE_COLUMN` column."""
 
-    def __init__(self, model, threshold: float = 0.5, info: dict | None = None):
+    def __init__(self, model, threshold: float = 0.5, info: dict | None = None, probe: Probe | None = None):
         self.model, self.threshold, self.info = model, float(threshold), dict(info or {})
+        self.probe = probe
+
+    def probe_scores(self, vectors) -> np.ndarray:
+        """The probe's score of each answer vector (rows of NaN, or no fitted probe: the probe's intercept, the
+        training answers' share of hallucinated ones: a neutral value)."""
+        V = np.asarray(vectors, dtype=float)
+        if self.probe is None or not self.probe.fitted or V.ndim != 2:
+            return np.full(len(V), self.probe.intercept if self.probe is not None else 0.5)
+        s = self.probe.score(np.where(np.isfinite(V), V, 0.0))
+        return np.where(np.isfinite(V).all(axis=1) & np.isfinite(s), s, self.probe.intercept)
 
     @property
     def features(self) -> list[str]:
@@ -148,7 +165,8 @@ class ResponseHead:
         return self.model.predict(np.atleast_2d(np.asarray(rows, dtype=float)))
 
     def to_dict(self) -> dict:
-        return {"model": self.model.to_dict(), "threshold": float(self.threshold), "info": self.info}
+        return {"model": self.model.to_dict(), "threshold": float(self.threshold), "info": self.info,
+                **({"probe": self.probe.to_dict()} if self.probe is not None else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "ResponseHead":
@@ -157,7 +175,8 @@ class ResponseHead:
         t = float(d.get("threshold", 0.5))
         if not (math.isfinite(t) and 0.0 <= t <= 1.0):
             raise ValueError(f"grounded: invalid response threshold {d.get('threshold')!r}")
-        return cls(combiner_from_dict(d["model"]), t, d.get("info") or {})
+        probe = Probe.from_dict(d["probe"]) if isinstance(d.get("probe"), dict) else None
+        return cls(combiner_from_dict(d["model"]), t, d.get("info") or {}, probe)
 
 
 def binary_scores(y: np.ndarray, pred: np.ndarray) -> dict:
@@ -236,17 +255,48 @@ def _fit_model(kind: str, features: list[str], X: np.ndarray, y: np.ndarray, l2:
     return model
 
 
+def fit_probe_column(X: np.ndarray, y: np.ndarray, groups: list, features: list[str], vectors, *, folds: int = 5,
+                     seed: int = 0, alpha: float = RESP_PROBE_ALPHA) -> tuple[np.ndarray, Probe | None]:
+    """``(X with its probe column filled, probe)``: the ridge probe of the answers' hidden-state ``vectors``
+    (rows of NaN: no vector) on the labels, fitted on all of them, and in the :data:`PROBE_COLUMN` of the rows
+    *out-of-fold* scores (each answer scored by a probe fitted on the other folds, grouped by item), so the head
+    learns how far to trust the probe on answers it has not seen. Without the column or the vectors: as given."""
+    if PROBE_COLUMN not in features or vectors is None:
+        return X, None
+    V = np.asarray(vectors, dtype=float)
+    ok = np.isfinite(V).all(axis=1) if V.ndim == 2 and V.shape[1] else np.zeros(len(y), dtype=bool)
+    X = np.array(X, dtype=float, copy=True)
+    j = features.index(PROBE_COLUMN)
+    yf = y.astype(float)
+    probe = Probe.fit(V[ok], yf[ok], alpha) if ok.sum() >= 2 else Probe(alpha=alpha)
+    col = np.full(len(y), probe.intercept if probe.fitted else float(yf.mean()) if len(yf) else 0.5)
+    if len(set(y[ok].tolist())) == 2 and ok.sum() >= 2 * folds:
+        for fold in group_folds(groups, y, folds, seed):
+            train = np.ones(len(y), dtype=bool)
+            train[fold] = False
+            p = Probe.fit(V[train & ok], yf[train & ok], alpha)
+            held = np.asarray([i for i in fold if ok[i]], dtype=int)
+            if len(held) and p.fitted:
+                col[held] = p.score(V[held])
+    X[:, j] = col
+    return X, probe
+
+
 def fit_head(X: np.ndarray, y, groups: list, features: list[str], *, kind: str = "logreg", l2: float = 10.0,
-             metric: str = "f1", folds: int = 5, seed: int = 0) -> tuple[ResponseHead, dict]:
+             metric: str = "f1", folds: int = 5, seed: int = 0, vectors=None,
+             probe_alpha: float = RESP_PROBE_ALPHA) -> tuple[ResponseHead, dict]:
     """Fit a response head on rows ``X`` (one per answer) and labels ``y`` (True = hallucinated).
 
     The decision threshold is chosen for ``metric`` on *held-out* probabilities: ``folds``-fold CV grouped by
     ``groups`` (:func:`group_folds`), each fold predicted by a model fitted on the others; the final model is
     then fitted on everything. Returns ``(head, cv)``: ``cv`` holds the held-out scores at the chosen threshold
     (F1, balanced accuracy, FPR, TPR, AUC, pair ranking; with the threshold itself chosen on the same held-out
-    probabilities, so it is a slightly optimistic estimate — :func:`cv_head` nests it)."""
+    probabilities, so it is a slightly optimistic estimate — :func:`cv_head` nests it). With ``vectors`` (one
+    hidden-state vector per answer) and :data:`PROBE_COLUMN` among the features, the head's probe is fitted
+    first (:func:`fit_probe_column`) and the rows get its out-of-fold scores."""
     X = np.asarray(X, dtype=float)
     y = np.asarray(y, dtype=bool)
+    X, probe = fit_probe_column(X, y, groups, features, vectors, folds=folds, seed=seed, alpha=probe_alpha)
     held = np.zeros(len(y))
     fold_list = group_folds(groups, y, folds, seed) if len(set(y.tolist())) == 2 and len(y) >= 2 * folds else []
     for fold in fold_list:
@@ -260,22 +310,31 @@ def fit_head(X: np.ndarray, y, groups: list, features: list[str], *, kind: str =
           **binary_scores(y, s >= t), "auc": auc(y, s), "pair_ranking": pair_ranking(groups, y, s),
           "n": int(len(y)), "n_hallucinated": int(y.sum())}
     head = ResponseHead(model, t, {"kind": kind, "l2": l2, "metric": metric, "n": int(len(y)),
-                                   "n_hallucinated": int(y.sum()), "held_out": cv})
+                                   "n_hallucinated": int(y.sum()), "held_out": cv,
+                                   **({"probe_alpha": probe_alpha} if probe is not None else {})}, probe)
     return head, cv
 
 
 def cv_head(X: np.ndarray, y, groups: list, features: list[str], *, kind: str = "logreg", l2: float = 10.0,
-            metric: str = "f1", folds: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+            metric: str = "f1", folds: int = 5, seed: int = 0, vectors=None,
+            probe_alpha: float = RESP_PROBE_ALPHA) -> tuple[np.ndarray, np.ndarray]:
     """Nested CV: ``(probabilities, labels)`` of every answer from a head (model *and* threshold, by
-    :func:`fit_head` on the training folds alone) that never saw the answer or its twin."""
+    :func:`fit_head` on the training folds alone; with ``vectors`` its hidden-state probe too) that never saw
+    the answer or its twin."""
     X = np.asarray(X, dtype=float)
     y = np.asarray(y, dtype=bool)
+    V = None if vectors is None else np.asarray(vectors, dtype=float)
     probs, labels = np.zeros(len(y)), np.zeros(len(y), dtype=bool)
     for fold in group_folds(groups, y, folds, seed):
         train = np.ones(len(y), dtype=bool)
         train[fold] = False
         head, _ = fit_head(X[train], y[train], [g for g, m in zip(groups, train) if m], features, kind=kind,
-                           l2=l2, metric=metric, folds=folds, seed=seed)
-        probs[fold] = head.predict(X[fold])
+                           l2=l2, metric=metric, folds=folds, seed=seed,
+                           vectors=None if V is None else V[train], probe_alpha=probe_alpha)
+        Xf = X[fold]
+        if head.probe is not None:
+            Xf = Xf.copy()
+            Xf[:, features.index(PROBE_COLUMN)] = head.probe_scores(V[fold])
+        probs[fold] = head.predict(Xf)
         labels[fold] = probs[fold] >= head.threshold
     return probs, labels

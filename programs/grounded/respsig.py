@@ -22,6 +22,13 @@ counted fallback:
   answer's support (precision); these measure how much of the evidence it uses (recall): a dialogue response that
   swaps the knowledge's entity for an invented one repeats less of it. Nothing to fall back from.
 
+* ``resp_hs`` — the embedded LM's **hidden states** over the answer (one forward pass of
+  ``Evidence: ... Question: <its tail> Answer: <answer>``, :class:`.hidden.HiddenScorer`, cached on disk): the mean
+  last-layer state of the answer tokens is turned into one score ``r_hs_probe`` by a ridge probe fitted on the
+  response labels inside each training fold only (:func:`.response.fit_head`; the head trains on out-of-fold probe
+  scores), beside the tokens' mean log-probability ``r_hs_lp`` and entropy ``r_hs_ent`` from the same pass (the
+  response-level probe of the Deloitte Mu-SHROOM system). Model missing: note ``resp_hs_missing``, imputed.
+
 The head only sees these columns when the program was built with the option, so artifacts without them load
 and predict exactly as before.
 """
@@ -32,7 +39,8 @@ import logging
 
 import numpy as np
 
-__all__ = ["RESP_LM", "RESP_SIM", "RESP_COV", "coverage_features", "QUESTION_TAIL", "resp_feature_names", "lm_response_features",
+__all__ = ["RESP_LM", "RESP_SIM", "RESP_COV", "RESP_HS", "RESP_HS_ITEM_TOKENS", "RESP_HS_EVIDENCE_TOKENS",
+           "hs_response_features", "coverage_features", "QUESTION_TAIL", "resp_feature_names", "lm_response_features",
            "sim_response_features", "response_signals", "RESP_NOTES", "RESP_LM_ITEM_TOKENS",
            "RESP_LM_EVIDENCE_TOKENS"]
 
@@ -41,8 +49,12 @@ logger = logging.getLogger(__name__)
 RESP_LM = ("r_lm_with", "r_lm_with_low", "r_lm_pmi", "r_lm_pmi_low")
 RESP_SIM = ("r_sim_ev", "r_sim_ev_max", "r_sim_q")
 RESP_COV = ("r_cov", "r_cov_new")
+RESP_HS = ("r_hs_probe", "r_hs_lp", "r_hs_ent")
+#: the hidden-state pass of ``resp_hs``: the most tokens of one pass, and of evidence in it
+RESP_HS_ITEM_TOKENS = 384
+RESP_HS_EVIDENCE_TOKENS = 160
 #: the notes of a missing response signal (reported as the contract's ``notes``; the head imputes the columns)
-RESP_NOTES = {"resp_lm_missing": RESP_LM, "resp_sim_missing": RESP_SIM}
+RESP_NOTES = {"resp_lm_missing": RESP_LM, "resp_sim_missing": RESP_SIM, "resp_hs_missing": RESP_HS}
 #: the question's last characters given to the LM and the encoder (a dialogue's last turn or two: the embedded
 #: LM evaluates ~50-250 tokens/s on 2 shared cores, and the history would otherwise dominate the cost)
 QUESTION_TAIL = 250
@@ -58,8 +70,9 @@ MAX_EV_SENTENCES = 8
 MAX_ENCODE_CHARS = 1500
 
 
-def resp_feature_names(lm: bool = False, sim: bool = False, cov: bool = False) -> list[str]:
-    return (list(RESP_LM) if lm else []) + (list(RESP_SIM) if sim else []) + (list(RESP_COV) if cov else [])
+def resp_feature_names(lm: bool = False, sim: bool = False, cov: bool = False, hs: bool = False) -> list[str]:
+    return ((list(RESP_LM) if lm else []) + (list(RESP_SIM) if sim else []) + (list(RESP_COV) if cov else [])
+            + (list(RESP_HS) if hs else []))
 
 
 def _content_tokens(text: str) -> set[str]:
@@ -102,6 +115,20 @@ def lm_response_features(scorer, question: str, answer: str, context: str, lang:
     w, d = w[:n], w[:n] - wo[:n]
     return {"r_lm_with": float(np.mean(w)), "r_lm_with_low": _low_quarter(w),
             "r_lm_pmi": float(np.mean(d)), "r_lm_pmi_low": _low_quarter(d)}
+
+
+def hs_response_features(scorer, question: str, answer: str, context: str,
+                         lang: str = "en") -> tuple[dict[str, float], np.ndarray]:
+    """``(columns, vector)`` of ``resp_hs`` from ``scorer.token_outputs`` (a :class:`.hidden.HiddenScorer`): the
+    mean hidden state of the answer's scored tokens, and ``r_hs_lp`` / ``r_hs_ent`` (their mean log-probability
+    and entropy); ``r_hs_probe`` is NaN here (the head's probe scores the vector). Raises when the model fails or
+    scores no token (the caller counts the note)."""
+    res = scorer.token_outputs(_tail(question), answer, context or "", lang)
+    H = np.asarray(res["H"], dtype=float)
+    if H.ndim != 2 or not len(H):
+        raise ValueError("the hidden-state scorer scored no token of the answer")
+    cols = {"r_hs_probe": float("nan"), "r_hs_lp": float(np.mean(res["lp"])), "r_hs_ent": float(np.mean(res["ent"]))}
+    return cols, H.mean(axis=0)
 
 
 def _evidence_candidates(answer: str, context: str) -> list[str]:
