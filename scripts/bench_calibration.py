@@ -36,7 +36,7 @@ import time
 import dspy
 import numpy as np
 
-from halluscope.lm.models import configure
+from halluscope.lm.models import configure, usage_of
 from halluscope.loaders.halluclean import load_halluclean
 from halluscope.optimize.cv import make_folds
 from halluscope.programs.grounded.response import auc, pair_ranking
@@ -177,7 +177,7 @@ def cv_demos(kind: str, cases: list, k: int, folds: int, seed: int, lm) -> dict:
         scored += rows
     entries = lm.history[n0:]
     n_in, n_out = token_counts(lm, entries)
-    hits = sum(bool(e.get("cache_hit")) for e in entries)
+    hits = usage_of(entries).cache_hits  # a cached reply carries no usage
     y = np.array([bool(ex.label) for ex, _ in scored])
     s = np.array([v for _, v in scored])
     return {
@@ -229,7 +229,7 @@ def main() -> None:
         probes[name] = read_probe(name, scored, demo_cases)
         entries = lm.history[n0:]
         n_in, n_out = token_counts(lm, entries)
-        cost[name] = {"requests": len(entries), "cache_hits": sum(bool(e.get("cache_hit")) for e in entries),
+        cost[name] = {"requests": len(entries), "cache_hits": usage_of(entries).cache_hits,
                       "input_tokens": n_in, "output_tokens": n_out, "wall_s": round(time.time() - t0, 1)}
     for rule in args.rules:
         row = score_rule(rule, probes, cases, args.folds, args.seeds)
