@@ -299,15 +299,17 @@ def has_decision_outputs(program) -> bool:
 
 
 @contextmanager
-def decision_evidence():
+def decision_evidence(shared: bool = True):
     """Collect the probabilities decision outputs are decoded from: yields a list of ``(predictor, field,
-    evidence)``; evidence is ``{"noul": p}`` or ``{"probabilities": {...}, "confidence": c}``."""
+    evidence)``; evidence is ``{"noul": p}`` or ``{"probabilities": {...}, "confidence": c}``. ``shared=False``
+    keeps them from an enclosing collector (ReAnchor's): a request that is not a decision of its own, such as the
+    content-free request of contextual calibration."""
     outer = dspy.settings.get("_decision_evidence")
     with record_evidence() as log:
         try:
             yield log
         finally:
-            if outer is not None:  # an enclosing collector (ReAnchor's) sees them too: collectors do not nest
+            if outer is not None and shared:  # an enclosing collector sees them too: collectors do not nest
                 outer_log, lock = outer
                 with lock:
                     outer_log.extend(log)

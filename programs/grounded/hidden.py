@@ -327,8 +327,6 @@ class RidgeStats:
     @classmethod
     def of(cls, V: np.ndarray, y: np.ndarray) -> "RidgeStats":
         V, y = np.asarray(V, dtype=float), np.asarray(y, dtype=float)
-        if V.ndim != 2:
-            V = V.reshape(len(y), -1)
         ok = np.isfinite(V).all(axis=1)
         V, y = V[ok], y[ok]
         return cls(len(V), V.sum(axis=0), V.T @ V, float(y.sum()), V.T @ y)
@@ -336,10 +334,6 @@ class RidgeStats:
     def __add__(self, other: "RidgeStats") -> "RidgeStats":
         return RidgeStats(self.n + other.n, self.sx + other.sx, self.sxx + other.sxx, self.sy + other.sy,
                           self.sxy + other.sxy)
-
-    def __sub__(self, other: "RidgeStats") -> "RidgeStats":
-        return RidgeStats(self.n - other.n, self.sx - other.sx, self.sxx - other.sxx, self.sy - other.sy,
-                          self.sxy - other.sxy)
 
 
 class Probe:

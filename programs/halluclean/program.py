@@ -50,8 +50,6 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.core.contract import Detection, to_prediction
-from dspy.adapters.decision import record_evidence
-
 from halluscope.core.decisions import calibrated_by, decision_evidence, noul_probability
 from halluscope.core.tasks import task_key
 from halluscope.core.text import diff_spans
@@ -199,7 +197,7 @@ def _content_free_prior(predictor, failures: dict, **inputs) -> float | None:
     so that ReAnchor fits its cut point on the calibrated requests only, and outside the trace so that an
     optimizer never takes it for a demo; None (counted as ``failures["content_free"]``) when it did not parse or
     gave no probability."""
-    with record_evidence() as log, dspy.context(trace=None):
+    with decision_evidence(shared=False) as log, dspy.context(trace=None):
         try:
             predictor(**inputs)
         except AdapterParseError:
