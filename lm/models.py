@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import dspy
+import pydantic
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
 from dspy.clients.cache import Cache
@@ -65,6 +66,8 @@ __all__ = [
     "GuardedChatAdapter",
     "TruncatedOutputError",
     "json_truncated",
+    "text_bounds",
+    "bound_text_outputs",
     "ReplyCache",
     "evict_last_reply",
     "item_scope",
@@ -134,6 +137,38 @@ def limit_schema(schema: Any, max_items: int, max_string: int, _nested: bool = F
     return out
 
 
+def text_bounds(signature) -> dict[str, int]:
+    """``{output name: most characters}`` for the string outputs of ``signature`` declared with a ``max_length``
+    (``dspy.OutputField(desc=..., max_length=240)``: pydantic keeps it as field metadata, which DSPy's schema
+    of the outputs drops)."""
+    out = {}
+    for name, field_ in signature.output_fields.items():
+        if field_.annotation is not str:
+            continue
+        limits = [int(m.max_length) for m in field_.metadata if getattr(m, "max_length", None) is not None]
+        if limits:
+            out[name] = min(limits)
+    return out
+
+
+def bound_text_outputs(schema: dict, signature) -> dict:
+    """``schema`` (the JSON schema of ``signature``'s outputs) with ``maxLength`` on each string output that
+    :func:`text_bounds` names, so that constrained decoding closes the string there (#21: a small model that loops
+    in a rationale written after its decision otherwise runs out of tokens and the cut reply loses the decision).
+    A copy; ``schema`` is returned as is when nothing is bounded. Parsing is not bounded: DSPy reads a ``str``
+    output as it comes."""
+    bounds = text_bounds(signature)
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not bounds or not isinstance(props, dict):
+        return schema
+    out = {**schema, "properties": dict(props)}
+    for name, limit in bounds.items():
+        prop = props.get(name)
+        if isinstance(prop, dict) and prop.get("type") == "string":
+            out["properties"][name] = {**prop, "maxLength": min(limit, int(prop.get("maxLength", limit)))}
+    return out
+
+
 def schema_bounds(budget: int | None, max_items: int, max_string: int) -> tuple[int, int]:
     """``(items per list, characters per string in a list)`` so that a list at its bounds fits in ``budget``
     output tokens: at most one item per 64 tokens, and the strings' total within two characters per token
@@ -188,6 +223,7 @@ class LlamaCppEngine:
     """
 
     supports_response_schema = True
+    enforces_max_length = True  # its grammar closes a string at the schema's maxLength (bound_text_outputs)
     supported_params = frozenset({"response_format", "temperature", "top_p", "max_tokens", "stop", "seed",
                                   "logprobs", "top_logprobs"})
     #: context of the second model instance that answers requests asking for token log-probabilities
@@ -568,6 +604,19 @@ class _Guarded:
 
 
 class _GuardedJSON(_Guarded):
+    def _prepare_response_format(self, lm, lm_kwargs, signature):
+        """DSPy's response format; for an engine that enforces ``maxLength`` (the embedded llama.cpp grammar) and a
+        signature with bounded text outputs (:func:`text_bounds`), as a JSON schema carrying those bounds
+        (:func:`bound_text_outputs`). Other backends get DSPy's format unchanged (OpenAI's strict structured
+        outputs refuse ``maxLength``)."""
+        super()._prepare_response_format(lm, lm_kwargs, signature)
+        fmt = lm_kwargs.get("response_format")
+        if not (getattr(getattr(lm, "engine", None), "enforces_max_length", False) and text_bounds(signature)
+                and isinstance(fmt, type) and issubclass(fmt, pydantic.BaseModel)):
+            return
+        lm_kwargs["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt.__name__, "schema": bound_text_outputs(fmt.model_json_schema(), signature), "strict": True}}
+
     def parse(self, signature, completion: str):
         if json_truncated(completion or ""):
             raise TruncatedOutputError(adapter_name=type(self).__name__, signature=signature,
@@ -612,6 +661,8 @@ fits the call's ``max_tokens``: :func:`schema_bounds`); ``None`` leaves it as is
             if self.max_items is not None:  # bounded so that a list at its bounds fits the output budget
                 items, chars = schema_bounds(budget, self.max_items, self.max_string or 10**6)
                 schema = limit_schema(schema, items, chars)
+            if getattr(getattr(lm, "engine", None), "enforces_max_length", False):
+                schema = bound_text_outputs(schema, signature)
             lm_kwargs["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": model.__name__, "schema": schema, "strict": True}}
         if budget and getattr(lm, "engine", None) is None:  # LiteLLM's path (an engine gets max_tokens itself)

@@ -173,6 +173,9 @@ class JudgeBlocks(dspy.Signature):
     ratings: list[BlockVerdict] = dspy.OutputField(desc="one verdict per block, in block order")
 
 
+EXPLANATION_CHARS = 240  # JudgeBlockDecision's explanation: "one short sentence"
+
+
 class JudgeBlockDecision(dspy.Signature):
     """Compare one block (a sentence) of an answer with another answer to the same question.
     Rate the block "accurate" if the other answer supports its claims, "contradiction" if the other answer
@@ -184,7 +187,10 @@ class JudgeBlockDecision(dspy.Signature):
     answer: str = dspy.InputField(desc="the full answer the block comes from, for context")
     block: str = dspy.InputField(desc="the block of the answer to rate")
     sample: str = dspy.InputField(desc="another answer to the same question")
-    explanation: str = dspy.OutputField(desc="one short sentence: what the sample says about the block's claims")
+    # bounded: the explanation comes first and the 135M model's sometimes loops until max_tokens; the cut reply
+    # was a parse failure and lost its rating (#21 round four, BENCHMARKS.md)
+    explanation: str = dspy.OutputField(desc="one short sentence: what the sample says about the block's claims",
+                                        max_length=EXPLANATION_CHARS)
     rating: Literal["accurate", "contradiction", "neutral"] = dspy.OutputField(
         desc="accurate, contradiction or neutral")
 

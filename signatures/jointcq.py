@@ -13,7 +13,10 @@ leniently by the program (a ``Literal`` output would make constrained decoding f
 model and hide the cases where the model did not actually decide). :class:`VerifyClaimDecision` is the one
 exception, used only with the program's ``decisions`` option: its label is a Choice that ``dspy.ReAnchor``
 calibrates (per-label weights on the probabilities read from the backend's token log-probabilities,
-:mod:`halluscope.core.decisions`); without fitted weights the generated word decides, parsed as before.
+:mod:`halluscope.core.decisions`); without fitted weights the generated word decides, parsed as before. Its
+rationale has a ``max_length``, which the embedded engine's grammar enforces
+(:func:`halluscope.lm.models.bound_text_outputs`), so that a reply whose rationale loops still closes and keeps
+its label.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import pydantic
 
 __all__ = ["ClaimQuery", "ClaimsAndQueries", "VerifyClaim", "VerifyClaimDecision", "ClaimVerdict", "VerifyClaims", "ClaimCriteria",
            "QueryCriteria"]
+
+
+RATIONALE_CHARS = 240  # VerifyClaimDecision's rationale: within the verify stage's 160 tokens at 2 characters a token
 
 
 class ClaimQuery(pydantic.BaseModel):
@@ -65,6 +71,9 @@ class VerifyClaimDecision(VerifyClaim):
 
     label: Literal["correct", "hallucinated", "unverifiable"] = dspy.OutputField(
         desc="correct, hallucinated or unverifiable")
+    # bounded: the 135M model sometimes repeats a phrase of the rationale until the stage's 160 tokens run out;
+    # the cut reply was a parse failure and lost the label it had already written (#21 round four, BENCHMARKS.md)
+    rationale: str = dspy.OutputField(desc="why, citing a snippet", max_length=RATIONALE_CHARS)
 
 
 class ClaimVerdict(pydantic.BaseModel):
