@@ -102,3 +102,18 @@ def test_finch_calibrated_judge_bounds_its_explanation_not_the_default_judges():
     assert text_bounds(JudgeBlockDecision) == {"explanation": EXPLANATION_CHARS}
     assert list(JudgeBlockDecision.output_fields) == ["explanation", "rating"]  # the rating follows the explanation
     assert text_bounds(JudgeBlock) == {}
+
+
+def test_spans_prompt_writes_the_quote_schema_out_without_a_reference_to_copy():
+    """The 135M model quoted "#/$defs/QuotedSpan" from the prompt's schema (#21 round four): the extractor's
+    output type now has no $defs/$ref, in the prompt or in the engine's schema, and still parses to QuotedSpan."""
+    from dspy.adapters.json_adapter import _get_structured_outputs_response_format
+
+    from halluscope.signatures.spans import ExtractSpans, QuotedSpan
+
+    prompt = dspy.JSONAdapter().format_field_structure(ExtractSpans)
+    assert "$ref" not in prompt and "$defs" not in prompt and '\\"text\\"' in prompt
+    schema = _get_structured_outputs_response_format(ExtractSpans).model_json_schema()
+    assert "$defs" not in schema and schema["properties"]["spans"]["items"]["required"] == ["text", "probability"]
+    parsed = dspy.JSONAdapter().parse(ExtractSpans, '{"spans": [{"text": "Berlin", "probability": 0.9}]}')
+    assert parsed["spans"] == [QuotedSpan(text="Berlin", probability=0.9)]

@@ -123,7 +123,8 @@ def test_schema_adapter_sends_the_bounded_schema_and_each_stages_budget(home):
     schema = rf["json_schema"]["schema"]
     # bounded to fit the 300-token budget (schema_bounds): 4 quotes of at most 134 characters, not 8 x 200
     assert schema["properties"]["spans"]["maxItems"] == 4
-    assert schema["$defs"]["QuotedSpan"]["properties"]["text"]["maxLength"] == 134
+    # the quote items are written out in full (signatures.spans.QuotedSpans: no "$ref" for a small model to copy)
+    assert "$defs" not in schema and schema["properties"]["spans"]["items"]["properties"]["text"]["maxLength"] == 134
     assert first["max_tokens"] == 300 and second["max_tokens"] == 64  # the LM's budget, then the stage's own
     assert second["response_format"]["json_schema"]["schema"]["required"] == ["summary"]
     assert lm.engine.base_url == base
