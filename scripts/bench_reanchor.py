@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from halluscope.core.decisions import decision_evidence
-from halluscope.lm.models import configure, usage_of
+from halluscope.lm.models import configure, history_since, usage_of
 from halluscope.loaders.halluclean import load_halluclean
 from halluscope.loaders.mushroom import load_mushroom
 from halluscope.metrics.mushroom import iou
@@ -208,7 +208,10 @@ def main() -> None:
         from dspy.teleprompt.reanchor.calibrate import effective
 
         predictor.fields = {**(predictor.fields or {}), name: effective(predictor, name)}
-    t0, n_hist = time.time(), len(lm.history)
+    # every LM's calls (FINCH-ZK's samplers are LMs of their own, outside ``lm.history``); DSPy keeps the last 10,000
+    from datetime import datetime
+
+    t0, started = time.time(), datetime.now().isoformat()
     preds, scores, decided, failed, failures = [], [], [], 0, {}
     out = open(args.out, "w") if args.out else None
     for ex in cases:
@@ -235,7 +238,7 @@ def main() -> None:
                                   "wall_s": round(time.time() - c0, 1)}) + "\n")
             out.flush()
     wall = time.time() - t0
-    usage = usage_of(lm.history[n_hist:])
+    usage = usage_of(history_since(started))
     report = {"program": args.program, "options": options, "dataset": args.dataset,
               "task": args.lang if args.dataset == "mushroom" else args.task, "slices": args.slice,
               "n": len(cases), "failed": failed, "failures": failures,
