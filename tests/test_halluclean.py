@@ -278,6 +278,7 @@ class _Raises:
 
     def __init__(self, sig):
         self.sig = sig
+        self.demos = []
 
     def __call__(self, **_):
         raise AdapterParseError(adapter_name="JSONAdapter", signature=self.sig, lm_response="garbage")

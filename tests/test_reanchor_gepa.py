@@ -670,3 +670,34 @@ def test_grouped_folds_keep_an_answer_and_its_twin_together_and_stay_balanced():
     assert sorted(len(f) for f in folds) == [6, 6, 6, 8, 8]
     assert make_folds(items, k=5, seed=0, group_by="source_id") == folds
     assert make_folds(items, k=5, seed=1, group_by="source_id") != folds
+
+
+def test_labelled_demos_of_direct_are_shown_in_its_wording_and_calibrated_with_it(tmp_path):
+    """bootstrap+reanchor with labelled demos: the gold cases the optimizer picks are shown in the program's own
+    wording (the dataset's task "qa" names the route; the signature's task is its description), with the gold
+    verdict, in the calibrated request and in its content-free twin alike, and survive the artifact."""
+    from halluscope.programs.halluclean.program import TASKS, route_inputs
+
+    lm = _always_yes_lm(logprobs=_logprobs)
+    opt = OptimizerConfig(name="bootstrap", reanchor=True, max_bootstrapped_demos=0, max_labeled_demos=4)
+    cfg = _config(tmp_path, program="direct+routing", optimizer=opt, folds=1,
+                  program_options={"task": "qa", "calibrate": "content_free"})
+    examples = _examples()
+    res = run_optimize(cfg, examples, task_lm=lm)
+    assert res.status == FINISHED, res.error
+    demos = res.final.ask.demos
+    assert len(demos) == 4 and all(d.verdict == ("Yes" if d.label else "No") for d in demos)
+    qa = TASKS["qa"]
+    loaded_program = A.load_compiled("direct+routing", lang="all", metric="accuracy",
+                                     root=tmp_path / "compiled").program
+    # DSPy loads demos as plain dicts: they are rendered the same way
+    assert [d["answer"] for d in loaded_program.ask.demos] == [d.answer for d in demos]
+    n_before = len(lm.engine.calls)
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+        loaded_program(**examples[1].inputs())
+    calls = lm.engine.calls[n_before:]
+    assert len(calls) == 2 and sum("(empty)" in c.inputs["input"] for c in calls) == 1
+    for c in calls:  # a decision output's demos are listed in the system message, as JSON
+        assert c.inputs["task"] == qa.description
+        shown = json.loads(c.system[c.system.index("[{"):c.system.rindex("}]") + 2])
+        assert shown == [{**route_inputs(qa, d.question, d.answer, d.context), "verdict": d.verdict} for d in demos]

@@ -132,6 +132,11 @@ class GroundedDetector(dspy.Module):
             language there (a pooled probe; the training language's own units come only from the training set).
         hidden_parts: "all" columns of ``hidden``, only the "probe" score, or only the "tokens"' log-probability
             and entropy (an ablation).
+        unit_pool: a Mu-SHROOM folder: the unit combiner is also fitted on the validation items of every *other*
+            language there (each with its own IDF table), so a language with few items borrows the others' data;
+            the threshold is still chosen on the training items alone. Fitting on several languages at once
+            (``--lang all``, leave-one-language-out) with a pool is refused: it would pool a held-out language.
+        unit_pool_weight: the pooled items' total weight relative to the training items' (1 = equal shares).
         combiner: the unit combiner, "logreg" (logistic regression) or "trees" (gradient-boosted trees, stored
             as JSON data).
         head: the response head's model when one is fitted, "logreg" or "trees" (see :mod:`.response`).
@@ -167,7 +172,7 @@ class GroundedDetector(dspy.Module):
                  response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto",
                  hidden: bool = False, hidden_model: str = "", hidden_cache_dir: str = "", hidden_item_tokens: int = 384,
                  hidden_evidence_tokens: int = 160, hidden_alpha: float = 300.0, hidden_parts: str = "all",
-                 hidden_pool: str = "",
+                 hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0,
                  resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
                  resp_hs: bool = False):
         super().__init__()
@@ -196,6 +201,11 @@ class GroundedDetector(dspy.Module):
         self.use_hidden, self.hidden_model, self.hidden_cache_dir = bool(hidden), str(hidden_model or ""), str(hidden_cache_dir or "")
         self.hidden_item_tokens, self.hidden_evidence_tokens = int(hidden_item_tokens), int(hidden_evidence_tokens)
         self.hidden_alpha, self.hidden_pool = float(hidden_alpha), str(hidden_pool or "")
+        self.unit_pool, self.unit_pool_weight = str(unit_pool or ""), float(unit_pool_weight)
+        if self.unit_pool and hidden:
+            raise ValueError("unit_pool and hidden cannot be combined (the pooled items have no probe scores)")
+        if not self.unit_pool_weight > 0:
+            raise ValueError(f"unit_pool_weight must be > 0, not {unit_pool_weight!r}")
         if hidden_parts not in ("all", "probe", "tokens"):
             raise ValueError(f"hidden_parts must be 'all', 'probe' or 'tokens', not {hidden_parts!r}")
         self.probe = Probe(alpha=self.hidden_alpha)
@@ -687,8 +697,11 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
                       "feats": feats})
     hidden_info = fit_probe(module, items, rows, ys) if "hs_probe" in module.features else {}
     X = np.vstack(rows) if rows else np.zeros((0, len(module.features)))
+    y, weight, pool_info = np.asarray(ys, dtype=float), None, {}
+    if module.unit_pool:
+        X, y, weight, pool_info = with_unit_pool(module, X, y, sorted({str(it["lang"]) for it in items}))
     module.combiner = make_combiner(module.combiner_kind, module.features)
-    info = module.combiner.fit(X, np.asarray(ys), l2=module.l2)
+    info = module.combiner.fit(X, y, sample_weight=weight, l2=module.l2)
     for it in items:
         it["probs"] = module.combiner.predict(module.impute_missing(it.pop("feats")))  # as forward() does
     metric = {"maxiou": "iou"}.get(metric_name, metric_name)
@@ -698,7 +711,7 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
     module.fitted = {
         "metric": metric_name, "threshold_metric": metric, "n_items": len(items), "n_units": int(len(ys)),
         "train_hash": training_hash(labelled), "train_iou": choice["iou"], "train_corr": choice["corr"],
-        "failures": failures, **info, **hidden_info,
+        "failures": failures, **info, **hidden_info, **pool_info,
     }
     if module.response_data:
         module.fitted["response"] = fit_pooled_head(module)
@@ -744,6 +757,67 @@ def fit_probe(module: GroundedDetector, items: list[dict], rows: list[np.ndarray
     return {"hidden_probe": {"alpha": module.hidden_alpha, "dim": int(d), "units": int(ok.sum()),
                              "pooled_units": int(extra.n) if extra is not None else 0, "pooled_langs": pooled,
                              "oof_corr": round(r, 4) if math.isfinite(r) else None}}
+
+
+_UNIT_POOL: dict = {}
+
+
+def with_unit_pool(module: GroundedDetector, X: np.ndarray, y: np.ndarray, langs: list[str]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """The training units ``(X, y)`` of one language joined by the Mu-SHROOM validation units of every other
+    language in ``module.unit_pool`` (:func:`pool_unit_rows`), with sample weights giving the pool a total weight
+    of ``unit_pool_weight`` times the training units'; and what was pooled, for the fit record. Raises
+    ``ValueError`` when the training items are not of one language: the pool would hold a language under test."""
+    if len(langs) != 1 or not langs[0]:
+        raise ValueError(f"unit_pool fits one language with the others' items; the training set has languages "
+                         f"{langs or ['(none)']} (leave unit_pool empty for --lang all or leave-one-language-out)")
+    px, py, pooled = pool_unit_rows(module, langs[0])
+    if not len(py) or not len(y):
+        return X, y, np.ones(len(y)), {"unit_pool": {"langs": pooled, "units": 0}}
+    w_pool = module.unit_pool_weight * len(y) / len(py)
+    weight = np.concatenate([np.ones(len(y)), np.full(len(py), w_pool)])
+    return (np.vstack([X, px]), np.concatenate([y, py]), weight,
+            {"unit_pool": {"langs": pooled, "units": int(len(py)), "unit_weight": round(float(w_pool), 6)}})
+
+
+def pool_unit_rows(module: GroundedDetector, exclude: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Unit features and gold unit probabilities of the Mu-SHROOM validation items in ``module.unit_pool`` of every
+    language but ``exclude``, each language's IDF built from its own contexts (as a fit on that language builds
+    it); memoised per process and feature set. A language the folder lacks is skipped."""
+    from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
+
+    xs, ys, langs = [], [], []
+    saved_idf = module.idf_table
+    try:
+        for lang in VAL_LANGS:
+            if lang == exclude:
+                continue
+            key = (module.unit_pool, lang, tuple(module.features), module.window, module.fuzzy)
+            if key not in _UNIT_POOL:
+                try:
+                    pool_items = load_mushroom(module.unit_pool, lang=lang, split="val", context="native")
+                except FileNotFoundError:  # the folder lacks this language (or its contexts)
+                    pool_items = []
+                rows, targets = [], []
+                module.idf_table = IdfTable.build(ex.get("context", "") or "" for ex in pool_items)
+                for ex in pool_items:
+                    feats = module.item_features(question=ex.get("question", ""), answer=ex.answer,
+                                                 context=ex.get("context", ""), lang=lang,
+                                                 model_output_tokens=ex.get("model_output_tokens"),
+                                                 model_output_logits=ex.get("model_output_logits"))
+                    if len(feats.X):
+                        rows.append(feats.X)
+                        targets.extend(unit_targets(ex.answer, feats.units, ex.soft_labels, ex.hard_labels))
+                _UNIT_POOL[key] = (np.vstack(rows), np.asarray(targets, dtype=float)) if rows else None
+            if _UNIT_POOL[key] is not None:
+                xs.append(_UNIT_POOL[key][0])
+                ys.append(_UNIT_POOL[key][1])
+                langs.append(lang)
+    finally:
+        module.idf_table = saved_idf
+    if not xs:
+        return np.zeros((0, len(module.features))), np.zeros(0), []
+    return np.vstack(xs), np.concatenate(ys), langs
 
 
 _POOL: dict = {}

@@ -316,15 +316,16 @@ class DirectAsk(dspy.Module):
                 task: str | None = None, **_):
         answer = answer or ""
         route = resolve_task(self.task, task) if self.routing else TASKS["generic"]
+        demos = [self._demo(d) for d in self.ask.demos]
         failures: dict[str, int] = {}
         priors = {}
         if self.calibrate:
-            prior = _content_free_prior(self.ask, failures, **route_inputs(route, question, CONTENT_FREE_ANSWER,
-                                                                           context))
+            prior = _content_free_prior(self.ask, failures, demos=demos,
+                                        **route_inputs(route, question, CONTENT_FREE_ANSWER, context))
             priors = {} if prior is None else {"verdict": prior}
         with decision_evidence() as evidence, calibrated_by(priors):
             try:
-                raw = self.ask(**route_inputs(route, question, answer, context)).verdict
+                raw = self.ask(demos=demos, **route_inputs(route, question, answer, context)).verdict
                 raw = "" if raw is None else raw if isinstance(raw, bool) else str(raw)
             except AdapterParseError:
                 raw = None
@@ -334,6 +335,23 @@ class DirectAsk(dspy.Module):
             failures["verdict"] = 1
         det = Detection(answer=answer, label=label, score=score, failures=failures)
         return to_prediction(det, verdict=raw, decided=decided, route=route.name, revision_status="disabled")
+
+    def _demo(self, demo) -> dspy.Example:
+        """A labelled demo in this program's wording. A gold case (``question``/``answer``/``context``/``task`` and
+        the ``verdict`` that :func:`verdict_demo_fields` gives it, as ``--max-labeled-demos`` supplies) is rendered
+        with the route it would be asked with (the dataset's ``task`` names a route, the signature's ``task`` is
+        its description: the two cannot share one field); a demo already in the signature's fields is kept."""
+        if "input" in demo or "answer" not in demo:
+            return demo
+        route = resolve_task(self.task, demo.get("task")) if self.routing else TASKS["generic"]
+        return dspy.Example(**route_inputs(route, demo.get("question") or "", demo.get("answer") or "",
+                                           demo.get("context") or ""), verdict=demo.get("verdict"))
+
+
+def verdict_demo_fields(example) -> dict:
+    """The verdict a gold case shows as a labelled demo (``ProgramSpec.demo_fields``): "Yes" (hallucinated) or
+    "No", the words the verdict is read as."""
+    return {"verdict": "Yes" if example.get("label") else "No"}
 
 
 # -- the report hook: revision metrics of an evaluation ------------------------------------------------
@@ -468,6 +486,7 @@ register(ProgramSpec(
     name="direct",
     build=build_direct,
     description="Direct ask baseline: one call, 'is there a hallucination? Yes/No', generic prompt for every task",
+    demo_fields=verdict_demo_fields,
     level="response",
     default_metric="f1",
     option_types={"max_tokens": _BUDGETS, "calibrate": _CALIBRATE},
@@ -478,6 +497,7 @@ register(ProgramSpec(
     build=build_direct_routing,
     description="Direct ask + task routing (the HalluClean paper's ablation): one Yes/No call with the task's "
                 "description and labelled input",
+    demo_fields=verdict_demo_fields,
     level="response",
     default_metric="f1",
     option_types={"task": _TASK, "max_tokens": _BUDGETS, "calibrate": _CALIBRATE},
