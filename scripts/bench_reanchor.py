@@ -33,8 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from datetime import datetime
 
 import numpy as np
+from dspy.teleprompt.reanchor.calibrate import decision_outputs, effective, predictors
 
 from halluscope.core.decisions import decision_evidence
 from halluscope.lm.models import configure, history_since, usage_of
@@ -47,8 +49,6 @@ from halluscope.programs.registry import get
 
 
 def _decision_predictors(program):
-    from dspy.teleprompt.reanchor.calibrate import decision_outputs, predictors
-
     return [(p, name) for _, p in predictors(program) for name in decision_outputs(p)]
 
 
@@ -205,12 +205,8 @@ def main() -> None:
         cases = [ex for a, b in bounds for ex in cases[a:b]]
     program = get(args.program).make(**options)
     for predictor, name in _decision_predictors(program):  # the type's neutral setting (see the module docstring)
-        from dspy.teleprompt.reanchor.calibrate import effective
-
         predictor.fields = {**(predictor.fields or {}), name: effective(predictor, name)}
     # every LM's calls (FINCH-ZK's samplers are LMs of their own, outside ``lm.history``); DSPy keeps the last 10,000
-    from datetime import datetime
-
     t0, started = time.time(), datetime.now().isoformat()
     preds, scores, decided, failed, failures = [], [], [], 0, {}
     out = open(args.out, "w") if args.out else None
@@ -237,6 +233,8 @@ def main() -> None:
                                   "spans": (pred.spans or []) if pred is not None else None,
                                   "wall_s": round(time.time() - c0, 1)}) + "\n")
             out.flush()
+    if out:
+        out.close()
     wall = time.time() - t0
     usage = usage_of(history_since(started))
     report = {"program": args.program, "options": options, "dataset": args.dataset,
