@@ -29,9 +29,10 @@ export PY DATA HC
 # also carry a response head fitted on the HalluClean dev sets, pooled, that also reads resp_cov (#19, BENCHMARKS.md
 # "response-level" and "#19 dialogue, round two").
 # English, whose own 50 items fit a combiner below its hand-set weights, also borrows the other languages' units
-# (unit_pool, #19 round three).
+# (unit_pool, #19 round three); Hindi keeps the hand-set unit part, which beats any fit on its own items by CV
+# (fit_units=false).
 printf '%s\n' all ar de en es fi fr hi it sv zh | xargs -P "$JOBS" -I{} bash -c \
-    'head=""; if [[ {} == en || {} == all ]]; then head="-O response_data=$HC -O resp_cov=true"; fi; if [[ {} == en ]]; then head="$head -O unit_pool=$DATA"; fi; nice -n 5 "$PY" optimize.py --program grounded --metric iou --lang {} --data-dir "$DATA" --context native --folds 5 -O align=true -O rules=true $head '"$*"' > outputs/refit/{}.log 2>&1 && echo "grounded/{}: $(grep -E "^artifact:|served" outputs/refit/{}.log | tr "\n" " ")"'
+    'head=""; if [[ {} == en || {} == all ]]; then head="-O response_data=$HC -O resp_cov=true"; fi; if [[ {} == en ]]; then head="$head -O unit_pool=$DATA"; fi; if [[ {} == hi ]]; then head="-O fit_units=false"; fi; nice -n 5 "$PY" optimize.py --program grounded --metric iou --lang {} --data-dir "$DATA" --context native --folds 5 -O align=true -O rules=true $head '"$*"' > outputs/refit/{}.log 2>&1 && echo "grounded/{}: $(grep -E "^artifact:|served" outputs/refit/{}.log | tr "\n" " ")"'
 # Per-task response artifacts (`detect --task qa`): the unit part of the English artifact just written and a
 # response head fitted on the task's labels, its threshold for F1 (#19).
 for task in qa dialogue summarization; do

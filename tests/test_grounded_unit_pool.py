@@ -77,3 +77,31 @@ def test_a_pool_folder_without_other_languages_leaves_the_fit_alone(tmp_path):
     info = fit_grounded(pooled, train, "iou")
     assert info["unit_pool"] == {"langs": [], "units": 0}
     assert np.allclose(alone.combiner.weights, pooled.combiner.weights)
+
+
+def test_fit_units_false_keeps_the_untrained_unit_part_and_scores_it():
+    from halluscope.programs.grounded.program import hand_set_combiner
+
+    train = fixture_examples(16)
+    untrained = GroundedDetector()
+    kept = GroundedDetector(fit_units=False)
+    info = fit_grounded(kept, train, "iou")
+    assert info["units_fitted"] is False
+    assert np.array_equal(kept.combiner.weights, untrained.combiner.weights)
+    assert np.array_equal(kept.combiner.weights, hand_set_combiner(kept.features).weights)
+    assert kept.idf_table.to_dict() == untrained.idf_table.to_dict()  # the table the hand-set weights were set with
+    assert (kept.threshold, kept.floor) == (untrained.threshold, untrained.floor) == (0.5, 0.0)
+    assert 0.0 <= info["train_iou"] <= 1.0  # the untrained unit part, scored on the training items
+    ex = train[1]
+    args = dict(question=ex.question, answer=ex.answer, context=ex.context, lang="de",
+                model_output_tokens=ex.model_output_tokens, model_output_logits=ex.model_output_logits)
+    assert [s.prob for s in kept(**args).detection.spans] == [s.prob for s in untrained(**args).detection.spans]
+    fitted = GroundedDetector()
+    fit_grounded(fitted, train, "iou")
+    assert not np.allclose(fitted.combiner.weights, untrained.combiner.weights)
+    # a refit with fit_units=false starts again from the untrained unit part, not from an earlier fit
+    fitted.fit_units = False
+    fit_grounded(fitted, train, "iou")
+    assert np.array_equal(fitted.combiner.weights, untrained.combiner.weights) and fitted.threshold == 0.5
+    with pytest.raises(ValueError, match="unit_pool needs fit_units"):
+        GroundedDetector(unit_pool="x", fit_units=False)

@@ -334,3 +334,16 @@ def choose_threshold(items: list[dict], metric: str = "iou", n_candidates: int =
                 best = (key, i, j)
     _, i, j = best
     return {"threshold": float(cands[i]), "floor": float(cands[j]), "iou": float(ious[i]), "corr": float(corrs[j])}
+
+
+def scores_at(items: list[dict], threshold: float, floor: float = 0.0) -> dict:
+    """Mean IoU and Spearman correlation of ``items`` (as :func:`choose_threshold` takes them) at a given
+    threshold and floor: ``{"threshold", "floor", "iou", "corr"}``."""
+    cps = [char_probs(it["text_len"], it["spans"], it["probs"]) for it in items]
+    if not cps:
+        return {"threshold": threshold, "floor": floor, "iou": float("nan"), "corr": float("nan")}
+    iou_ = float(np.mean([item_iou(it["hard_labels"], _hard(cp, threshold), it["text_len"]) for it, cp in zip(items, cps)]))
+    corr = float(np.mean([spearman_vectors(gold_vector(it["soft_labels"], it["text_len"]),
+                                           np.where(cp >= floor, cp, 0.0) if floor > 0 else cp)
+                          for it, cp in zip(items, cps)]))
+    return {"threshold": float(threshold), "floor": float(floor), "iou": iou_, "corr": corr}

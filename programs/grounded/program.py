@@ -13,7 +13,7 @@ import dspy
 import numpy as np
 
 from halluscope.core.contract import Detection, Evidence, Span, Unit, to_prediction
-from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_probs, choose_threshold,
+from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_probs, choose_threshold, scores_at,
                                                    combiner_from_dict, make_combiner, rescale)
 from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
 from halluscope.programs.grounded.features import (GEN, HIDDEN, LM, NUMBERS, _window_mean, detector_features,
@@ -137,6 +137,10 @@ class GroundedDetector(dspy.Module):
             the threshold is still chosen on the training items alone. Fitting on several languages at once
             (``--lang all``, leave-one-language-out) with a pool is refused: it would pool a held-out language.
         unit_pool_weight: the pooled items' total weight relative to the training items' (1 = equal shares).
+        fit_units: fitting on span labels fits the unit part: the combiner's weights, the IDF table and the
+            threshold (the default). false keeps the untrained program's unit part (the hand-set weights with the
+            empty IDF table they were set for, threshold 0.5) and fits only the response head, if any: for a
+            language whose own items fit a unit part that scores below the hand-set one by cross-validation.
         combiner: the unit combiner, "logreg" (logistic regression) or "trees" (gradient-boosted trees, stored
             as JSON data).
         head: the response head's model when one is fitted, "logreg" or "trees" (see :mod:`.response`).
@@ -172,7 +176,7 @@ class GroundedDetector(dspy.Module):
                  response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto",
                  hidden: bool = False, hidden_model: str = "", hidden_cache_dir: str = "", hidden_item_tokens: int = 384,
                  hidden_evidence_tokens: int = 160, hidden_alpha: float = 300.0, hidden_parts: str = "all",
-                 hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0,
+                 hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0, fit_units: bool = True,
                  resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
                  resp_hs: bool = False):
         super().__init__()
@@ -202,6 +206,9 @@ class GroundedDetector(dspy.Module):
         self.hidden_item_tokens, self.hidden_evidence_tokens = int(hidden_item_tokens), int(hidden_evidence_tokens)
         self.hidden_alpha, self.hidden_pool = float(hidden_alpha), str(hidden_pool or "")
         self.unit_pool, self.unit_pool_weight = str(unit_pool or ""), float(unit_pool_weight)
+        self.fit_units = bool(fit_units)
+        if self.unit_pool and not self.fit_units:
+            raise ValueError("unit_pool needs fit_units (it pools the data the unit combiner is fitted on)")
         if self.unit_pool and hidden:
             raise ValueError("unit_pool and hidden cannot be combined (the pooled items have no probe scores)")
         if not self.unit_pool_weight > 0:
@@ -220,8 +227,7 @@ class GroundedDetector(dspy.Module):
         self.use_resp_hs = bool(resp_hs)
         self._resp_scorer = self._resp_hidden = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
-        self.combiner = Combiner(self.features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)]
-                                 + [DEFAULT_WEIGHTS.get(f, 0.0) for f in self.features])
+        self.combiner = hand_set_combiner(self.features)
         self.head: ResponseHead | None = None
         self.threshold, self.floor = 0.5, 0.0
         self.idf_table = IdfTable()
@@ -678,8 +684,8 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
                          "n_items": len(responses), "train_hash": training_hash(responses), "response": info}
         return {**module.fitted, "threshold": module.threshold, "floor": module.floor,
                 "fit_seconds": round(time.perf_counter() - t0, 3)}
-    if module.use_idf:
-        module.idf_table = IdfTable.build(_get(ex, "context", "") for ex in labelled)
+    if module.use_idf:  # the hand-set weights were set for the untrained program's empty table: they keep it
+        module.idf_table = IdfTable.build(_get(ex, "context", "") for ex in labelled) if module.fit_units else IdfTable()
     rows, ys, items, failures = [], [], [], {}
     for ex in labelled:
         answer = _get(ex, "answer", "")
@@ -700,13 +706,17 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
     y, weight, pool_info = np.asarray(ys, dtype=float), None, {}
     if module.unit_pool:
         X, y, weight, pool_info = with_unit_pool(module, X, y, sorted({str(it["lang"]) for it in items}))
-    module.combiner = make_combiner(module.combiner_kind, module.features)
-    info = module.combiner.fit(X, y, sample_weight=weight, l2=module.l2)
+    if module.fit_units:
+        module.combiner = make_combiner(module.combiner_kind, module.features)
+        info = module.combiner.fit(X, y, sample_weight=weight, l2=module.l2)
+    else:  # the untrained program's unit part: hand-set weights, threshold 0.5 (scored below, not chosen)
+        module.combiner = hand_set_combiner(module.features)
+        info = {"units_fitted": False}
     for it in items:
         it["probs"] = module.combiner.predict(module.impute_missing(it.pop("feats")))  # as forward() does
     metric = {"maxiou": "iou"}.get(metric_name, metric_name)
     metric = metric if metric in ("iou", "corr", "iou+corr") else "iou"
-    choice = choose_threshold(items, metric)
+    choice = choose_threshold(items, metric) if module.fit_units else scores_at(items, 0.5, 0.0)
     module.threshold, module.floor = choice["threshold"], choice["floor"]
     module.fitted = {
         "metric": metric_name, "threshold_metric": metric, "n_items": len(items), "n_units": int(len(ys)),
@@ -757,6 +767,12 @@ def fit_probe(module: GroundedDetector, items: list[dict], rows: list[np.ndarray
     return {"hidden_probe": {"alpha": module.hidden_alpha, "dim": int(d), "units": int(ok.sum()),
                              "pooled_units": int(extra.n) if extra is not None else 0, "pooled_langs": pooled,
                              "oof_corr": round(r, 4) if math.isfinite(r) else None}}
+
+
+def hand_set_combiner(features: list[str]) -> Combiner:
+    """The untrained program's logistic combiner: the hand-set weights of :data:`DEFAULT_WEIGHTS` (0 for a
+    feature without one)."""
+    return Combiner(features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)] + [DEFAULT_WEIGHTS.get(f, 0.0) for f in features])
 
 
 _UNIT_POOL: dict = {}
