@@ -169,6 +169,11 @@ def bound_text_outputs(schema: dict, signature) -> dict:
     return out
 
 
+def enforces_max_length(lm) -> bool:
+    """Whether ``lm``'s engine closes a string at the schema's ``maxLength`` (the embedded llama.cpp grammar)."""
+    return bool(getattr(getattr(lm, "engine", None), "enforces_max_length", False))
+
+
 def schema_bounds(budget: int | None, max_items: int, max_string: int) -> tuple[int, int]:
     """``(items per list, characters per string in a list)`` so that a list at its bounds fits in ``budget``
     output tokens: at most one item per 64 tokens, and the strings' total within two characters per token
@@ -611,7 +616,7 @@ class _GuardedJSON(_Guarded):
         outputs refuse ``maxLength``)."""
         super()._prepare_response_format(lm, lm_kwargs, signature)
         fmt = lm_kwargs.get("response_format")
-        if not (getattr(getattr(lm, "engine", None), "enforces_max_length", False) and text_bounds(signature)
+        if not (enforces_max_length(lm) and text_bounds(signature)
                 and isinstance(fmt, type) and issubclass(fmt, pydantic.BaseModel)):
             return
         lm_kwargs["response_format"] = {"type": "json_schema", "json_schema": {
@@ -661,7 +666,7 @@ fits the call's ``max_tokens``: :func:`schema_bounds`); ``None`` leaves it as is
             if self.max_items is not None:  # bounded so that a list at its bounds fits the output budget
                 items, chars = schema_bounds(budget, self.max_items, self.max_string or 10**6)
                 schema = limit_schema(schema, items, chars)
-            if getattr(getattr(lm, "engine", None), "enforces_max_length", False):
+            if enforces_max_length(lm):
                 schema = bound_text_outputs(schema, signature)
             lm_kwargs["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": model.__name__, "schema": schema, "strict": True}}

@@ -308,17 +308,9 @@ def choose_threshold(items: list[dict], metric: str = "iou", n_candidates: int =
     qs = np.unique(np.quantile(allp, np.linspace(0.0, 1.0, n_candidates)))
     cands = np.unique(np.concatenate([[0.0], (qs[:-1] + qs[1:]) / 2.0, [qs[-1] + 1e-9]]))
     cps = [char_probs(it["text_len"], it["spans"], it["probs"]) for it in items]
-    ious = np.array([np.mean([item_iou(it["hard_labels"], _hard(cp, t), it["text_len"]) for it, cp in zip(items, cps)])
-                     for t in cands])
     golds = [gold_vector(it["soft_labels"], it["text_len"]) for it in items]
-    corrs = []
-    for f in cands:
-        vals = []
-        for gv, cp in zip(golds, cps):
-            cpf = np.where(cp >= f, cp, 0.0) if f > 0 else cp
-            vals.append(spearman_vectors(gv, cpf))
-        corrs.append(np.mean(vals))
-    corrs = np.array(corrs)
+    ious = np.array([_mean_iou(items, cps, t) for t in cands])
+    corrs = np.array([_mean_corr(golds, cps, f) for f in cands])
     best = None
     for i, t in enumerate(cands):
         for j, f in enumerate(cands):
@@ -336,14 +328,24 @@ def choose_threshold(items: list[dict], metric: str = "iou", n_candidates: int =
     return {"threshold": float(cands[i]), "floor": float(cands[j]), "iou": float(ious[i]), "corr": float(corrs[j])}
 
 
+
+def _mean_iou(items: list[dict], cps: list[np.ndarray], threshold: float) -> float:
+    """Mean IoU of the items' gold hard labels and their character probabilities ``cps`` above ``threshold``."""
+    return float(np.mean([item_iou(it["hard_labels"], _hard(cp, threshold), it["text_len"]) for it, cp in zip(items, cps)]))
+
+
+def _mean_corr(golds: list[np.ndarray], cps: list[np.ndarray], floor: float) -> float:
+    """Mean Spearman correlation of the gold character vectors and ``cps`` with values below ``floor`` set to 0."""
+    return float(np.mean([spearman_vectors(gv, np.where(cp >= floor, cp, 0.0) if floor > 0 else cp)
+                          for gv, cp in zip(golds, cps)]))
+
+
 def scores_at(items: list[dict], threshold: float, floor: float = 0.0) -> dict:
     """Mean IoU and Spearman correlation of ``items`` (as :func:`choose_threshold` takes them) at a given
     threshold and floor: ``{"threshold", "floor", "iou", "corr"}``."""
-    cps = [char_probs(it["text_len"], it["spans"], it["probs"]) for it in items]
-    if not cps:
+    if not items:
         return {"threshold": threshold, "floor": floor, "iou": float("nan"), "corr": float("nan")}
-    iou_ = float(np.mean([item_iou(it["hard_labels"], _hard(cp, threshold), it["text_len"]) for it, cp in zip(items, cps)]))
-    corr = float(np.mean([spearman_vectors(gold_vector(it["soft_labels"], it["text_len"]),
-                                           np.where(cp >= floor, cp, 0.0) if floor > 0 else cp)
-                          for it, cp in zip(items, cps)]))
-    return {"threshold": float(threshold), "floor": float(floor), "iou": iou_, "corr": corr}
+    cps = [char_probs(it["text_len"], it["spans"], it["probs"]) for it in items]
+    golds = [gold_vector(it["soft_labels"], it["text_len"]) for it in items]
+    return {"threshold": float(threshold), "floor": float(floor), "iou": _mean_iou(items, cps, threshold),
+            "corr": _mean_corr(golds, cps, floor)}
