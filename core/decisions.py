@@ -10,6 +10,14 @@ the backend is asked for token log-probabilities (``logprobs=True, top_logprobs=
 are read at the token where the value starts: P(option) = the summed probability of the top alternatives
 there that begin the option's label (case and leading spaces ignored), renormalised over the options.
 
+* A label whose first token is not among the alternatives gets probability 0, and no per-label weight can move
+  a decision against it. For a Choice with more than two labels (JointCQ's correct/hallucinated/unverifiable,
+  FINCH-ZK's accurate/contradiction/neutral) a small model's top 20 often hold only the first label: such a
+  request asks for as many alternatives as the backend returns (:func:`max_top_logprobs`: the engine's
+  ``max_top_logprobs``, e.g. 300 for the embedded llama.cpp engine; 20, OpenAI's maximum, for every other
+  backend). Boolean and two-label requests ask for 20 as before, so their requests (and DSPy cache keys) are
+  unchanged.
+
 * Everything else (calls without decision outputs, every program that does not use them) passes straight to
   the wrapped adapter, unchanged.
 * A backend that returns no log-probabilities raises :class:`NoLogprobsError` naming the backend (the
@@ -40,6 +48,8 @@ __all__ = [
     "NoLogprobsError",
     "LOGPROB_SETTING",
     "TOP_LOGPROBS",
+    "max_top_logprobs",
+    "top_logprobs_for",
     "with_logprob_decisions",
     "decision_mode",
     "logprobs_problem",
@@ -67,6 +77,26 @@ def backend_name(lm) -> str:
     model = getattr(lm, "model", type(lm).__name__)
     base = (getattr(lm, "kwargs", None) or {}).get("api_base")
     return f"{model}" + (f" at {base}" if base else "")
+
+
+def max_top_logprobs(lm) -> int:
+    """The most token alternatives per position ``lm``'s backend returns: its engine's ``max_top_logprobs``
+    attribute (the embedded llama.cpp engine computes the full distribution anyway), else :data:`TOP_LOGPROBS`
+    (OpenAI's maximum: hosted APIs through LiteLLM, OpenAI-compatible servers)."""
+    engine = getattr(lm, "engine", None)
+    try:
+        return max(TOP_LOGPROBS, int(getattr(engine, "max_top_logprobs", TOP_LOGPROBS)))
+    except (TypeError, ValueError):
+        return TOP_LOGPROBS
+
+
+def top_logprobs_for(lm, kinds: dict) -> int:
+    """How many alternatives to ask ``lm`` for, for a call with the decision outputs ``kinds``
+    (``{name: (kind, labels)}``): :func:`max_top_logprobs` when one of them is a Choice of more than two labels,
+    else :data:`TOP_LOGPROBS` (Booleans and two-label Choices: the request is the one it always was)."""
+    if any(kind == "choice" and len(labels) > 2 for kind, labels in kinds.values()):
+        return max_top_logprobs(lm)
+    return TOP_LOGPROBS
 
 
 def decision_mode() -> str:
@@ -197,7 +227,7 @@ class _LogprobDecisions:
         if not kinds or decision_mode() == "verbal":
             return super().__call__(lm, lm_kwargs, signature, demos, inputs)
         vote = _vote_signature(signature, kinds)
-        kwargs = {**(lm_kwargs or {}), "logprobs": True, "top_logprobs": TOP_LOGPROBS}
+        kwargs = {**(lm_kwargs or {}), "logprobs": True, "top_logprobs": top_logprobs_for(lm, kinds)}
         completions = super().__call__(lm, kwargs, vote, demos, inputs)
         out = []
         for completion in completions:
