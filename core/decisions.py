@@ -27,7 +27,9 @@ there that begin the option's label (case and leading spaces ignored), renormali
 * Contextual calibration (Zhao et al. 2021, "Calibrate before use"): within :func:`calibrated_by` a Boolean
   output's P(True) is divided by the P(True) the same prompt got with a content-free input
   (:func:`contextual_probability`), before DSPy applies the cut point and before ReAnchor records it, so a
-  fitted threshold sits on the calibrated probability.
+  fitted threshold sits on the calibrated probability. A Choice output's prior is a ``{label: probability}``
+  mapping: each label's probability is divided by its content-free probability and renormalised
+  (:func:`contextual_choice`), before the per-label weights apply.
 
 :func:`decision_probability` reads the probability of the last decision a predictor decoded (programs put it
 into the contract's ``score``).
@@ -59,11 +61,14 @@ __all__ = [
     "backend_name",
     "PRIOR_SETTING",
     "contextual_probability",
+    "contextual_choice",
+    "choice_probabilities",
     "calibrated_by",
 ]
 
 LOGPROB_SETTING = "halluscope_decision_probs"  # dspy.settings key: "logprobs" (default) or "verbal"
-PRIOR_SETTING = "halluscope_decision_prior"  # dspy.settings key: {output name: P(True) of the content-free input}
+PRIOR_SETTING = "halluscope_decision_prior"  # dspy.settings key: {output name: P(True), or a Choice's {label: P},
+#                                             of the content-free input}
 TOP_LOGPROBS = 20  # alternatives asked for at each generated position (OpenAI's maximum)
 YES, NO = "Yes", "No"
 
@@ -160,10 +165,21 @@ def contextual_probability(p: float, prior: float, eps: float = 1e-6) -> float:
     return yes / (yes + no)
 
 
+def contextual_choice(probs: dict[str, float], prior: dict[str, float], eps: float = 1e-6) -> dict[str, float]:
+    """A Choice's label probabilities ``probs`` calibrated by the content-free ones ``prior`` (Zhao et al. 2021):
+    each divided by its content-free probability (both clipped to ``[eps, 1]``, so a label the content-free
+    input never chose stays finite), renormalised. A label missing from ``prior`` is left as it is (divided by 1);
+    with two labels this is :func:`contextual_probability`."""
+    ratio = {k: max(float(p), eps) / max(min(float(prior.get(k, 1.0)), 1.0), eps) for k, p in probs.items()}
+    total = sum(ratio.values())
+    return {k: v / total for k, v in ratio.items()}
+
+
 @contextmanager
-def calibrated_by(priors: dict[str, float]):
+def calibrated_by(priors: dict[str, float | dict[str, float]]):
     """Within: Boolean decision outputs named in ``priors`` are read as :func:`contextual_probability` of their
-    P(True) and the given content-free P(True) (outputs not named are read as usual)."""
+    P(True) and the given content-free P(True); Choice outputs named with a ``{label: probability}`` prior as
+    :func:`contextual_choice` (outputs not named are read as usual)."""
     with dspy.context(**{PRIOR_SETTING: dict(priors)}):
         yield
 
@@ -258,6 +274,9 @@ class _LogprobDecisions:
                 p_yes = probs[YES] if prior is None else contextual_probability(probs[YES], prior)
                 result[name] = {"noul": p_yes}
             else:
+                prior = (dspy.settings.get(PRIOR_SETTING) or {}).get(name)
+                if isinstance(prior, dict) and kind == "choice":
+                    probs = contextual_choice(probs, prior)
                 result[name] = {"probabilities": probs, "confidence": max(probs.values())}
         return result
 
@@ -350,4 +369,13 @@ def noul_probability(log: list, predictor, field: str) -> float | None:
     for caller, name, ev in reversed(log):
         if caller is predictor and name == field and isinstance(ev, dict) and "noul" in ev:
             return float(ev["noul"])
+    return None
+
+
+def choice_probabilities(log: list, predictor, field: str) -> dict[str, float] | None:
+    """The label probabilities of the last Choice decision ``predictor`` decoded for ``field`` in ``log``
+    (a content-free request's, for :func:`calibrated_by`), else ``None``."""
+    for caller, name, ev in reversed(log):
+        if caller is predictor and name == field and isinstance(ev, dict) and isinstance(ev.get("probabilities"), dict):
+            return {str(k): float(v) for k, v in ev["probabilities"].items()}
     return None

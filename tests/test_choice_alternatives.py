@@ -165,3 +165,47 @@ def test_the_embedded_model_gives_each_label_of_a_three_label_choice_a_probabili
     assert lm.history[-1]["kwargs"]["top_logprobs"] == LlamaCppEngine.max_top_logprobs
     probs = log[-1][2]["probabilities"]
     assert set(probs) == set(LABELS) and all(p > 0 for p in probs.values()), probs
+
+
+# ------------------------------------------------------------------------------------------------------
+# Contextual calibration of a Choice (per-label division by a content-free request's probabilities)
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_contextual_choice_divides_each_label_by_its_content_free_probability():
+    from halluscope.core.decisions import contextual_choice, contextual_probability
+
+    probs = {"correct": 0.90, "hallucinated": 0.08, "unverifiable": 0.02}
+    prior = {"correct": 0.95, "hallucinated": 0.04, "unverifiable": 0.01}
+    ratio = {"correct": 0.90 / 0.95, "hallucinated": 2.0, "unverifiable": 2.0}
+    total = sum(ratio.values())
+    assert contextual_choice(probs, prior) == pytest.approx({k: v / total for k, v in ratio.items()})
+    # a flat prior changes nothing; two labels: the Boolean formula
+    assert contextual_choice(probs, dict.fromkeys(probs, 1 / 3)) == pytest.approx(probs)
+    assert contextual_choice({"Yes": 0.93, "No": 0.07}, {"Yes": 0.81, "No": 0.19})["Yes"] == pytest.approx(
+        contextual_probability(0.93, 0.81))
+    # a label the content-free input gave 0 (or was not read) stays finite; a label missing from the prior is kept
+    out = contextual_choice(probs, {"correct": 0.99, "hallucinated": 0.0})
+    assert all(0 < v < 1 for v in out.values()) and sum(out.values()) == pytest.approx(1.0)
+    assert out["hallucinated"] > 0.99
+
+
+def test_calibrated_by_a_choice_prior_changes_the_probabilities_before_the_weights():
+    from halluscope.core.decisions import calibrated_by, choice_probabilities, decision_evidence
+
+    lm = _verify_lm(300)
+    predict = dspy.Predict(Verify)
+    predict.fields = {"label": {"weights": dict.fromkeys(LABELS, 1.0)}}
+    prior = {"correct": 0.97, "hallucinated": 0.01, "unverifiable": 0.02}
+    with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+        with decision_evidence() as raw_log:
+            assert predict(claim="x").label == "correct"
+        with decision_evidence() as log, calibrated_by({"label": prior}):
+            pred = predict(claim="x")
+    raw = choice_probabilities(raw_log, predict, "label")
+    got = choice_probabilities(log, predict, "label")
+    assert raw == pytest.approx({"correct": 0.40 / 0.415, "hallucinated": 0.01 / 0.415, "unverifiable": 0.005 / 0.415})
+    ratio = {k: raw[k] / prior[k] for k in LABELS}
+    assert got == pytest.approx({k: v / sum(ratio.values()) for k, v in ratio.items()})
+    assert pred.label == "hallucinated"  # P / prior: hallucinated 2.41, correct 0.99: the calibrated argmax
+    assert choice_probabilities(log, object(), "label") is None
