@@ -79,8 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="mipro = dspy.MIPROv2, bootstrap = dspy.BootstrapFewShot, gepa = dspy.GEPA (reflective "
                         "prompt evolution from the metric's textual feedback; --prompt-lm reflects), reanchor = "
                         "dspy.ReAnchor (calibrates the decision outputs: direct, direct+routing, halluclean, "
-                        "medico), or mipro+reanchor / bootstrap+reanchor / gepa+reanchor (prompts first, then "
-                        "calibration); default: the program's own (mipro, or the fit hook of a program with one). "
+                        "medico), pairs = contrastive labelled demos (each predictor its own --max-labeled-demos gold "
+                        "cases, both answers of one --fold-groups source: direct -O demo_sets=K), or mipro+reanchor / "
+                        "bootstrap+reanchor / gepa+reanchor / pairs+reanchor (prompts first, then calibration); default: the program's own (mipro, or the fit hook of a program with one). "
                         "With a fit hook and an LM (medico, jointcq) a chosen optimizer compiles the prompts (then "
                         "the hook fits the compiled program, or compiles with it); a program without an LM "
                         "(grounded) ignores it")

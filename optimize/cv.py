@@ -37,7 +37,7 @@ from halluscope.core import extensions
 from halluscope.evaluation import runner
 from halluscope.core.contract import Detection, describe_failed, failure_reason
 from halluscope.metrics.adapters import aggregate, get_metric
-from halluscope.optimize.optimizers import compile_gepa, compile_reanchor
+from halluscope.optimize.optimizers import compile_gepa, compile_pairs, compile_reanchor
 from halluscope.optimize.proposals import robust_proposals
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class OptimizerConfig:
     reanchor: bool = False  # ReAnchor after the prompt optimizer (``name="mipro+reanchor"`` sets it)
     max_metric_calls: int | None = None  # GEPA's budget instead of auto
     decision_probs: str = "logprobs"
+    pair_by: str | None = None  # pairs: the field two gold cases of one source share (the run's --fold-groups)
     chosen: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -157,6 +158,9 @@ class OptimizerConfig:
             raise ValueError(f"val_fraction must be between 0 and 1, not {self.val_fraction}")
         if self.name == "gepa" and self.candidates is not None:
             raise ValueError("--candidates/--trials are MIPROv2 settings; GEPA's budget is auto or max_metric_calls")
+        if self.name == "pairs" and (self.max_labeled_demos < 2 or self.max_labeled_demos % 2):
+            raise ValueError(f"pairs shows both answers of a source: --max-labeled-demos must be even and at least 2, "
+                             f"not {self.max_labeled_demos}")
         if self.then_fit and self.name == "fit":
             raise ValueError("then_fit goes with a prompt optimizer (mipro or bootstrap), not with 'fit'")
         if self.fit_with is not None and (self.name != "fit" or self.fit_with not in ("mipro", "bootstrap")):
@@ -176,9 +180,13 @@ class OptimizerConfig:
             d.pop("then_fit")
         if self.fit_with is None:
             d.pop("fit_with")
-        if self.name in ("bootstrap", "fit", "reanchor"):  # settings MIPROv2 alone uses would only confuse the record
+        if self.name != "pairs":
+            d.pop("pair_by")
+        if self.name in ("bootstrap", "fit", "reanchor", "pairs"):  # settings MIPROv2 alone uses would only confuse
             for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature", "proposal_attempts"):
                 d.pop(k)
+        if self.name == "pairs":
+            d.pop("max_bootstrapped_demos")
         if self.name == "gepa":
             for k in ("candidates", "trials", "init_temperature", "max_bootstrapped_demos", "max_labeled_demos",
                       "proposal_attempts"):
@@ -220,6 +228,9 @@ class OptimizerConfig:
         if self.name == "fit":
             with_ = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot"}.get(self.fit_with or "")
             return "fit (the program's own fit hook" + (f", compiling with {with_})" if with_ else ")")
+        if self.name == "pairs":
+            return (f"contrastive labelled demos ({self.max_labeled_demos} per predictor: both answers of "
+                    f"{self.max_labeled_demos // 2} {self.pair_by or 'source_id'} groups, seed={self.seed})")
         if self.name == "bootstrap":
             desc = (f"BootstrapFewShot(max_bootstrapped_demos={self.max_bootstrapped_demos}, "
                     f"max_labeled_demos={self.max_labeled_demos})")
@@ -755,6 +766,11 @@ def _compile_gepa(student, trainset, metric, cfg, *, task_lm, prompt_lm, metric_
                         prompt_lm=prompt_lm)
 
 
+def _compile_pairs(student, trainset, metric, cfg, **_):
+    program, more = compile_pairs(student, trainset, cfg, pair_by=cfg.pair_by)
+    return program, {"n_train": len(trainset), "n_val": 0, **more}
+
+
 def _compile_bootstrap(student, trainset, metric, cfg, **_):
     opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
                                 max_labeled_demos=cfg.max_labeled_demos, max_errors=cfg.max_errors)
@@ -790,4 +806,5 @@ register_optimizer(OptimizerSpec("mipro", _compile_mipro, "MIPROv2", min_items=2
 register_optimizer(OptimizerSpec("bootstrap", _compile_bootstrap, "BootstrapFewShot", prompts=True))
 register_optimizer(OptimizerSpec("gepa", _compile_gepa, "GEPA", min_items=2, prompts=True))
 register_optimizer(OptimizerSpec("reanchor", _compile_reanchor, "ReAnchor"))
+register_optimizer(OptimizerSpec("pairs", _compile_pairs, "contrastive labelled demos", min_items=2, prompts=True))
 register_optimizer(OptimizerSpec("fit", _compile_fit, "the fit hook", listed=False))

@@ -14,11 +14,17 @@
   them (DSPy's default). The fitted parameters live in each predictor's ``fields`` (saved in program.json).
 * :func:`reanchor_problem`: one line saying why ReAnchor cannot run on a program/backend, checked before any
   optimizer call.
+* :func:`compile_pairs` (``--optimizer pairs``): contrastive labelled demos, no LM call. Each predictor gets its
+  own set of ``max_labeled_demos`` gold cases drawn as *pairs*: the hallucinated and the correct answer of one
+  source (both answers of one question), the sets disjoint across predictors while the training part has enough
+  sources (:func:`contrastive_demo_sets`). Made for ``direct``/``direct+routing -O demo_sets=K``, which average
+  their K predictors' calibrated verdicts (BENCHMARKS.md, "#21 round five").
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any, Callable, Sequence
 
 import dspy
@@ -29,7 +35,10 @@ from halluscope.metrics.feedback import FEEDBACK_METRICS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["compile_gepa", "compile_reanchor", "reanchor_problem", "gepa_metric", "DECISION_PROGRAMS"]
+__all__ = ["compile_gepa", "compile_reanchor", "reanchor_problem", "gepa_metric", "DECISION_PROGRAMS",
+           "compile_pairs", "contrastive_demo_sets", "PAIR_FIELD"]
+
+PAIR_FIELD = "source_id"  # what makes two gold cases a pair when the run names no --fold-groups field
 
 # Programs whose decision outputs ReAnchor calibrates, and the build option that types them (None: always typed).
 DECISION_PROGRAMS = {"direct": "decisions", "direct+routing": "decisions", "halluclean": "decisions",
@@ -110,3 +119,74 @@ def compile_reanchor(program: dspy.Module, trainset: Sequence, metric: Callable,
            if fitted else "original behaviour kept (the fitted one did not win the fold check)"))
     return calibrated, {"reanchor": report, "decision_probs": cfg.decision_probs,
                         "reanchor_train_score": report.get("train_score")}
+
+
+def _label(ex) -> bool | None:
+    value = ex.get("label") if hasattr(ex, "get") else None
+    return value if isinstance(value, bool) else None
+
+
+def contrastive_demo_sets(trainset: Sequence, per_set: int, n_sets: int, seed: int = 0,
+                          pair_by: str | None = None) -> tuple[list[list], dict]:
+    """``n_sets`` demo sets of ``per_set`` gold cases each (``per_set`` even), and what was drawn.
+
+    A *pair* is one hallucinated and one correct case sharing ``pair_by`` (default :data:`PAIR_FIELD`): the two
+    answers of one question, which show a small model the difference rather than a topic. Pairs are shuffled by
+    ``seed`` and dealt out ``per_set // 2`` to a set, so no source appears in two sets while there are enough;
+    when there are not, the deal starts again from the first pair (said in the info: ``reused``). Cases of
+    sources without both labels are not drawn. Without any pair (no ``pair_by`` field), a hallucinated and a
+    correct case drawn at random stand in for a pair (``paired: False``). Within a
+    set the cases keep their order in ``trainset``. ``ValueError`` (one line) for an odd or zero ``per_set``,
+    ``n_sets < 1``, or a training part without both labels."""
+    if per_set < 2 or per_set % 2:
+        raise ValueError(f"pairs needs an even number of labelled demos per set (--max-labeled-demos 2, 4, ...), "
+                         f"not {per_set}")
+    if n_sets < 1:
+        raise ValueError(f"n_sets must be at least 1, not {n_sets}")
+    items = list(trainset)
+    key = pair_by or PAIR_FIELD
+    groups: dict[Any, dict[bool, int]] = {}
+    for i, ex in enumerate(items):
+        lab, src = _label(ex), (ex.get(key) if hasattr(ex, "get") else None)
+        if lab is not None and src is not None:
+            groups.setdefault(src, {}).setdefault(lab, i)
+    pairs = [(g[True], g[False]) for g in groups.values() if True in g and False in g]
+    rng = random.Random(seed)
+    if not pairs:  # no pairs: as many hallucinated as correct cases, each case shown once while there are enough
+        pos = [i for i, ex in enumerate(items) if _label(ex) is True]
+        neg = [i for i, ex in enumerate(items) if _label(ex) is False]
+        if not pos or not neg:
+            raise ValueError("pairs needs gold cases of both labels (label true and false) in the training part")
+        rng.shuffle(pos)
+        rng.shuffle(neg)
+        pairs, paired = list(zip(pos, neg)), False
+    else:
+        pairs.sort()
+        rng.shuffle(pairs)
+        paired = True
+    half, sets, drawn = per_set // 2, [], 0
+    for _ in range(n_sets):
+        chosen = [pairs[(drawn + j) % len(pairs)] for j in range(half)]
+        drawn += half
+        sets.append([items[i] for i in sorted(i for pair in chosen for i in pair)])
+    info = {"paired": paired, "pair_by": key if paired else None, "pairs_available": len(pairs),
+            "per_set": per_set, "sets": n_sets, "reused": drawn > len(pairs)}
+    return sets, info
+
+
+def compile_pairs(student: dspy.Module, trainset: Sequence, cfg, *, pair_by: str | None = None,
+                  log: Callable[[str], None] | None = None) -> tuple[dspy.Module, dict]:
+    """``(program, info)``: a copy of ``student`` whose predictors each hold one set of
+    :func:`contrastive_demo_sets` (``cfg.max_labeled_demos`` per set, seeded by ``cfg.seed``). No LM call; the
+    program renders the gold cases in its own wording (``ProgramSpec.demo_fields``)."""
+    log = log or logger.info
+    program = student.deepcopy()
+    named = program.named_predictors()
+    sets, info = contrastive_demo_sets(trainset, cfg.max_labeled_demos, len(named), cfg.seed, pair_by)
+    for (_, predictor), demos in zip(named, sets):
+        predictor.demos = list(demos)
+    log(f"pairs: {len(named)} predictor(s), {cfg.max_labeled_demos} labelled demos each "
+        + (f"(both answers of {cfg.max_labeled_demos // 2} {info['pair_by']} groups"
+           + (", some groups shown to more than one predictor: too few in the training part)" if info["reused"]
+              else ", no group shown twice)") if info["paired"] else "(no pairs: as many hallucinated as correct)"))
+    return program, {"pairs": info}

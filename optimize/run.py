@@ -378,6 +378,8 @@ def plan_run(config: OptimizeConfig, examples: Sequence[Any], *, spec=None,
     if not uses_lm and fit is None:
         raise ValueError(f"program {spec.name!r} uses no LM and has no fit hook: there is nothing to optimise")
     cfg = optimizer_for(spec, config.optimizer, options)
+    if cfg.name == "pairs" and config.fold_groups and cfg.pair_by is None:  # a pair = two cases of one group
+        cfg = dataclasses.replace(cfg, pair_by=config.fold_groups)
     if cfg.uses_reanchor:  # type the decision outputs ReAnchor calibrates (a build option of the program)
         option = DECISION_PROGRAMS.get(spec.name)
         if option and not options.get(option):

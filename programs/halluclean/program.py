@@ -43,8 +43,10 @@ Outputs (the common contract)
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError
@@ -55,7 +57,7 @@ from halluscope.core.tasks import task_key
 from halluscope.core.text import diff_spans
 from halluscope.lm.models import make_lm
 from halluscope.metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
-from halluscope.programs.registry import ProgramSpec, free, get, register, text
+from halluscope.programs.registry import ProgramSpec, free, get, register, text, whole
 from halluscope.signatures.halluclean import DirectAsk as DirectAskSig
 from halluscope.signatures.halluclean import DirectAskDecision, Judge, JudgeDecision, Plan, Reason, Revise, parse_verdict
 
@@ -208,6 +210,22 @@ def _content_free_prior(predictor, failures: dict, **inputs) -> float | None:
     return prior
 
 
+def combine_verdicts(votes: list[tuple[float, float]]) -> float | None:
+    """The combined P(Yes) of several Boolean verdicts, each ``(P(Yes), cut point)``: the sigmoid of the mean of
+    ``logit(p) - logit(cut)``, so that it is at least 0.5 exactly when the verdicts lean Yes on average, each
+    measured from its own cut. One verdict ``(p, 0.5)`` gives ``p``. ``None`` when there is none. Probabilities
+    are clipped to ``[1e-6, 1 - 1e-6]`` so that certainty stays finite."""
+    if not votes:
+        return None
+
+    def logit(x: float) -> float:
+        x = min(max(float(x), 1e-6), 1.0 - 1e-6)
+        return math.log(x / (1.0 - x))
+
+    z = sum(logit(p) - logit(cut) for p, cut in votes) / len(votes)
+    return 1.0 / (1.0 + math.exp(-z))
+
+
 class HalluClean(dspy.Module):
     """Plan -> Reason -> Judge (detection) -> Revise (only when judged hallucinated), task-routed.
 
@@ -315,43 +333,84 @@ class DirectAsk(dspy.Module):
             the per-case baseline the context and question set is taken out. Implies ``decisions``, read from
             log-probabilities from the start with cut point 0.5 ("more likely Yes than for no answer at all"),
             which ``--optimizer reanchor`` then fits. None: off.
+        demo_sets: how many verdict predictors (``ask``, ``ask_2``, ...) are asked, each with its own demos (an
+            optimizer such as ``--optimizer pairs`` gives each predictor a different set), their decisions
+            combined: the mean over predictors of ``logit(P(Yes)) - logit(cut)`` (each predictor's own cut point,
+            0.5 unless ReAnchor fitted one; with ``calibrate``, P(Yes) is the calibrated one) decides at 0, and the
+            score is its sigmoid (:func:`combine_verdicts`). Averaging over demo sets takes out what one set of
+            demos does to a small model's P(Yes). Implies ``decisions``, read from log-probabilities from the start.
+            1 (the default): one predictor, exactly as without this option.
     """
 
     def __init__(self, routing: bool = False, task: str | None = None, max_tokens: dict | None = None,
-                 decisions: bool = False, calibrate: str | None = None):
+                 decisions: bool = False, calibrate: str | None = None, demo_sets: int = 1):
         super().__init__()
         self.routing = bool(routing)
         self.task = _check_task_option(task)
         if calibrate not in (None, *CALIBRATIONS):
             raise ValueError(f"calibrate must be one of {', '.join(CALIBRATIONS)} or null, not {calibrate!r}")
+        if isinstance(demo_sets, bool) or not isinstance(demo_sets, int) or demo_sets < 1:
+            raise ValueError(f"demo_sets must be a whole number >= 1, not {demo_sets!r}")
         self.calibrate = calibrate
-        self.ask = _predict(DirectAskDecision if decisions or calibrate else DirectAskSig, max_tokens, "judge")
-        if calibrate:  # the calibrated probability is the decision from the start (ReAnchor moves the cut point)
-            self.ask.fields = {"verdict": {"threshold": 0.5}}
+        self.demo_sets = demo_sets
+        probabilities = bool(calibrate) or demo_sets > 1
+        sig = DirectAskDecision if decisions or probabilities else DirectAskSig
+        self.ask = _predict(sig, max_tokens, "judge")
+        for k in range(2, demo_sets + 1):
+            setattr(self, f"ask_{k}", _predict(sig, max_tokens, "judge"))
+        if probabilities:  # the probability is the decision from the start (ReAnchor moves the cut points)
+            for member in self.members:
+                member.fields = {"verdict": {"threshold": 0.5}}
+
+    @property
+    def members(self) -> list[dspy.Predict]:
+        """The verdict predictors: ``ask``, then ``ask_2`` ... ``ask_<demo_sets>``."""
+        return [self.ask] + [getattr(self, f"ask_{k}") for k in range(2, self.demo_sets + 1)]
 
     def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "",
                 task: str | None = None, **_):
         answer = answer or ""
         route = resolve_task(self.task, task) if self.routing else TASKS["generic"]
-        demos = [self._demo(d) for d in self.ask.demos]
         failures: dict[str, int] = {}
+        if self.demo_sets == 1:
+            raw, probability = self._ask(self.ask, route, question, answer, context, failures)
+            label, score, decided = _verdict_outcome(raw, probability)
+            if raw is not None and not decided:
+                failures["verdict"] = 1
+        else:
+            votes = []
+            for member in self.members:
+                raw, probability = self._ask(member, route, question, answer, context, failures)
+                if probability is not None:
+                    votes.append((probability, float(member.fields.get("verdict", {}).get("threshold", 0.5))))
+                elif raw is not None:
+                    failures["verdict"] = failures.get("verdict", 0) + 1
+            combined = combine_verdicts(votes)
+            decided = combined is not None
+            label, score = (combined >= 0.5, combined) if decided else (False, 0.5)
+            raw = ("Yes" if label else "No") if decided else None
+        det = Detection(answer=answer, label=label, score=score, failures=failures)
+        return to_prediction(det, verdict=raw, decided=decided, route=route.name, revision_status="disabled")
+
+    def _ask(self, member: dspy.Predict, route, question: str, answer: str, context: str,
+             failures: dict) -> tuple[Any, float | None]:
+        """``(raw verdict, P(Yes))`` of one verdict predictor with its own demos (P(Yes) calibrated with
+        ``calibrate``; None when no probability was read); a reply that does not parse is ``raw = None``, counted
+        in ``failures["parse"]``."""
+        demos = [self._demo(d) for d in member.demos]
         priors = {}
         if self.calibrate:
-            prior = _content_free_prior(self.ask, failures, demos=demos,
+            prior = _content_free_prior(member, failures, demos=demos,
                                         **route_inputs(route, question, CONTENT_FREE_ANSWER, context))
             priors = {} if prior is None else {"verdict": prior}
         with decision_evidence() as evidence, calibrated_by(priors):
             try:
-                raw = self.ask(demos=demos, **route_inputs(route, question, answer, context)).verdict
+                raw = member(demos=demos, **route_inputs(route, question, answer, context)).verdict
                 raw = "" if raw is None else raw if isinstance(raw, bool) else str(raw)
             except AdapterParseError:
                 raw = None
-                failures["parse"] = 1
-        label, score, decided = _verdict_outcome(raw, noul_probability(evidence, self.ask, "verdict"))
-        if raw is not None and not decided:
-            failures["verdict"] = 1
-        det = Detection(answer=answer, label=label, score=score, failures=failures)
-        return to_prediction(det, verdict=raw, decided=decided, route=route.name, revision_status="disabled")
+                failures["parse"] = failures.get("parse", 0) + 1
+        return raw, noul_probability(evidence, member, "verdict")
 
     def _demo(self, demo) -> dspy.Example:
         """A labelled demo in this program's wording. A gold case (``question``/``answer``/``context``/``task`` and
@@ -436,7 +495,8 @@ def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=No
     return out
 
 
-def build_direct(max_tokens: dict | None = None, decisions: bool = False, calibrate: str | None = None) -> DirectAsk:
+def build_direct(max_tokens: dict | None = None, decisions: bool = False, calibrate: str | None = None,
+                 demo_sets: int = 1) -> DirectAsk:
     """The direct-ask baseline: :class:`DirectAsk` without task routing.
 
     Args:
@@ -444,12 +504,15 @@ def build_direct(max_tokens: dict | None = None, decisions: bool = False, calibr
         decisions: a Boolean decision output that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
         calibrate: "content_free": P(Yes) divided by the P(Yes) of the same case without the answer
             (contextual calibration; one more request per question); null: off.
+        demo_sets: verdict predictors, each with its own demos (``--optimizer pairs``), their calibrated
+            decisions averaged in logit; 1: one.
     """
-    return DirectAsk(routing=False, max_tokens=max_tokens, decisions=decisions, calibrate=calibrate)
+    return DirectAsk(routing=False, max_tokens=max_tokens, decisions=decisions, calibrate=calibrate,
+                     demo_sets=demo_sets)
 
 
 def build_direct_routing(task: str | None = None, max_tokens: dict | None = None,
-                         decisions: bool = False, calibrate: str | None = None) -> DirectAsk:
+                         decisions: bool = False, calibrate: str | None = None, demo_sets: int = 1) -> DirectAsk:
     """Direct ask + task routing: :class:`DirectAsk` with ``routing=True``.
 
     Args:
@@ -458,8 +521,11 @@ def build_direct_routing(task: str | None = None, max_tokens: dict | None = None
         decisions: a Boolean decision output that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
         calibrate: "content_free": P(Yes) divided by the P(Yes) of the same case without the answer
             (contextual calibration; one more request per question); null: off.
+        demo_sets: verdict predictors, each with its own demos (``--optimizer pairs``), their calibrated
+            decisions averaged in logit; 1: one.
     """
-    return DirectAsk(routing=True, task=task, max_tokens=max_tokens, decisions=decisions, calibrate=calibrate)
+    return DirectAsk(routing=True, task=task, max_tokens=max_tokens, decisions=decisions, calibrate=calibrate,
+                     demo_sets=demo_sets)
 
 
 def _task_problem(task, options) -> str | None:
@@ -487,6 +553,7 @@ def _budgets_problem(max_tokens, options) -> str | None:
 _TASK = text(nullable=True, what="a HalluClean task", check=_task_problem)
 _BUDGETS = free("per-stage token budgets {stage: whole number >= 1}", nullable=True, check=_budgets_problem)
 _CALIBRATE = text(*CALIBRATIONS, nullable=True, what="a calibration of the verdict's P(Yes)")
+_DEMO_SETS = whole(1, 16)
 
 register(ProgramSpec(
     name="halluclean",
@@ -506,7 +573,7 @@ register(ProgramSpec(
     demo_fields=verdict_demo_fields,
     level="response",
     default_metric="f1",
-    option_types={"max_tokens": _BUDGETS, "calibrate": _CALIBRATE},
+    option_types={"max_tokens": _BUDGETS, "calibrate": _CALIBRATE, "demo_sets": _DEMO_SETS},
 ))
 
 register(ProgramSpec(
@@ -517,5 +584,5 @@ register(ProgramSpec(
     demo_fields=verdict_demo_fields,
     level="response",
     default_metric="f1",
-    option_types={"task": _TASK, "max_tokens": _BUDGETS, "calibrate": _CALIBRATE},
+    option_types={"task": _TASK, "max_tokens": _BUDGETS, "calibrate": _CALIBRATE, "demo_sets": _DEMO_SETS},
 ))
