@@ -10,6 +10,14 @@ the backend is asked for token log-probabilities (``logprobs=True, top_logprobs=
 are read at the token where the value starts: P(option) = the summed probability of the top alternatives
 there that begin the option's label (case and leading spaces ignored), renormalised over the options.
 
+* A label whose first token is not among the alternatives gets probability 0, and no per-label weight can move
+  a decision against it. For a Choice with more than two labels (JointCQ's correct/hallucinated/unverifiable,
+  FINCH-ZK's accurate/contradiction/neutral) a small model's top 20 often hold only the first label: such a
+  request asks for as many alternatives as the backend returns (:func:`max_top_logprobs`: the engine's
+  ``max_top_logprobs``, e.g. 300 for the embedded llama.cpp engine; 20, OpenAI's maximum, for every other
+  backend). Boolean and two-label requests ask for 20 as before, so their requests (and DSPy cache keys) are
+  unchanged.
+
 * Everything else (calls without decision outputs, every program that does not use them) passes straight to
   the wrapped adapter, unchanged.
 * A backend that returns no log-probabilities raises :class:`NoLogprobsError` naming the backend (the
@@ -19,7 +27,9 @@ there that begin the option's label (case and leading spaces ignored), renormali
 * Contextual calibration (Zhao et al. 2021, "Calibrate before use"): within :func:`calibrated_by` a Boolean
   output's P(True) is divided by the P(True) the same prompt got with a content-free input
   (:func:`contextual_probability`), before DSPy applies the cut point and before ReAnchor records it, so a
-  fitted threshold sits on the calibrated probability.
+  fitted threshold sits on the calibrated probability. A Choice output's prior is a ``{label: probability}``
+  mapping: each label's probability is divided by its content-free probability and renormalised
+  (:func:`contextual_choice`), before the per-label weights apply.
 
 :func:`decision_probability` reads the probability of the last decision a predictor decoded (programs put it
 into the contract's ``score``).
@@ -40,6 +50,8 @@ __all__ = [
     "NoLogprobsError",
     "LOGPROB_SETTING",
     "TOP_LOGPROBS",
+    "max_top_logprobs",
+    "top_logprobs_for",
     "with_logprob_decisions",
     "decision_mode",
     "logprobs_problem",
@@ -49,11 +61,14 @@ __all__ = [
     "backend_name",
     "PRIOR_SETTING",
     "contextual_probability",
+    "contextual_choice",
+    "choice_probabilities",
     "calibrated_by",
 ]
 
 LOGPROB_SETTING = "halluscope_decision_probs"  # dspy.settings key: "logprobs" (default) or "verbal"
-PRIOR_SETTING = "halluscope_decision_prior"  # dspy.settings key: {output name: P(True) of the content-free input}
+PRIOR_SETTING = "halluscope_decision_prior"  # dspy.settings key: {output name: P(True), or a Choice's {label: P},
+#                                             of the content-free input}
 TOP_LOGPROBS = 20  # alternatives asked for at each generated position (OpenAI's maximum)
 YES, NO = "Yes", "No"
 
@@ -67,6 +82,26 @@ def backend_name(lm) -> str:
     model = getattr(lm, "model", type(lm).__name__)
     base = (getattr(lm, "kwargs", None) or {}).get("api_base")
     return f"{model}" + (f" at {base}" if base else "")
+
+
+def max_top_logprobs(lm) -> int:
+    """The most token alternatives per position ``lm``'s backend returns: its engine's ``max_top_logprobs``
+    attribute (the embedded llama.cpp engine computes the full distribution anyway), else :data:`TOP_LOGPROBS`
+    (OpenAI's maximum: hosted APIs through LiteLLM, OpenAI-compatible servers)."""
+    engine = getattr(lm, "engine", None)
+    try:
+        return max(TOP_LOGPROBS, int(getattr(engine, "max_top_logprobs", TOP_LOGPROBS)))
+    except (TypeError, ValueError):
+        return TOP_LOGPROBS
+
+
+def top_logprobs_for(lm, kinds: dict) -> int:
+    """How many alternatives to ask ``lm`` for, for a call with the decision outputs ``kinds``
+    (``{name: (kind, labels)}``): :func:`max_top_logprobs` when one of them is a Choice of more than two labels,
+    else :data:`TOP_LOGPROBS` (Booleans and two-label Choices: the request is the one it always was)."""
+    if any(kind == "choice" and len(labels) > 2 for kind, labels in kinds.values()):
+        return max_top_logprobs(lm)
+    return TOP_LOGPROBS
 
 
 def decision_mode() -> str:
@@ -130,10 +165,21 @@ def contextual_probability(p: float, prior: float, eps: float = 1e-6) -> float:
     return yes / (yes + no)
 
 
+def contextual_choice(probs: dict[str, float], prior: dict[str, float], eps: float = 1e-6) -> dict[str, float]:
+    """A Choice's label probabilities ``probs`` calibrated by the content-free ones ``prior`` (Zhao et al. 2021):
+    each divided by its content-free probability (both clipped to ``[eps, 1]``, so a label the content-free
+    input never chose stays finite), renormalised. A label missing from ``prior`` is left as it is (divided by 1);
+    with two labels this is :func:`contextual_probability`."""
+    ratio = {k: max(float(p), eps) / max(min(float(prior.get(k, 1.0)), 1.0), eps) for k, p in probs.items()}
+    total = sum(ratio.values())
+    return {k: v / total for k, v in ratio.items()}
+
+
 @contextmanager
-def calibrated_by(priors: dict[str, float]):
+def calibrated_by(priors: dict[str, float | dict[str, float]]):
     """Within: Boolean decision outputs named in ``priors`` are read as :func:`contextual_probability` of their
-    P(True) and the given content-free P(True) (outputs not named are read as usual)."""
+    P(True) and the given content-free P(True); Choice outputs named with a ``{label: probability}`` prior as
+    :func:`contextual_choice` (outputs not named are read as usual)."""
     with dspy.context(**{PRIOR_SETTING: dict(priors)}):
         yield
 
@@ -197,7 +243,7 @@ class _LogprobDecisions:
         if not kinds or decision_mode() == "verbal":
             return super().__call__(lm, lm_kwargs, signature, demos, inputs)
         vote = _vote_signature(signature, kinds)
-        kwargs = {**(lm_kwargs or {}), "logprobs": True, "top_logprobs": TOP_LOGPROBS}
+        kwargs = {**(lm_kwargs or {}), "logprobs": True, "top_logprobs": top_logprobs_for(lm, kinds)}
         completions = super().__call__(lm, kwargs, vote, demos, inputs)
         out = []
         for completion in completions:
@@ -228,6 +274,9 @@ class _LogprobDecisions:
                 p_yes = probs[YES] if prior is None else contextual_probability(probs[YES], prior)
                 result[name] = {"noul": p_yes}
             else:
+                prior = (dspy.settings.get(PRIOR_SETTING) or {}).get(name)
+                if isinstance(prior, dict) and kind == "choice":
+                    probs = contextual_choice(probs, prior)
                 result[name] = {"probabilities": probs, "confidence": max(probs.values())}
         return result
 
@@ -320,4 +369,13 @@ def noul_probability(log: list, predictor, field: str) -> float | None:
     for caller, name, ev in reversed(log):
         if caller is predictor and name == field and isinstance(ev, dict) and "noul" in ev:
             return float(ev["noul"])
+    return None
+
+
+def choice_probabilities(log: list, predictor, field: str) -> dict[str, float] | None:
+    """The label probabilities of the last Choice decision ``predictor`` decoded for ``field`` in ``log``
+    (a content-free request's, for :func:`calibrated_by`), else ``None``."""
+    for caller, name, ev in reversed(log):
+        if caller is predictor and name == field and isinstance(ev, dict) and isinstance(ev.get("probabilities"), dict):
+            return {str(k): float(v) for k, v in ev["probabilities"].items()}
     return None

@@ -231,6 +231,11 @@ class LlamaCppEngine:
     enforces_max_length = True  # its grammar closes a string at the schema's maxLength (bound_text_outputs)
     supported_params = frozenset({"response_format", "temperature", "top_p", "max_tokens", "stop", "seed",
                                   "logprobs", "top_logprobs"})
+    #: the most token alternatives a log-probability request gets at each position (``top_logprobs`` is clamped to
+    #: it). llama-cpp-python computes the whole distribution anyway; each alternative costs a detokenize call and
+    #: its room in the reply (and DSPy's cache). ``core.decisions`` asks for this many only for a Choice of more
+    #: than two labels, whose rarer labels a small model often ranks below the 20th (#21 round five, BENCHMARKS.md)
+    max_top_logprobs = 300
     #: context of the second model instance that answers requests asking for token log-probabilities
     #: (llama.cpp keeps every position's logits then: n_ctx x vocabulary floats, ~0.8 GB at 4096)
     logprobs_n_ctx = 4096
@@ -335,7 +340,7 @@ class LlamaCppEngine:
         top = int(cfg.logprobs or 0)  # DSPy's logprobs=True, top_logprobs=k arrive as config.logprobs = k
         with self._lock:
             if top:  # the unconstrained next-token distribution at each generated position (before the grammar)
-                kwargs.update(logprobs=True, top_logprobs=min(max(top, 1), 20))
+                kwargs.update(logprobs=True, top_logprobs=min(max(top, 1), self.max_top_logprobs))
                 llm, n_ctx = self.llm_logprobs, min(self.n_ctx, self.logprobs_n_ctx)
                 kwargs["max_tokens"] = min(max_tokens, n_ctx // 2)
             else:

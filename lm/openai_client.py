@@ -224,6 +224,9 @@ class OpenAICompatEngine:
     supports_response_schema = True
     supported_params = frozenset({"response_format", "temperature", "top_p", "max_tokens", "stop", "seed",
                                   "logprobs", "top_logprobs"})
+    #: token alternatives per position a request asks for at most: OpenAI's limit, which vLLM, llama.cpp's server
+    #: and Ollama follow or exceed by configuration only (``core.decisions.max_top_logprobs`` reads it)
+    max_top_logprobs = 20
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout: float = 120.0,
                  retries: int = 3, backoff: float = 1.0, max_backoff: float = 30.0, transport=None):
@@ -329,7 +332,7 @@ class OpenAICompatEngine:
         if cfg.seed is not None:
             body["seed"] = int(cfg.seed)
         if cfg.logprobs:
-            body.update(logprobs=True, top_logprobs=min(max(int(cfg.logprobs), 1), 20))
+            body.update(logprobs=True, top_logprobs=min(max(int(cfg.logprobs), 1), self.max_top_logprobs))
         wants_json, schema, name = self._schema_of(cfg.response_format)
         return body, schema, name, wants_json
 

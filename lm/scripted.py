@@ -72,6 +72,7 @@ class Call:
     temperature: float | None = None
     seed: int | None = None
     chat_format: bool = False
+    top_logprobs: int | None = None  # the token alternatives the request asked for (None: no log-probabilities)
 
     def has(self, text: str) -> bool:
         """Whether ``text`` occurs anywhere in the prompt (system or last user message)."""
@@ -100,6 +101,8 @@ class ScriptedEngine:
     responder: Callable[[Call], dict] | dict
     calls: list[Call] = field(default_factory=list)
     logprobs: Callable[[Call], dict] | None = None
+    #: alternatives per position it returns at most, as a backend caps ``top_logprobs`` (the most likely kept)
+    max_top_logprobs: int = 20
     supports_response_schema = False
     supported_params = frozenset({"temperature", "max_tokens", "stop", "seed", "logprobs", "top_logprobs"})
 
@@ -107,7 +110,8 @@ class ScriptedEngine:
         self._lock = threading.Lock()
 
     def _tokens(self, call: Call, text: str, values: dict) -> tuple | None:
-        """One token per decision value (its alternatives: ``self.logprobs(call)``), the rest as single tokens."""
+        """One token per decision value (its alternatives: the ``min(call.top_logprobs, max_top_logprobs)`` most
+        likely of ``self.logprobs(call)``), the rest as single tokens."""
         import math
         import re
 
@@ -118,7 +122,9 @@ class ScriptedEngine:
             m = re.search(rf'"{re.escape(name)}"\s*:\s*"?|\[\[ ## {re.escape(name)} ## \]\]\s*', text)
             at = text.find(value, m.end()) if m and value else -1
             if at >= 0:
-                top = tuple(TopLogprob(str(lab), math.log(p)) for lab, p in dist.items() if p > 0)
+                kept = sorted(((lab, p) for lab, p in dist.items() if p > 0), key=lambda lp: -lp[1])
+                kept = kept[: min(call.top_logprobs or len(kept), self.max_top_logprobs)]
+                top = tuple(TopLogprob(str(lab), math.log(p)) for lab, p in kept)
                 cuts.append((at, at + len(value), top))
         out, pos = [], 0
         for start, end, top in sorted(cuts):
@@ -140,7 +146,8 @@ class ScriptedEngine:
         call = Call({k: _type_name(f.annotation) for k, f in fields.items()},
                     {k: v for k, v in inputs.items() if k in signature.input_fields}, system, user,
                     request.config.temperature, request.config.seed,
-                    chat_format=not isinstance(adapter, dspy.JSONAdapter))
+                    chat_format=not isinstance(adapter, dspy.JSONAdapter),
+                    top_logprobs=int(request.config.logprobs) if request.config.logprobs else None)
         with self._lock:
             self.calls.append(call)
         if callable(self.responder):

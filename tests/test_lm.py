@@ -108,6 +108,19 @@ def test_engine_returns_token_logprobs_from_a_second_instance_when_asked(gguf):
     assert len(plain.requests) == 1 and "logprobs" not in plain.requests[-1]
 
 
+def test_engine_returns_up_to_its_max_top_logprobs_alternatives(gguf):
+    """The embedded engine computes the whole distribution: it returns up to ``max_top_logprobs`` alternatives
+    (a three-label Choice asks for that many, #21 round five), never more; 20 asked stay 20."""
+    with_lp = FakeLogprobLlama()
+    eng = engine_with(gguf, FakeLlama())
+    eng._llm_logprobs = with_lp
+    lm = dspy.LM("llamacpp/test-top", engine=eng, cache=False)
+    for asked in (20, 300, 5000):
+        lm("Is Paris in France?", logprobs=True, top_logprobs=asked)
+    assert [r["top_logprobs"] for r in with_lp.requests] == [20, 300, LlamaCppEngine.max_top_logprobs]
+    assert LlamaCppEngine.max_top_logprobs == 300
+
+
 def test_engine_constrains_json_adapter_output_to_the_signature_schema(gguf):
     fake = FakeLlama(reply='{"answer": "4"}')
     eng = engine_with(gguf, fake)

@@ -52,7 +52,8 @@ def test_option_values_match_what_the_programs_build_with():
                                    "decisions": False}
     assert get("logits").options == {"shift": 0.0}
     assert get("mark-all").options == {}
-    assert get("halluclean").options == {"task": None, "revise": True, "max_tokens": None, "decisions": False}
+    assert get("halluclean").options == {"task": None, "revise": True, "max_tokens": None, "decisions": False,
+                                         "calibrate": None}
     assert get("direct").options == {"max_tokens": None, "decisions": False, "calibrate": None, "demo_sets": 1}
     assert get("direct+routing").options == {"task": None, "max_tokens": None, "decisions": False, "calibrate": None,
                                              "demo_sets": 1}

@@ -240,16 +240,28 @@ class HalluClean(dspy.Module):
             (plan 128, reason 256, judge 16, revise 256); None = those defaults.
         decisions: the judge's verdict is a Boolean decision output (``JudgeDecision``) that ``dspy.ReAnchor``
             calibrates; once calibrated, the score is P(Yes) read from the backend's token probabilities.
+        calibrate: ``"content_free"``: contextual calibration of the judge (Zhao et al. 2021), as ``direct`` has it.
+            The content-free request is the judge with the same task, question and context but an empty answer
+            ("(empty)") and an empty analysis (no plan or reasoning is run for it: one more judge request per
+            context and question, shared by its right and hallucinated answers through the cache); the judge's
+            P(Yes) is divided by that content-free P(Yes), renormalised
+            (:func:`halluscope.core.decisions.contextual_probability`). Implies ``decisions``, read from
+            log-probabilities from the start with cut point 0.5, which ``--optimizer reanchor`` then fits. None: off.
     """
 
     def __init__(self, task: str | None = None, revise: bool = True, max_tokens: dict | None = None,
-                 decisions: bool = False):
+                 decisions: bool = False, calibrate: str | None = None):
         super().__init__()
         self.task = _check_task_option(task)
         self.do_revise = bool(revise)
+        if calibrate not in (None, *CALIBRATIONS):
+            raise ValueError(f"calibrate must be one of {', '.join(CALIBRATIONS)} or null, not {calibrate!r}")
+        self.calibrate = calibrate
         self.plan = _predict(Plan, max_tokens, "plan")
         self.reason = _predict(Reason, max_tokens, "reason")
-        self.judge = _predict(JudgeDecision if decisions else Judge, max_tokens, "judge")
+        self.judge = _predict(JudgeDecision if decisions or calibrate else Judge, max_tokens, "judge")
+        if calibrate:  # the calibrated probability is the decision from the start (ReAnchor moves the cut point)
+            self.judge.fields = {"verdict": {"threshold": 0.5}}
         self.revise = _predict(Revise, max_tokens, "revise")
 
     def _stage(self, predictor, field: str, failures: dict, **kwargs) -> str | None:
@@ -270,7 +282,12 @@ class HalluClean(dspy.Module):
 
         plan = self._stage(self.plan, "plan", failures, **shared) or ""
         analysis = self._stage(self.reason, "analysis", failures, **shared, plan=plan) or ""
-        with decision_evidence() as evidence:
+        priors = {}
+        if self.calibrate:
+            prior = _content_free_prior(self.judge, failures, analysis="",
+                                        **route_inputs(route, question, CONTENT_FREE_ANSWER, context))
+            priors = {} if prior is None else {"verdict": prior}
+        with decision_evidence() as evidence, calibrated_by(priors):
             raw = self._stage(self.judge, "verdict", failures, **shared, analysis=analysis)
         label, score, decided = _verdict_outcome(raw, noul_probability(evidence, self.judge, "verdict"))
         if raw is not None and not decided:
@@ -546,7 +563,7 @@ register(ProgramSpec(
     level="response",
     default_metric="f1",
     report=halluclean_report,
-    option_types={"task": _TASK, "max_tokens": _BUDGETS},
+    option_types={"task": _TASK, "max_tokens": _BUDGETS, "calibrate": _CALIBRATE},
 ))
 
 register(ProgramSpec(
