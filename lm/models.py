@@ -26,6 +26,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import threading
 from collections import Counter
@@ -368,7 +369,7 @@ class LlamaCppEngine:
             id=out.get("id"),
             model=self.model_path.name,
             message=Message.assistant(choice["message"].get("content") or ""),
-            logprobs=token_logprobs(choice.get("logprobs")) if top else None,
+            logprobs=token_logprobs(narrow_alternatives(choice.get("logprobs"))) if top else None,
             finish_reason=finish,
             usage=Usage(
                 input_tokens=int(usage.get("prompt_tokens", 0)),
@@ -382,6 +383,31 @@ class LlamaCppEngine:
 
     def close(self) -> None:
         pass
+
+
+VALUE_STARTS = (":", '"', "]]")  # what the text before a position ends with where a JSON or chat-adapter value starts
+
+
+def narrow_alternatives(logprobs: Any, keep: int = 20) -> Any:
+    """llama-cpp-python's ``{"content": [{"token", "logprob", "top_logprobs"}]}`` with at most ``keep``
+    alternatives at each position, except where an output value may start (the text generated before it,
+    right-stripped, ends with one of :data:`VALUE_STARTS`: ``"label": "`` or ``[[ ## label ## ]]``), which keep
+    all they have. A decision's label is read where its value starts (``core.decisions``); the other positions'
+    hundreds of alternatives only fill memory: DSPy keeps its last 10,000 replies in ``lm.history`` and its
+    memory cache, and a run that kept 300 at every position grew to 22.7 GB (#21 round five). Anything that is
+    not such a mapping is returned as is."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not content:
+        return logprobs
+    out, text = [], ""
+    for entry in content:
+        alts = entry.get("top_logprobs") if isinstance(entry, dict) else None
+        if isinstance(alts, list) and len(alts) > keep and not text.rstrip().endswith(VALUE_STARTS):
+            ranked = sorted(alts, key=lambda a: -float(a.get("logprob", -math.inf)) if isinstance(a, dict) else math.inf)
+            entry = {**entry, "top_logprobs": ranked[:keep]}
+        out.append(entry)
+        text += str(entry.get("token", "")) if isinstance(entry, dict) else ""
+    return {**logprobs, "content": out}
 
 
 _ENGINES: dict[tuple, LlamaCppEngine] = {}

@@ -209,3 +209,25 @@ def test_calibrated_by_a_choice_prior_changes_the_probabilities_before_the_weigh
     assert got == pytest.approx({k: v / sum(ratio.values()) for k, v in ratio.items()})
     assert pred.label == "hallucinated"  # P / prior: hallucinated 2.41, correct 0.99: the calibrated argmax
     assert choice_probabilities(log, object(), "label") is None
+
+
+def test_the_engine_keeps_wide_alternatives_only_where_a_value_starts():
+    """Hundreds of alternatives at every position filled DSPy's history (a ReAnchor run grew to 22.7 GB): only the
+    positions right after ':' / '"' / ']]' keep them, the rest keep the best 20; the label there is still read."""
+    from halluscope.lm.models import narrow_alternatives
+
+    def alts(best: str, n: int) -> list[dict]:
+        return [{"token": best, "logprob": -0.1}] + [{"token": f"t{i}", "logprob": -1.0 - i} for i in range(n - 1)]
+
+    tokens = ['{"', "label", '":', ' "', "correct", '",', ' "', "rationale", '":', ' "', "fine", '"}']
+    content = [{"token": t, "logprob": -0.1, "top_logprobs": alts(t, 300)} for t in tokens]
+    content[4]["top_logprobs"].append({"token": "hall", "logprob": -6.0})  # the rare label, far below the 20th
+    narrowed = narrow_alternatives({"content": content})["content"]
+    wide = [i for i, e in enumerate(narrowed) if len(e["top_logprobs"]) > 20]
+    # after '{"', '":', ' "' (twice each for two fields) and '",': the value and key starts
+    assert wide == [1, 3, 4, 7, 9, 10]
+    assert all(len(e["top_logprobs"]) == 20 for i, e in enumerate(narrowed) if i not in wide)
+    assert narrowed[2]["top_logprobs"][0] == {"token": '":', "logprob": -0.1}  # the best ones are the ones kept
+    assert {"token": "hall", "logprob": -6.0} in narrowed[4]["top_logprobs"]
+    assert [e["token"] for e in narrowed] == tokens  # the generated tokens themselves are untouched
+    assert narrow_alternatives(None) is None and narrow_alternatives({"content": []}) == {"content": []}
