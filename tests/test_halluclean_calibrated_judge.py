@@ -14,17 +14,12 @@ from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.run import FINISHED, OptimizeConfig, run_optimize
 from halluscope.programs.registry import OptionError, get
 
+from tests.test_reanchor_gepa import _baseline_examples
+
 
 def _examples() -> list[dspy.Example]:
-    """Two contexts with different baselines; even items are hallucinated."""
-    out = []
-    for i in range(8):
-        ctx = "Item is in Paris." if i % 4 < 2 else "Item is in Rome."
-        bad = i % 2 == 0
-        city = ("Berlin" if bad else "Paris") if "Paris" in ctx else ("Madrid" if bad else "Rome")
-        out.append(dspy.Example(id=str(i), question=f"Where is item {i}?", answer=f"{city} holds it.", context=ctx,
-                                task="qa", label=bad).with_inputs("question", "answer", "context", "task"))
-    return out
+    """Two contexts with different baselines; even items are hallucinated (the fixture direct's calibration tests use)."""
+    return _baseline_examples()
 
 
 def _content_free(call) -> bool:
