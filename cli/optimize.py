@@ -81,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "dspy.ReAnchor (calibrates the decision outputs: direct, direct+routing, halluclean, "
                         "medico), pairs = contrastive labelled demos (each predictor its own --max-labeled-demos gold "
                         "cases, both answers of one --fold-groups source: direct -O demo_sets=K), or mipro+reanchor / "
-                        "bootstrap+reanchor / gepa+reanchor / pairs+reanchor (prompts first, then calibration); default: the program's own (mipro, or the fit hook of a program with one). "
+                        "bootstrap+reanchor / gepa+reanchor / pairs+reanchor (prompts first, then calibration); "
+                        "default: the program's own (mipro, or the fit hook of a program with one). "
                         "With a fit hook and an LM (medico, jointcq) a chosen optimizer compiles the prompts (then "
                         "the hook fits the compiled program, or compiles with it); a program without an LM "
                         "(grounded) ignores it")

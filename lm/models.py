@@ -39,7 +39,7 @@ import pydantic
 from dspy.adapters.json_adapter import _get_structured_outputs_response_format
 from dspy.clients.base_lm import GLOBAL_HISTORY  # DSPy appends to this list in place
 from dspy.clients.cache import Cache
-from halluscope.core.decisions import with_logprob_decisions
+from halluscope.core.decisions import TOP_LOGPROBS, with_logprob_decisions
 from dspy.lm15 import Message, Response, Usage, response_to_events
 from dspy.utils.exceptions import AdapterParseError
 
@@ -388,7 +388,7 @@ class LlamaCppEngine:
 VALUE_STARTS = (":", '"', "]]")  # what the text before a position ends with where a JSON or chat-adapter value starts
 
 
-def narrow_alternatives(logprobs: Any, keep: int = 20) -> Any:
+def narrow_alternatives(logprobs: Any, keep: int = TOP_LOGPROBS) -> Any:
     """llama-cpp-python's ``{"content": [{"token", "logprob", "top_logprobs"}]}`` with at most ``keep``
     alternatives at each position, except where an output value may start (the text generated before it,
     right-stripped, ends with one of :data:`VALUE_STARTS`: ``"label": "`` or ``[[ ## label ## ]]``), which keep
@@ -403,7 +403,7 @@ def narrow_alternatives(logprobs: Any, keep: int = 20) -> Any:
     for entry in content:
         alts = entry.get("top_logprobs") if isinstance(entry, dict) else None
         if isinstance(alts, list) and len(alts) > keep and not text.rstrip().endswith(VALUE_STARTS):
-            ranked = sorted(alts, key=lambda a: -float(a.get("logprob", -math.inf)) if isinstance(a, dict) else math.inf)
+            ranked = sorted(alts, key=lambda a: float(a.get("logprob", -math.inf)), reverse=True)
             entry = {**entry, "top_logprobs": ranked[:keep]}
         out.append(entry)
         text += str(entry.get("token", "")) if isinstance(entry, dict) else ""

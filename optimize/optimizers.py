@@ -185,8 +185,12 @@ def compile_pairs(student: dspy.Module, trainset: Sequence, cfg, *, pair_by: str
     sets, info = contrastive_demo_sets(trainset, cfg.max_labeled_demos, len(named), cfg.seed, pair_by)
     for (_, predictor), demos in zip(named, sets):
         predictor.demos = list(demos)
-    log(f"pairs: {len(named)} predictor(s), {cfg.max_labeled_demos} labelled demos each "
-        + (f"(both answers of {cfg.max_labeled_demos // 2} {info['pair_by']} groups"
-           + (", some groups shown to more than one predictor: too few in the training part)" if info["reused"]
-              else ", no group shown twice)") if info["paired"] else "(no pairs: as many hallucinated as correct)"))
+    if not info["paired"]:
+        drawn = "no pairs: as many hallucinated as correct"
+    elif info["reused"]:
+        drawn = (f"both answers of {cfg.max_labeled_demos // 2} {info['pair_by']} groups, some groups shown to more "
+                 f"than one predictor: too few in the training part")
+    else:
+        drawn = f"both answers of {cfg.max_labeled_demos // 2} {info['pair_by']} groups, no group shown twice"
+    log(f"pairs: {len(named)} predictor(s), {cfg.max_labeled_demos} labelled demos each ({drawn})")
     return program, {"pairs": info}
