@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import hashlib
 import importlib.util
 import json
@@ -70,6 +71,8 @@ __all__ = [
     "text_bounds",
     "bound_text_outputs",
     "ReplyCache",
+    "narrow_alternatives",
+    "narrow_cached_reply",
     "evict_last_reply",
     "item_scope",
     "OpenAICompatEngine",
@@ -399,15 +402,48 @@ def narrow_alternatives(logprobs: Any, keep: int = TOP_LOGPROBS) -> Any:
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     if not content:
         return logprobs
-    out, text = [], ""
-    for entry in content:
-        alts = entry.get("top_logprobs") if isinstance(entry, dict) else None
+    return {**logprobs, "content": _narrowed(content, "top_logprobs", keep)[0]}
+
+
+def _narrowed(positions: list, alternatives: str, keep: int) -> tuple[list, bool]:
+    """``positions`` (dicts with ``token`` and a list of alternatives under the key ``alternatives``) with the
+    best ``keep`` alternatives where no value may start (see :func:`narrow_alternatives`), and whether any
+    position lost some. Positions that keep theirs are the same objects."""
+    out, text, changed = [], "", False
+    for entry in positions:
+        alts = entry.get(alternatives) if isinstance(entry, dict) else None
         if isinstance(alts, list) and len(alts) > keep and not text.rstrip().endswith(VALUE_STARTS):
             ranked = sorted(alts, key=lambda a: float(a.get("logprob", -math.inf)), reverse=True)
-            entry = {**entry, "top_logprobs": ranked[:keep]}
+            entry, changed = {**entry, alternatives: ranked[:keep]}, True
         out.append(entry)
         text += str(entry.get("token", "")) if isinstance(entry, dict) else ""
-    return {**logprobs, "content": out}
+    return out, changed
+
+
+def narrow_cached_reply(record: Any, keep: int = TOP_LOGPROBS) -> bool:
+    """Narrow, in place, the token alternatives of a reply as DSPy's cache stores it, as
+    :func:`narrow_alternatives` narrows a reply of the engine; returns whether anything was cut.
+
+    A cached reply (DSPy's ``CallResult.dump()``) holds its alternatives twice: each response's ``logprobs``
+    (positions with a ``top`` list) and each output's ``logprobs.content`` (positions with ``top_logprobs``).
+    Replies cached before the engine narrowed its own (#21 round five) keep 300 at every position, and DSPy
+    copies the whole reply on every cache hit, into its memory cache and the reply's objects. Any other value
+    is left alone."""
+    if not isinstance(record, dict) or "responses" not in record or "outputs" not in record:
+        return False
+    changed = False
+    for response in record.get("responses") or []:
+        positions = response.get("logprobs") if isinstance(response, dict) else None
+        if isinstance(positions, list):
+            response["logprobs"], cut = _narrowed(positions, "top", keep)
+            changed |= cut
+    for output in record.get("outputs") or []:
+        logprobs = output.get("logprobs") if isinstance(output, dict) else None
+        positions = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if isinstance(positions, list):
+            logprobs["content"], cut = _narrowed(positions, "top_logprobs", keep)
+            changed |= cut
+    return changed
 
 
 _ENGINES: dict[tuple, LlamaCppEngine] = {}
@@ -573,8 +609,18 @@ class ReplyCache(Cache):
             self._last.key = None
 
     def get(self, request, ignored_args_for_cache_key=None):
+        """DSPy's lookup (memory, then disk); a reply stored with hundreds of token alternatives at every
+        position (before the engine narrowed them, #21) is narrowed as the engine narrows its replies now
+        (:func:`narrow_cached_reply`), and the memory cache keeps the narrow copy. The disk entry and its key
+        are left as they are."""
         value = super().get(request, ignored_args_for_cache_key)
-        self._remember(request, ignored_args_for_cache_key) if value is not None else None
+        if value is None:
+            return None
+        self._remember(request, ignored_args_for_cache_key)
+        key = getattr(self._last, "key", None)
+        if narrow_cached_reply(value) and self.enable_memory_cache and key is not None:
+            with self._lock:
+                self.memory_cache[key] = copy.deepcopy(value)
         return value
 
     def put(self, request, value, ignored_args_for_cache_key=None, enable_memory_cache=True):
@@ -763,6 +809,17 @@ class LMUsage:
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    def add(self, model: str, usage: dict | None, cache_hit: bool = False) -> None:
+        """Count one LM call of ``model`` with the usage DSPy reported for it: a call that reported none
+        (or is marked ``cache_hit``) was served from the cache."""
+        usage = usage or {}
+        self.calls += 1
+        if not usage or cache_hit:
+            self.cache_hits += 1
+        self.input_tokens += int(usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0)
+        self.output_tokens += int(usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0)
+        self.by_model[model] = self.by_model.get(model, 0) + 1
+
     def to_dict(self) -> dict:
         return {
             "lm_calls": self.calls,
@@ -774,7 +831,8 @@ class LMUsage:
 
 def history_since(started: str) -> list[dict]:
     """DSPy's global LM history entries (all LMs) recorded at or after the ISO timestamp ``started``.
-    The global history keeps the last 10,000 calls; longer intervals are undercounted."""
+    The global history keeps the last 10,000 calls; longer intervals are undercounted (an optimize run counts its
+    calls one by one instead: :class:`halluscope.optimize.run.UsageMeter`)."""
     return [e for e in list(GLOBAL_HISTORY) if e.get("timestamp", "") >= started]
 
 
@@ -782,14 +840,7 @@ def usage_of(entries: list[dict]) -> LMUsage:
     """Sum LM history entries (``lm.history`` slices or ``dspy.clients.base_lm.GLOBAL_HISTORY``)."""
     u = LMUsage()
     for e in entries:
-        u.calls += 1
-        usage = e.get("usage") or {}
-        if not usage or e.get("cache_hit"):
-            u.cache_hits += 1
-        u.input_tokens += int(usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0)
-        u.output_tokens += int(usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0)
-        m = e.get("model", "?")
-        u.by_model[m] = u.by_model.get(m, 0) + 1
+        u.add(e.get("model", "?"), e.get("usage"), bool(e.get("cache_hit")))
     return u
 
 

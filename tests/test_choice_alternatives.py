@@ -7,6 +7,7 @@ two-label requests are the ones they always were (20), so DSPy's cached requests
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -15,11 +16,12 @@ from typing import Literal
 import dspy
 import httpx
 import pytest
+from dspy.lm15 import TopLogprob
 
 from halluscope.core.decisions import (TOP_LOGPROBS, max_top_logprobs, top_logprobs_for, with_logprob_decisions)
 from halluscope.lm.models import LlamaCppEngine
 from halluscope.lm.openai_client import OpenAICompatEngine
-from halluscope.lm.scripted import scripted_lm
+from halluscope.lm.scripted import ScriptedEngine, scripted_lm
 
 LABELS = ["correct", "hallucinated", "unverifiable"]
 
@@ -231,3 +233,73 @@ def test_the_engine_keeps_wide_alternatives_only_where_a_value_starts():
     assert {"token": "hall", "logprob": -6.0} in narrowed[4]["top_logprobs"]
     assert [e["token"] for e in narrowed] == tokens  # the generated tokens themselves are untouched
     assert narrow_alternatives(None) is None and narrow_alternatives({"content": []}) == {"content": []}
+
+
+class _OldWideEngine(ScriptedEngine):
+    """Replies as the embedded engine did before it narrowed its alternatives: 300 at every position."""
+
+    def complete(self, request):
+        reply = super().complete(request)
+        pad = tuple(TopLogprob(f"w{i}", -20.0 - i) for i in range(300))  # prefixes of no label
+        wide = tuple(dataclasses.replace(t, top=((t.top or (TopLogprob(t.token, t.logprob),)) + pad)[:300])
+                     for t in reply.logprobs or ())
+        return dataclasses.replace(reply, logprobs=wide or None)
+
+
+def _alternatives_per_position(record: dict) -> tuple[list[int], list[int]]:
+    """A cached reply's alternatives per position: in its response and in its output (DSPy keeps both)."""
+    return ([len(p["top"]) for p in record["responses"][0]["logprobs"]],
+            [len(p["top_logprobs"]) for p in record["outputs"][0]["logprobs"]["content"]])
+
+
+def test_a_reply_cached_with_wide_alternatives_everywhere_is_narrowed_when_read_and_decides_the_same(tmp_path):
+    """Replies cached before the engine narrowed its own keep 300 alternatives at every position, and DSPy copies
+    them on every cache hit (#21: the finch ReAnchor run replays them thousands of times). The cache narrows them
+    when it reads them, as the engine does now: the memory cache keeps the narrow copy, the disk entry and its key
+    stay as they are, and the decision reads the same probabilities (the label's position keeps all 300)."""
+    from dspy.clients.cache import Cache
+
+    from halluscope.core.decisions import decision_evidence
+    from halluscope.lm.models import ReplyCache
+
+    def decide(lm):
+        with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
+            predict = dspy.Predict(Verify)
+            predict.fields = {"label": {"weights": dict.fromkeys(LABELS, 1.0)}}
+            with decision_evidence() as log:
+                label = predict(claim="Berlin is in France.").label
+        return label, log[-1][2]["probabilities"]
+
+    old = dspy.cache
+    try:
+        dspy.cache = Cache(enable_disk_cache=True, enable_memory_cache=False, disk_cache_dir=str(tmp_path / "c"))
+        scripted_lm({})  # installs the signature tap the engines read
+        first = dspy.LM("scripted/test", cache=True, engine=_OldWideEngine(
+            {"label": "correct"}, logprobs=lambda call: {"label": CROWDED}, max_top_logprobs=300))
+        wide_label, wide_probs = decide(first)
+        [key] = list(dspy.cache.disk_cache)
+        assert _alternatives_per_position(dspy.cache.disk_cache[key]) == ([300, 300, 300], [300, 300, 300])
+        dspy.cache.disk_cache.close()
+
+        dspy.cache = ReplyCache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(tmp_path / "c"))
+        second = dspy.LM("scripted/test", cache=True, engine=_OldWideEngine({"label": "unverifiable"},
+                                                                             max_top_logprobs=300))
+        assert decide(second) == (wide_label, wide_probs) == ("correct", pytest.approx(
+            {"correct": 0.40 / 0.415, "hallucinated": 0.01 / 0.415, "unverifiable": 0.005 / 0.415}))
+        assert decide(second)[1] == wide_probs  # exactly, from the narrowed copy in memory too
+        assert not second.engine.calls  # both from the cache: the request's key did not change
+        # '{"label": "' | 'correct' | '"}': only the label's position keeps its 300 (plus "hallucinated" below them)
+        assert _alternatives_per_position(dspy.cache.memory_cache[key]) == ([20, 300, 20], [20, 300, 20])
+        assert _alternatives_per_position(dspy.cache.disk_cache[key]) == ([300, 300, 300], [300, 300, 300])
+    finally:
+        dspy.cache = old
+
+
+def test_narrow_cached_reply_leaves_other_values_alone():
+    from halluscope.lm.models import narrow_cached_reply
+
+    for value in (None, "text", {"choices": []}, {"responses": [], "outputs": ["plain text"]}):
+        assert narrow_cached_reply(value) is False
+    record = {"responses": [{"logprobs": [{"token": "a", "logprob": -0.1, "top": [{"token": "a", "logprob": -0.1}]}]}],
+              "outputs": [{"text": "a"}]}
+    assert narrow_cached_reply(record) is False and len(record["responses"][0]["logprobs"][0]["top"]) == 1
