@@ -41,7 +41,6 @@ artifact. Progress goes to ``log`` (default: this module's logger); nothing here
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import hashlib
 import inspect
@@ -61,7 +60,7 @@ from dspy.utils.callback import BaseCallback
 from halluscope.core import paths
 from halluscope.artifacts.store import git_commit, load_compiled, mark_tracked, write_artifact
 from halluscope.core.fileio import write_text_atomic
-from halluscope.lm.models import describe, history_since, usage_of
+from halluscope.lm.models import LMUsage, describe
 from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
 from halluscope.core.decisions import LOGPROB_SETTING, with_logprob_decisions
 from halluscope.optimize.optimizers import DECISION_PROGRAMS, reanchor_problem
@@ -217,22 +216,28 @@ def data_hash(examples) -> str:
 
 
 class UsageMeter(BaseCallback):
-    """LM usage since construction: DSPy's global history (calls, cache hits, tokens), split into the program's
-    own calls and the optimizer's (instruction proposals), and the embedded engines' own counters (real model
-    calls).
+    """LM usage since construction, counted call by call: calls, cache hits, tokens, split into the program's own
+    calls and the optimizer's (instruction proposals), and the embedded engines' own counters (real model calls).
 
-    The split is structural, never read from prompt wording: DSPy records every LM call in the history of each
-    module on the call stack (``dspy.settings.caller_modules``). Installed as a DSPy callback, the meter notes
-    the outermost module of every call made outside the program (no instance of ``program_type`` on the
-    stack: MIPROv2's proposer modules); the entries in those modules' histories are the optimizer's calls,
-    the rest the program's. Without ``program_type`` there is no split."""
+    Installed with :meth:`counting` (a DSPy callback *and* DSPy's usage tracker), the meter sees every LM call
+    start and end (``on_lm_start``/``on_lm_end``) and, in between, the usage DSPy reports for a reply that reached
+    the backend (``add_usage``, in the calling thread); a call that reported none was served from the cache.
+    The counts are exact however long the run: DSPy's own histories keep only the last 10,000 calls (#21), and
+    :meth:`counting` turns them off, since each entry keeps the whole reply.
+
+    The split is structural, never read from prompt wording: a call made with no instance of ``program_type`` on
+    DSPy's module stack (``dspy.settings.caller_modules``: MIPROv2's proposer modules) is the optimizer's, the
+    rest the program's (a copy of the program, as optimizers make, is the program too). Without ``program_type``
+    there is no split."""
 
     def __init__(self, *lms, program_type: type | None = None) -> None:
         self.program_type = program_type
-        self.started = datetime.datetime.now().isoformat()
         self.t0 = time.perf_counter()
         self._lock = threading.Lock()
-        self._optimizer_modules: dict[int, Any] = {}  # id -> outermost module of a call outside the program
+        self._open = threading.local()  # this thread's calls under way: [call_id, model, optimizer's?, usage]
+        self.total = LMUsage()
+        self.optimizer = LMUsage()  # the calls made outside the program
+        self.parent = None  # a usage tracker that was active when counting started: it still gets the usage
         self.engines = []
         for lm in lms:
             eng = getattr(lm, "engine", None)
@@ -241,28 +246,59 @@ class UsageMeter(BaseCallback):
             elif eng is not None and hasattr(eng, "calls") and all(eng is not e for e, _ in self.engines):
                 self.engines.append((eng, len(eng.calls)))
 
+    def counting(self, **settings):
+        """``dspy.context`` with this meter among the callbacks and as the usage tracker, DSPy's LM history off
+        (unless ``settings`` say ``disable_history=False``), and ``settings``."""
+        self.parent = dspy.settings.get("usage_tracker")
+        return dspy.context(**{"callbacks": [*(dspy.settings.get("callbacks") or []), self], "usage_tracker": self,
+                               "disable_history": True, **settings})
+
+    def _calls(self) -> list:
+        calls = getattr(self._open, "calls", None)
+        if calls is None:
+            calls = self._open.calls = []
+        return calls
+
     def on_lm_start(self, call_id, instance, inputs):
-        if self.program_type is None:
-            return
         stack = dspy.settings.caller_modules or []
-        if stack and not any(isinstance(m, self.program_type) for m in stack):
-            with self._lock:
-                self._optimizer_modules.setdefault(id(stack[0]), stack[0])
+        theirs = (self.program_type is not None and bool(stack)
+                  and not any(isinstance(m, self.program_type) for m in stack))
+        self._calls().append([call_id, getattr(instance, "model", "?"), theirs, {}])
+
+    def add_usage(self, lm: str, usage_entry: dict) -> None:
+        """DSPy's usage-tracker hook: the usage of a reply that reached the backend, for the call under way."""
+        calls = self._calls()
+        if calls and usage_entry:
+            usage = calls[-1][3]
+            for key in ("prompt_tokens", "completion_tokens"):
+                usage[key] = usage.get(key, 0) + int(usage_entry.get(key) or 0)
+        if self.parent is not None:
+            self.parent.add_usage(lm, usage_entry)
+
+    def on_lm_end(self, call_id, outputs, exception=None):
+        calls = self._calls()
+        i = next((i for i in range(len(calls) - 1, -1, -1) if calls[i][0] == call_id), None)
+        if i is None:
+            return
+        _, model, theirs, usage = calls.pop(i)
+        if exception is not None:  # a failed call is counted by the run's failure counter, as before
+            return
+        with self._lock:
+            self.total.add(model, usage)
+            if theirs:
+                self.optimizer.add(model, usage)
 
     def usage(self) -> dict:
-        entries = history_since(self.started)
-        u = usage_of(entries)
-        out = u.to_dict()
-        out["lm_new_calls"] = u.calls - u.cache_hits
-        if self.program_type is not None:  # the program's calls vs the optimizer's (proposals)
-            with self._lock:
-                modules = list(self._optimizer_modules.values())
-            theirs = {id(e) for m in modules for e in (getattr(m, "history", None) or [])}
-            tu = usage_of([e for e in entries if id(e) not in theirs])
-            out["lm_task_calls"], out["lm_task_new_calls"] = tu.calls, tu.calls - tu.cache_hits
-            out["lm_prompt_calls"] = u.calls - tu.calls
-            out["lm_prompt_new_calls"] = out["lm_new_calls"] - out["lm_task_new_calls"]
-        out["lm_calls_by_model"] = dict(u.by_model)
+        with self._lock:
+            u, theirs = self.total, self.optimizer
+            out = u.to_dict()
+            out["lm_new_calls"] = u.calls - u.cache_hits
+            if self.program_type is not None:  # the program's calls vs the optimizer's (proposals)
+                out["lm_task_calls"] = u.calls - theirs.calls
+                out["lm_task_new_calls"] = out["lm_new_calls"] - (theirs.calls - theirs.cache_hits)
+                out["lm_prompt_calls"] = theirs.calls
+                out["lm_prompt_new_calls"] = theirs.calls - theirs.cache_hits
+            out["lm_calls_by_model"] = dict(u.by_model)
         engine_calls = 0
         for eng, start in self.engines:
             now = eng.stats.calls if hasattr(eng, "stats") else len(eng.calls)
@@ -754,11 +790,11 @@ def run_optimize(
     if on_stage is not None:
         on_stage("prepare", res)
     status, error = FINISHED, None
-    # the meter sees every LM call of the compiles (it tells the program's calls from the optimizer's)
+    # the meter counts every LM call of the run (it tells the program's calls from the optimizer's), with DSPy's
+    # history off: ReAnchor replays the program thousands of times, and each entry kept its reply (#21)
     # decision outputs (calibrated by ReAnchor) read their probabilities from the backend's log-probabilities
-    with dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), run.meter],
-                      adapter=with_logprob_decisions(dspy.settings.adapter),
-                      **{LOGPROB_SETTING: run.cfg.decision_probs}):
+    with run.meter.counting(adapter=with_logprob_decisions(dspy.settings.adapter),
+                            **{LOGPROB_SETTING: run.cfg.decision_probs}):
         try:
             if config.folds >= 2:
                 step("cross_validate", stage_cross_validate)
@@ -769,10 +805,8 @@ def run_optimize(
             status, error = FAILED, str(e)
         except KeyboardInterrupt:
             status, error = KILLED, "interrupted"
-    res.status, res.error = status, error
-    if res.final is not None and run.test_examples is not None:
-        with dspy.context(adapter=with_logprob_decisions(dspy.settings.adapter),
-                          **{LOGPROB_SETTING: run.cfg.decision_probs}):
+        res.status, res.error = status, error
+        if res.final is not None and run.test_examples is not None:
             step("score_test", stage_score_test)
     _collect_usage(run)
     if res.status == FINISHED and res.final is not None:

@@ -1,10 +1,13 @@
-"""optimize.run.UsageMeter: LM calls and tokens from DSPy's history, the program's calls told from the
-optimizer's by the module stack (never by prompt wording)."""
+"""optimize.run.UsageMeter: LM calls, cache hits and tokens counted call by call (exact past DSPy's history cap),
+the program's calls told from the optimizer's by the module stack (never by prompt wording)."""
 
 from __future__ import annotations
 
 import dspy
+from dspy.clients import base_lm
+from dspy.clients.cache import Cache
 
+from halluscope.lm.models import history_since, usage_of
 from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.run import FINISHED, OptimizeConfig, UsageMeter, run_optimize
 from halluscope.programs.registry import get
@@ -40,7 +43,7 @@ def test_meter_splits_program_calls_from_other_calls_by_the_module_stack():
     lm = scripted_lm({"answer": "yes"})
     meter = UsageMeter(lm, program_type=Program)
     program, copy_of_program, proposer = Program(), Program(), Proposer()
-    with dspy.context(lm=lm, adapter=dspy.JSONAdapter(), callbacks=[*(dspy.settings.get("callbacks") or []), meter]):
+    with meter.counting(lm=lm, adapter=dspy.JSONAdapter()):  # a DSPy callback and usage tracker
         program(question="a")
         copy_of_program(question="b")  # a copy (as optimizers make) is the program too
         proposer(question="c")
@@ -54,6 +57,56 @@ def test_meter_splits_program_calls_from_other_calls_by_the_module_stack():
 
     plain = UsageMeter(lm)  # no program type: no split
     assert "lm_task_calls" not in plain.usage()
+
+
+def test_meter_counts_are_exact_past_dspys_history_cap(monkeypatch, tmp_path):
+    """DSPy keeps its last 10,000 calls (here 3): a count read from that history stops there, the meter's does not
+    (#21: an optimize run reported "10000, all from the cache")."""
+    monkeypatch.setattr(base_lm, "MAX_HISTORY_SIZE", 3)
+    monkeypatch.setattr(dspy, "cache", Cache(enable_disk_cache=True, enable_memory_cache=True,
+                                             disk_cache_dir=str(tmp_path / "cache")))
+    lm = scripted_lm({"answer": "yes"}, cache=True)
+    meter = UsageMeter(lm, program_type=Program)
+    program, proposer = Program(), Proposer()
+    questions = ["a", "b", "c", "d", "e", "a", "b", "c"]  # 5 new requests, then 3 from the cache
+    kept = list(base_lm.GLOBAL_HISTORY)
+    base_lm.GLOBAL_HISTORY.clear()
+    try:
+        with meter.counting(lm=lm, adapter=dspy.JSONAdapter(), disable_history=False, max_history_size=3):
+            for q in questions:
+                program(question=q)
+            proposer(question="f")  # new, the optimizer's
+            proposer(question="a")  # the same request as the program's first: from the cache
+        from_history = usage_of(history_since("0000"))  # every entry DSPy still holds
+    finally:
+        base_lm.GLOBAL_HISTORY[:] = kept
+    u = meter.usage()
+    assert len(lm.engine.calls) == u["engine_calls"] == 6
+    assert (u["lm_calls"], u["lm_new_calls"], u["lm_cache_hits"]) == (10, 6, 4)
+    assert (u["lm_task_calls"], u["lm_task_new_calls"], u["lm_prompt_calls"], u["lm_prompt_new_calls"]) == (8, 5, 2, 1)
+    assert u["lm_calls_by_model"] == {lm.model: 10}
+    # the tokens are the scripted engine's own figures for the 6 requests that reached it, none for the cache hits
+    assert u["lm_input_tokens"] == sum(len(c.system + c.user) // 4 for c in lm.engine.calls) > 0
+    assert u["lm_output_tokens"] > 0
+    assert from_history.calls == len(lm.history) == 3  # what a count read from the history saw
+
+
+def test_counting_turns_dspys_history_off_and_passes_usage_on_to_an_outer_tracker():
+    """Each history entry keeps its whole reply (token alternatives included): a ReAnchor run replays the program
+    thousands of times and grew to 22.7 GB (#21). While the meter counts, DSPy records no history; a usage tracker
+    that was active before (``dspy.track_usage()``) still gets every reply's usage."""
+    lm = scripted_lm({"answer": "yes"})
+    meter = UsageMeter(lm)
+    before = len(base_lm.GLOBAL_HISTORY)
+    with dspy.track_usage() as outer:
+        with meter.counting(lm=lm, adapter=dspy.JSONAdapter()):
+            Program()(question="a")
+            Program()(question="b")
+    assert meter.usage()["lm_calls"] == meter.usage()["lm_new_calls"] == 2
+    assert len(base_lm.GLOBAL_HISTORY) == before and lm.history == []
+    totals = outer.get_total_tokens()[lm.model]
+    assert totals["prompt_tokens"] == meter.usage()["lm_input_tokens"] > 0
+    assert totals["completion_tokens"] == meter.usage()["lm_output_tokens"] > 0
 
 
 def _responder(call):
@@ -88,3 +141,4 @@ def test_run_optimize_counts_task_and_proposal_calls_as_the_engine_saw_them(tmp_
     assert task > 0 and other > 0  # MIPROv2 proposed instructions through the same LM
     assert (res.usage["lm_task_calls"], res.usage["lm_prompt_calls"]) == (task, other)
     assert res.usage["lm_calls"] == len(lm.engine.calls)
+    assert lm.history == []  # DSPy's history was off during the run (#21)
