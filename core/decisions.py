@@ -64,6 +64,7 @@ __all__ = [
     "contextual_choice",
     "choice_probabilities",
     "calibrated_by",
+    "content_free_prior",
 ]
 
 LOGPROB_SETTING = "halluscope_decision_probs"  # dspy.settings key: "logprobs" (default) or "verbal"
@@ -379,3 +380,20 @@ def choice_probabilities(log: list, predictor, field: str) -> dict[str, float] |
         if caller is predictor and name == field and isinstance(ev, dict) and isinstance(ev.get("probabilities"), dict):
             return {str(k): float(v) for k, v in ev["probabilities"].items()}
     return None
+
+
+def content_free_prior(predictor, field: str, **inputs) -> float | dict[str, float] | None:
+    """The prior of contextual calibration (:func:`calibrated_by`): what ``predictor`` decides for ``field`` on
+    ``inputs`` (the case with its content replaced by a content-free one): P(True) of a Boolean output, the
+    ``{label: probability}`` of a Choice. The request is read in a collector of its own (``shared=False``), so
+    that ReAnchor fits on the calibrated requests only, and outside the trace, so that an optimizer never takes
+    it for a demo. ``None`` when the reply did not parse or gave no probability (the caller counts it)."""
+    from dspy.utils.exceptions import AdapterParseError
+
+    with decision_evidence(shared=False) as log, dspy.context(trace=None):
+        try:
+            predictor(**inputs)
+        except AdapterParseError:
+            return None
+    p = noul_probability(log, predictor, field)
+    return p if p is not None else choice_probabilities(log, predictor, field)

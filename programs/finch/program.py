@@ -51,6 +51,7 @@ from typing import Any, Sequence
 import dspy
 
 from halluscope.core.contract import Detection, Span, Unit, to_prediction
+from halluscope.core.decisions import calibrated_by, content_free_prior
 from halluscope.core.parallel import try_map
 from halluscope.core.redact import error_text
 from halluscope.core.text import segment
@@ -61,7 +62,12 @@ from halluscope.programs.registry import ProgramSpec, free, number, register, te
 from halluscope.signatures.finch import (CorrectBlock, ErrorSummary, JudgeBlock, JudgeBlockDecision, JudgeBlocks,
                                          Reflect, Verdict, parse_rating)
 
-__all__ = ["FinchZK"]
+__all__ = ["FinchZK", "CALIBRATIONS"]
+
+# The ``calibrate`` option's values (None: off), i.e. which inputs of the judge the content-free request of
+# contextual calibration (Zhao et al. 2021) empties: "content_free" the block and the answer (the prior of this
+# sample: one request per sample), "no_evidence" the sample (the prior of this block: one request per block).
+CALIBRATIONS = ("content_free", "no_evidence")
 
 # -- the program --------------------------------------------------------------------------------------
 
@@ -105,6 +111,10 @@ class FinchZK(dspy.Module):
             ``max_tokens`` (None = the LM's own).
         decisions: the judge's rating is a Choice (:class:`JudgeBlockDecision`, one call per (block, sample)
             pair: ``batch_judge`` is then off) that ``dspy.ReAnchor`` calibrates (``--optimizer reanchor``).
+        calibrate: contextual calibration of the judge's rating probabilities (implies ``decisions``): each
+            rating's probability is divided by the one a content-free request gave (see :data:`CALIBRATIONS`)
+            and renormalised before the rating is chosen (the most probable, unless ReAnchor fitted weights).
+            A content-free request that fails leaves its ratings uncalibrated (``failures["content_free"]``).
 
     These parameters are the registered program's build options (``spec.options`` reads their defaults from
     here); values from a command line are converted (``"false"``, ``"4"``, ``"none"``).
@@ -127,14 +137,20 @@ class FinchZK(dspy.Module):
         judge_max_tokens: int | None = None,
         correct_max_tokens: int | None = None,
         decisions: bool = False,
+        calibrate: str | None = None,
     ):
         super().__init__()
+        if calibrate in ("", "none", "None"):
+            calibrate = None
+        if calibrate not in (None, *CALIBRATIONS):
+            raise ValueError(f"finch: calibrate must be one of {', '.join(CALIBRATIONS)} or null, not {calibrate!r}")
+        self.calibrate = calibrate
         if isinstance(samplers, str):
             samplers = [s.strip() for s in samplers.split(",") if s.strip()]
         tau = float(tau)
         block_label(0.0, tau)  # validates tau
         self.n_samples = int(n_samples)
-        self.decisions = _as_bool(decisions)
+        self.decisions = _as_bool(decisions) or bool(calibrate)
         self.batch_judge = _as_bool(batch_judge) and not self.decisions
         self.correct = _as_bool(correct)
         self.improver = None if improver in ("", "none", "None") else improver
@@ -155,6 +171,8 @@ class FinchZK(dspy.Module):
         self.sampler._compiled = True  # frozen: not among the optimizable predictors
         self.judge = dspy.Predict(JudgeBlockDecision if self.decisions else JudgeBlocks if self.batch_judge
                                   else JudgeBlock)
+        if calibrate:  # the calibrated probabilities decide from the start (ReAnchor may refit the weights)
+            self.judge.fields = {"rating": {"weights": {"accurate": 1.0, "contradiction": 1.0, "neutral": 1.0}}}
         if self.correct:
             self.summarize = dspy.Predict(ErrorSummary)
             self.correct_block = dspy.Predict(CorrectBlock)
@@ -186,10 +204,13 @@ class FinchZK(dspy.Module):
                     votes[b].append(got.get(b, _Vote("unknown", "", s.index)))
         else:
             pairs = [(b, s) for b in range(len(texts)) for s in samples]
+            priors = self._priors(question, answer, texts, samples, cfg, failures, calls)
 
             def one(pair):
                 b, s = pair
-                out = self.judge(question=question, answer=answer, block=texts[b], sample=s.answer, config=cfg)
+                prior = priors.get(s.index if self.calibrate == "content_free" else b)
+                with calibrated_by({"rating": prior} if prior else {}):
+                    out = self.judge(question=question, answer=answer, block=texts[b], sample=s.answer, config=cfg)
                 return Verdict(explanation=str(out.explanation or ""), rating=str(out.rating or "")) \
                     if self.decisions else out.verdict
 
@@ -206,6 +227,26 @@ class FinchZK(dspy.Module):
         if unknown:
             failures["unknown_rating"] += unknown
         return votes
+
+    def _priors(self, question, answer, texts, samples, cfg, failures, calls) -> dict[int, dict[str, float]]:
+        """The content-free rating probabilities of ``calibrate``: by sample index ("content_free": block and
+        answer emptied) or by block index ("no_evidence": sample emptied); {} without ``calibrate``. A request
+        that fails (no parse, no probability) is left out and counted in ``failures["content_free"]``."""
+        if not self.calibrate:
+            return {}
+        if self.calibrate == "content_free":
+            keys = [s.index for s in samples]
+            requests = [dict(answer="", block="", sample=s.answer) for s in samples]
+        else:
+            keys = list(range(len(texts)))
+            requests = [dict(answer=answer, block=t, sample="") for t in texts]
+        calls["content_free"] += len(requests)
+        got = try_map(lambda r: content_free_prior(self.judge, "rating", question=question, config=cfg, **r),
+                      requests, threads=self.num_threads)
+        priors = {k: p for k, (ok, p) in zip(keys, got) if ok and isinstance(p, dict)}
+        if len(priors) < len(keys):
+            failures["content_free"] += len(keys) - len(priors)
+        return priors
 
     # -- correction -------------------------------------------------------------------------------
     @staticmethod
@@ -365,6 +406,7 @@ register(ProgramSpec(
         "samplers": free("a list of sampler LM specs or one comma-separated string"),
         "n_samples": whole(1), "improver": text(nullable=True, what="an LM spec"),
         "tau": number(0, 0.5, hi_open=True), "seed": whole(0), "num_threads": whole(1), "reflect_samples": whole(0),
+        "calibrate": text(*CALIBRATIONS, nullable=True, what="a calibration of the judge's ratings"),
         **{f"{stage}_max_tokens": whole(1, nullable=True) for stage in ("sample", "variant", "judge", "correct")},
     },
 ))

@@ -52,7 +52,7 @@ import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.core.contract import Detection, to_prediction
-from halluscope.core.decisions import calibrated_by, decision_evidence, noul_probability
+from halluscope.core.decisions import calibrated_by, content_free_prior, decision_evidence, noul_probability
 from halluscope.core.tasks import task_key
 from halluscope.core.text import diff_spans
 from halluscope.lm.models import make_lm
@@ -195,18 +195,12 @@ CONTENT_FREE_ANSWER = ""
 
 
 def _content_free_prior(predictor, failures: dict, **inputs) -> float | None:
-    """P(Yes) ``predictor`` gives ``inputs`` (the case with a content-free answer), read in a collector of its own
-    so that ReAnchor fits its cut point on the calibrated requests only, and outside the trace so that an
-    optimizer never takes it for a demo; None (counted as ``failures["content_free"]``) when it did not parse or
-    gave no probability."""
-    with decision_evidence(shared=False) as log, dspy.context(trace=None):
-        try:
-            predictor(**inputs)
-        except AdapterParseError:
-            pass
-    prior = noul_probability(log, predictor, "verdict")
-    if prior is None:
+    """P(Yes) ``predictor`` gives ``inputs`` (the case with a content-free answer: :func:`content_free_prior`);
+    None (counted as ``failures["content_free"]``) when it did not parse or gave no probability."""
+    prior = content_free_prior(predictor, "verdict", **inputs)
+    if not isinstance(prior, float):
         failures["content_free"] = 1
+        return None
     return prior
 
 

@@ -71,18 +71,24 @@ from dspy.utils.exceptions import AdapterParseError
 
 import halluscope.retrievers  # noqa: F401  (registers the kb/files/kg/search retriever specs)
 from halluscope.core.contract import Detection, Evidence, Span, Unit, to_prediction
+from halluscope.core.decisions import calibrated_by, choice_probabilities, content_free_prior, decision_evidence
 from halluscope.core.parallel import try_map
 from halluscope.core.redact import error_text
 from halluscope.programs.jointcq.align import (HALLUCINATED, LABELS, MAX_TOKENS, UNVERIFIABLE, Alignment, aggregate,
                                                align_claim, claim_score, claim_spans, pair_fields, parse_label,
                                                render_snippets)
 from halluscope.programs.jointcq.demo_filter import fit_claim_queries
-from halluscope.programs.registry import ProgramSpec, number, register, whole
+from halluscope.programs.registry import ProgramSpec, number, register, text, whole
 from halluscope.core.retrieval import Retriever, make_retriever
 from halluscope.signatures.jointcq import ClaimsAndQueries, VerifyClaim, VerifyClaimDecision, VerifyClaims
 from halluscope.core.text import segment
 
-__all__ = ["ClaimRecord", "JointCQ", "jointcq_report"]
+__all__ = ["ClaimRecord", "JointCQ", "jointcq_report", "CALIBRATIONS"]
+
+# The ``calibrate`` option's values (None: off), i.e. which input of the verifier the content-free request of
+# contextual calibration (Zhao et al. 2021) empties: "content_free" the claim (the prior of these snippets),
+# "no_evidence" the snippets (the prior of this claim, so that what is left is what the evidence adds).
+CALIBRATIONS = ("content_free", "no_evidence")
 
 
 class _LMRequests(BaseCallback):
@@ -114,6 +120,7 @@ class ClaimRecord:
     score: float = 0.0
     rationale: str = ""
     status: str = "ok"  # ok | search_failed | no_evidence | verify_failed | label_unparsed
+    probabilities: dict[str, float] | None = None  # the verifier's label probabilities (decisions), calibrated
     evidence: list[Evidence] = field(default_factory=list)
     sentence: int | None = None
     similarity: float = 0.0
@@ -147,14 +154,23 @@ class JointCQ(dspy.Module):
         decisions: the verifier's label is a Choice (``VerifyClaimDecision``) that ``dspy.ReAnchor`` calibrates
             (``--optimizer reanchor``: per-label weights on the label probabilities read from the backend's token
             log-probabilities); needs the per-claim verifier (``batch_verify`` false).
+        calibrate: contextual calibration of the verifier's label probabilities (implies ``decisions``): each
+            verification is also asked once with its claim emptied (``"content_free"``) or its snippets emptied
+            (``"no_evidence"``), and each label's probability is divided by that request's and renormalised
+            before the label is chosen (the most probable, unless ReAnchor fitted weights). One more request per
+            verified claim; a content-free request that fails leaves that claim uncalibrated
+            (``failures["content_free"]``).
     """
 
     def __init__(self, retriever: str = "context", top_k: int = 10, use_queries: bool = True,
                  batch_verify: bool = False, align_threshold: float = 0.5, narrow_spans: bool = True,
                  unaligned_counts: bool = True, unverifiable_score: float = 0.3, max_evidence_chars: int = 3000,
                  num_threads: int = 4, filter_demos: int = 2, filter_coverage: float = 1.0,
-                 decisions: bool = False):
+                 decisions: bool = False, calibrate: str | None = None):
         super().__init__()
+        if calibrate not in (None, *CALIBRATIONS):
+            raise ValueError(f"jointcq: calibrate must be one of {', '.join(CALIBRATIONS)} or null, not {calibrate!r}")
+        decisions = bool(decisions or calibrate)
         if decisions and batch_verify:
             raise ValueError("jointcq: decisions needs batch_verify=false (ReAnchor fits the per-claim verifier's label; "
                              "the batched verifier's labels sit inside a list)")
@@ -178,7 +194,10 @@ class JointCQ(dspy.Module):
                              f"{filter_demos}, {filter_coverage}")
         self.filter_demos, self.filter_coverage = int(filter_demos), float(filter_coverage)
         self.generate = dspy.Predict(ClaimsAndQueries)
+        self.calibrate = calibrate
         self.verify = dspy.Predict(VerifyClaimDecision if decisions else VerifyClaim)
+        if calibrate:  # the calibrated probabilities decide from the start (ReAnchor may refit the weights)
+            self.verify.fields = {"label": {"weights": dict.fromkeys(LABELS, 1.0)}}
         self.verify_batch = dspy.Predict(VerifyClaims)
 
     @property
@@ -230,14 +249,27 @@ class JointCQ(dspy.Module):
             rec.status = "label_unparsed"
             rec.rationale = rec.rationale or f"verifier output {str(raw)[:80]!r} is none of {', '.join(LABELS)}"
 
-    def verify_one(self, rec: ClaimRecord) -> None:
-        """One VerifyClaim call; output that does not parse sets ``status="verify_failed"`` (unverifiable)."""
-        try:
-            out = self.verify(claim=rec.claim, snippets=render_snippets(rec.evidence, self.max_evidence_chars),
-                              config={"max_tokens": MAX_TOKENS["verify"]})
-        except AdapterParseError as e:
-            rec.status, rec.rationale = "verify_failed", f"verifier output did not parse: {str(e)[:200]}"
-            return
+    def verify_one(self, rec: ClaimRecord, failures: Counter | None = None) -> None:
+        """One VerifyClaim call (with ``calibrate``, after its content-free request); output that does not parse
+        sets ``status="verify_failed"`` (unverifiable). The label probabilities read, if any, are kept."""
+        snippets = render_snippets(rec.evidence, self.max_evidence_chars)
+        config = {"max_tokens": MAX_TOKENS["verify"]}
+        priors = {}
+        if self.calibrate:
+            empty = {"claim": ""} if self.calibrate == "content_free" else {"snippets": ""}
+            prior = content_free_prior(self.verify, "label", **{"claim": rec.claim, "snippets": snippets, **empty},
+                                       config=config)
+            if isinstance(prior, dict):
+                priors = {"label": prior}
+            elif failures is not None:
+                failures["content_free"] += 1
+        with decision_evidence() as log, calibrated_by(priors):
+            try:
+                out = self.verify(claim=rec.claim, snippets=snippets, config=config)
+            except AdapterParseError as e:
+                rec.status, rec.rationale = "verify_failed", f"verifier output did not parse: {str(e)[:200]}"
+                return
+        rec.probabilities = choice_probabilities(log, self.verify, "label")
         self._set_label(rec, out.label, out.rationale)
 
     def verify_all(self, recs: list[ClaimRecord]) -> None:
@@ -268,7 +300,8 @@ class JointCQ(dspy.Module):
             get = v.get if isinstance(v, dict) else (lambda k, _v=v: getattr(_v, k, None))
             self._set_label(r, get("label"), get("rationale"))
 
-    def check_claims(self, recs: list[ClaimRecord], context: str, calls: Counter) -> None:
+    def check_claims(self, recs: list[ClaimRecord], context: str, calls: Counter,
+                     failures: Counter | None = None) -> None:
         """Search (one call per claim) and verify (per claim, or one batched call) on ``num_threads`` threads.
         Errors other than unparseable output (the LM unreachable) propagate: the item fails, the run goes on."""
         try_map(lambda r: self.search(r, context), recs, threads=self.num_threads)
@@ -280,9 +313,24 @@ class JointCQ(dspy.Module):
             self.verify_all(ready)
             return
         calls["verify"] += len(ready)
-        for ok, err in try_map(self.verify_one, ready, threads=self.num_threads):
+        if self.calibrate:
+            calls["content_free"] += len(ready)
+        lock = threading.Lock()
+        seen: Counter = Counter()
+
+        def one(rec: ClaimRecord) -> None:
+            local: Counter = Counter()
+            try:
+                self.verify_one(rec, local)
+            finally:
+                with lock:
+                    seen.update(local)
+
+        for ok, err in try_map(one, ready, threads=self.num_threads):
             if not ok:
                 raise err
+        if failures is not None:
+            failures.update(seen)
 
     def align(self, recs: list[ClaimRecord], sentences: list, question: str) -> None:
         for r in recs:
@@ -304,7 +352,7 @@ class JointCQ(dspy.Module):
             calls["generate"] += 1
             pairs, repeated = self.claims_and_queries(question, answer, failures)
             recs = [ClaimRecord(claim=c, query=q) for c, q in pairs]
-            self.check_claims(recs, context, calls)
+            self.check_claims(recs, context, calls, failures)
         self.align(recs, sentences, question)
         counts = _counts(recs, self.use_queries)
         if repeated:
@@ -403,5 +451,6 @@ register(ProgramSpec(
     endpoint_options=("retriever",),
     option_types={"top_k": whole(1), "align_threshold": number(0, 1), "unverifiable_score": number(0, 0.5),
                   "max_evidence_chars": whole(1), "num_threads": whole(1), "filter_demos": whole(0),
-                  "filter_coverage": number(0, 1)},
+                  "filter_coverage": number(0, 1),
+                  "calibrate": text(*CALIBRATIONS, nullable=True, what="a calibration of the verifier's labels")},
 ))

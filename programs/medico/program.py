@@ -44,7 +44,7 @@ from rapidfuzz.distance import Levenshtein
 
 import halluscope.retrievers  # noqa: F401  (registers the kb/files/kg/search retrievers)
 from halluscope.core.contract import Detection, Evidence, Span, to_prediction
-from halluscope.core.decisions import decision_evidence, noul_probability
+from halluscope.core.decisions import calibrated_by, content_free_prior, decision_evidence, noul_probability
 from halluscope.programs.medico.ensemble import (combine, fit_combiner, logprob_probability, medico_report,
                                                  verdict_probability)
 from halluscope.programs.registry import ProgramSpec, number, register, text, whole
@@ -153,14 +153,23 @@ class Medico(dspy.Module):
         files_max_mb: size limit per user file in MB.
         max_evidence_chars: most characters of fused evidence shown to the LM.
         retry_temperature: temperature of a revision retried after a rejected round (a fresh sample).
+        calibrate: ``"content_free"``: contextual calibration of the Detect verdict (Zhao et al. 2021), as
+            ``direct`` has it: each judgement is also asked with the answer emptied (the same question and
+            evidence), P(True) is divided by that request's and renormalised, and the verdict is P(True) >= 0.5
+            (a cut point ReAnchor may refit). One more request per judgement; one that fails leaves that
+            judgement uncalibrated (``failures["content_free"]``).
     """
 
     def __init__(self, sources: str = "context", kb: str = "", files: str = "", kg: str = "", search: str = "",
                  search_timeout: float = 10.0,
                  k: int = 5, top_l: int = 5, rerank: str = "bm25", rerank_pool: int = 10, fuse: str = "concat", correct: bool = True,
                  max_rounds: int = 5, delta: float = 0.5, tau: float = 1.0, ensemble: bool = True,
-                 files_max_mb: float = 20.0, max_evidence_chars: int = 6000, retry_temperature: float = 0.7):
+                 files_max_mb: float = 20.0, max_evidence_chars: int = 6000, retry_temperature: float = 0.7,
+                 calibrate: str | None = None):
         super().__init__()
+        if calibrate not in (None, "content_free"):
+            raise ValueError(f"medico: calibrate must be content_free or null, not {calibrate!r}")
+        self.calibrate = calibrate
         names = [s.strip() for s in (sources.split(",") if isinstance(sources, str) else sources) if s.strip()]
         unknown = [s for s in names if s not in SOURCES and s != "none"]
         if unknown or not names:
@@ -196,6 +205,8 @@ class Medico(dspy.Module):
             self.reranker = LMRerank()
         self.summarize = dspy.Predict(Fuse)
         self.detect = dspy.Predict(Detect)
+        if calibrate:  # the calibrated P(True) decides from the start (ReAnchor may refit the cut point)
+            self.detect.fields = {"verdict": {"threshold": 0.5}}
         self.identify = dspy.Predict(IdentifySpans)
         self.revise = dspy.Predict(Revise)
         self.combiner: dict = {"fitted": False}
@@ -295,10 +306,19 @@ class Medico(dspy.Module):
                 failures: dict) -> tuple[bool | None, str, float, str]:
         """(verdict, rationale, p(True), how p was obtained: "decision" (the calibrated verdict's P(True), read by
         :mod:`halluscope.core.decisions`), "logprobs" or "verdict")."""
+        config = {"max_tokens": MAX_TOKENS["detect"], "logprobs": True, "top_logprobs": 5}
+        priors = {}
+        if self.calibrate:
+            prior = content_free_prior(self.detect, "verdict", question=question, answer="", evidence=evidence,
+                                       config=config)
+            if isinstance(prior, float):
+                priors = {"verdict": prior}
+            else:
+                failures["content_free"] = failures.get("content_free", 0) + 1
         try:
-            with decision_evidence() as decided:  # a verdict calibrated by ReAnchor: P(True) it was decoded from
-                out = self.detect(question=question, answer=answer, evidence=evidence,
-                                  config={"max_tokens": MAX_TOKENS["detect"], "logprobs": True, "top_logprobs": 5})
+            # a verdict calibrated by ReAnchor (or by ``calibrate``): P(True) it was decoded from
+            with decision_evidence() as decided, calibrated_by(priors):
+                out = self.detect(question=question, answer=answer, evidence=evidence, config=config)
         except AdapterParseError:
             failures["parse"] = failures.get("parse", 0) + 1
             return None, "", 0.5, "verdict"
@@ -416,7 +436,8 @@ register(ProgramSpec(
                   "rerank": text("bm25", "lm", "none"), "rerank_pool": whole(1), "fuse": text("concat", "summary"),
                   "max_rounds": whole(1), "delta": number(0, 1), "tau": number(0, lo_open=True),
                   "files_max_mb": number(0, lo_open=True), "max_evidence_chars": whole(1),
-                  "retry_temperature": number(0, 2)},
+                  "retry_temperature": number(0, 2),
+                  "calibrate": text("content_free", nullable=True, what="a calibration of the verdict's P(True)")},
     # where evidence comes from and how much of it; `search` (an endpoint) and the reranker/fusion/correction
     # choices stay as compiled
     load_options=("sources", "kb", "files", "kg", "k", "top_l", "rerank_pool", "files_max_mb",
