@@ -40,6 +40,7 @@ artifact. Progress goes to ``log`` (default: this module's logger); nothing here
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -56,6 +57,7 @@ from typing import Any, Callable, Sequence
 
 import dspy
 from dspy.utils.callback import BaseCallback
+from dspy.utils.usage_tracker import UsageTracker
 
 from halluscope.core import paths
 from halluscope.artifacts.store import git_commit, load_compiled, mark_tracked, write_artifact
@@ -215,6 +217,9 @@ def data_hash(examples) -> str:
     return h.hexdigest()
 
 
+_MODULE_USAGE: contextvars.ContextVar = contextvars.ContextVar("halluscope_module_usage", default=None)
+
+
 class UsageMeter(BaseCallback):
     """LM usage since construction, counted call by call: calls, cache hits, tokens, split into the program's own
     calls and the optimizer's (instruction proposals), and the embedded engines' own counters (real model calls).
@@ -223,7 +228,10 @@ class UsageMeter(BaseCallback):
     start and end (``on_lm_start``/``on_lm_end``) and, in between, the usage DSPy reports for a reply that reached
     the backend (``add_usage``, in the calling thread); a call that reported none was served from the cache.
     The counts are exact however long the run: DSPy's own histories keep only the last 10,000 calls (#21), and
-    :meth:`counting` turns them off, since each entry keeps the whole reply.
+    :meth:`counting` turns them off, since each entry keeps the whole reply. With ``dspy.settings.track_usage`` on
+    (MLflow tracing turns it on) the meter also gives each outermost module call's prediction its LM usage, as
+    DSPy's own usage tracker, which the meter replaces while it counts, does (``Prediction.get_lm_usage()``,
+    which MLflow's module spans read).
 
     The split is structural, never read from prompt wording: a call made with no instance of ``program_type`` on
     DSPy's module stack (``dspy.settings.caller_modules``: MIPROv2's proposer modules) is the optimizer's, the
@@ -238,6 +246,7 @@ class UsageMeter(BaseCallback):
         self.total = LMUsage()
         self.optimizer = LMUsage()  # the calls made outside the program
         self.parent = None  # a usage tracker that was active when counting started: it still gets the usage
+        self._modules: dict[str, tuple] = {}  # call_id -> (UsageTracker, context token) of outermost module calls
         self.engines = []
         for lm in lms:
             eng = getattr(lm, "engine", None)
@@ -250,7 +259,8 @@ class UsageMeter(BaseCallback):
         """``dspy.context`` with this meter among the callbacks and as the usage tracker, DSPy's LM history off
         (unless ``settings`` say ``disable_history=False``), and ``settings``."""
         self.parent = dspy.settings.get("usage_tracker")
-        return dspy.context(**{"callbacks": [*(dspy.settings.get("callbacks") or []), self], "usage_tracker": self,
+        # first among the callbacks: a prediction has its usage before another callback (MLflow's) reads it
+        return dspy.context(**{"callbacks": [self, *(dspy.settings.get("callbacks") or [])], "usage_tracker": self,
                                "disable_history": True, **settings})
 
     def _calls(self) -> list:
@@ -274,6 +284,9 @@ class UsageMeter(BaseCallback):
                 usage[key] = usage.get(key, 0) + int(usage_entry.get(key) or 0)
         if self.parent is not None:
             self.parent.add_usage(lm, usage_entry)
+        module = _MODULE_USAGE.get()
+        if module is not None:
+            module.add_usage(lm, usage_entry)
 
     def on_lm_end(self, call_id, outputs, exception=None):
         calls = self._calls()
@@ -287,6 +300,23 @@ class UsageMeter(BaseCallback):
             self.total.add(model, usage)
             if theirs:
                 self.optimizer.add(model, usage)
+
+    def on_module_start(self, call_id, instance, inputs):
+        if dspy.settings.get("track_usage") and _MODULE_USAGE.get() is None:  # an outermost module call
+            tracker = UsageTracker()
+            with self._lock:
+                self._modules[call_id] = (tracker, _MODULE_USAGE.set(tracker))
+
+    def on_module_end(self, call_id, outputs, exception=None):
+        with self._lock:
+            opened = self._modules.pop(call_id, None)
+        if opened is None:
+            return
+        tracker, token = opened
+        _MODULE_USAGE.reset(token)
+        prediction = outputs[0] if isinstance(outputs, tuple) and outputs else outputs  # GEPA's (prediction, trace)
+        if isinstance(prediction, dspy.Prediction):
+            prediction.set_lm_usage(tracker.get_total_tokens())
 
     def usage(self) -> dict:
         with self._lock:

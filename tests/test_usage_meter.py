@@ -142,3 +142,30 @@ def test_run_optimize_counts_task_and_proposal_calls_as_the_engine_saw_them(tmp_
     assert (res.usage["lm_task_calls"], res.usage["lm_prompt_calls"]) == (task, other)
     assert res.usage["lm_calls"] == len(lm.engine.calls)
     assert lm.history == []  # DSPy's history was off during the run (#21)
+
+
+def test_with_track_usage_on_each_outermost_module_call_still_gets_its_usage_while_the_meter_counts():
+    """MLflow tracing turns on DSPy's ``track_usage``: DSPy then gives the outermost module call's prediction its
+    LM usage through a usage tracker of its own, which the meter replaces while it counts; the meter gives it the
+    same usage (what MLflow's module spans read)."""
+
+    class Outer(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Program()
+            self.other = Program()
+
+        def forward(self, question):
+            self.inner(question=question)
+            return self.other(question=question + "?")
+
+    lm = scripted_lm({"answer": "yes"})
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter(), track_usage=True):
+        expected = Outer()(question="a").get_lm_usage()  # DSPy's own tracker
+        meter = UsageMeter(lm)
+        with meter.counting():
+            pred = Outer()(question="a")
+    assert expected[lm.model]["prompt_tokens"] > 0 and expected[lm.model]["completion_tokens"] > 0
+    assert pred.get_lm_usage() == expected  # both calls of the outermost module, as DSPy counts them
+    assert meter.usage()["lm_calls"] == 2
+    assert meter.usage()["lm_input_tokens"] == expected[lm.model]["prompt_tokens"]
