@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import dspy
 
-__all__ = ["Rerank", "Fuse", "Detect", "IdentifySpans", "Revise"]
+__all__ = ["Rerank", "Fuse", "Detect", "IdentifySpans", "Revise", "RATIONALE_CHARS"]
+
+# Detect's rationale: within the detect stage's 160 tokens at about 2 characters a token. The embedded engine's
+# grammar closes the string there (``lm.models.bound_text_outputs``); unbounded, the 135M model's rationale ran
+# until the budget and the cut JSON lost the verdict already written (8 of 30 HalluClean QA cases, #21 round six)
+RATIONALE_CHARS = 240
 
 
 class Rerank(dspy.Signature):
@@ -43,7 +48,8 @@ class Detect(dspy.Signature):
     answer: str = dspy.InputField(desc="the answer to check")
     evidence: str = dspy.InputField(desc="retrieved evidence, numbered; may be empty")
     verdict: bool = dspy.OutputField(desc="True if the answer is hallucinated, False if it is supported")
-    rationale: str = dspy.OutputField(desc='why; hallucinated parts of the answer quoted exactly, "like this"')
+    rationale: str = dspy.OutputField(desc='why; hallucinated parts of the answer quoted exactly, "like this"',
+                                      max_length=RATIONALE_CHARS)
 
 
 class IdentifySpans(dspy.Signature):

@@ -117,3 +117,11 @@ def test_spans_prompt_writes_the_quote_schema_out_without_a_reference_to_copy():
     assert "$defs" not in schema and schema["properties"]["spans"]["items"]["required"] == ["text", "probability"]
     parsed = dspy.JSONAdapter().parse(ExtractSpans, '{"spans": [{"text": "Berlin", "probability": 0.9}]}')
     assert parsed["spans"] == [QuotedSpan(text="Berlin", probability=0.9)]
+
+
+def test_medico_detect_bounds_its_rationale_which_follows_the_verdict():
+    from halluscope.signatures.medico import RATIONALE_CHARS, Detect, IdentifySpans
+
+    assert text_bounds(Detect) == {"rationale": RATIONALE_CHARS}
+    assert list(Detect.output_fields) == ["verdict", "rationale"]  # a cut rationale would lose the verdict
+    assert text_bounds(IdentifySpans) == {}
