@@ -176,6 +176,8 @@ class GroundedDetector(dspy.Module):
             the original answers. With it (and with ``head_features="content"``) the English words that only frame
             an answer (:data:`.response.FRAMING_WORDS`: "answer", "question", "passage", ...) are not content
             units of the response level.
+        head_frame_weight: the fit weight of one framed answer of ``head_frames`` (0.15: heavier frames clear more
+            correct sentences and cost more summarization recall, BENCHMARKS.md "Correct long answers").
     """
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
