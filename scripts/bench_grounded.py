@@ -8,6 +8,7 @@ not fitted on.
   python scripts/bench_grounded.py halluclean [--hc-dir ../shared/data/halluclean] [--limit N]
   python scripts/bench_grounded.py speed     [...]
   python scripts/bench_grounded.py response  [--hc-dir ...] [--lang en] [--version N]   # issue #19: response level
+  python scripts/bench_grounded.py length    [--variants ...] [--frame-weight W]   # correct long answers: framed QA answers
   python scripts/bench_grounded.py hidden    [-O hidden_model=gemma] [-O hidden_cache_dir=DIR] [--threads 1]
                                              # #19: fill the hidden-state cache, with its speed (s/item, CPU, RSS)
 
@@ -430,6 +431,145 @@ def cmd_response(args):
                       np.arange(offs[i], offs[i + 1]))
 
 
+#: the response head's columns that count units (the answer's length), BENCHMARKS.md "#19 response-level decision"
+LENGTH_COLUMNS = ("log_units", "content_unsup_log", "unsup_run", "num_unsup_log", "cap_unsup_log")
+
+
+def cmd_length(args):
+    """Correct long answers: does the response head call a right answer hallucinated because it is a sentence?
+
+    HalluClean QA's right answers are short spans, so each QA item's right answer is also put into fixed neutral
+    sentences (programs/grounded/frames.py): the *check* frames (only ever scored) and the *train* frames (the
+    augmentation ``-O head_frames=true`` fits on), each beside the same frame around a wrong answer. Heads are
+    scored by the nested, item-grouped CV of ``response`` (fold seeds ``--seeds``): a framed answer is always held
+    out with its item, and the check frames are never fitted on. Per head variant (``--variants``) and scope (the
+    pooled head over the three tasks, threshold for balanced accuracy; the per-task QA head, threshold for F1):
+    FPR / TPR / F1 / AUC / pair on the original answers per task, and on the framed QA answers the share of framed
+    right answers flagged (FPR), of framed wrong answers caught (TPR) and the pair ranking of each frame's two.
+    Then each variant's head fitted on all the dev answers labels the hand-written long cases of
+    tests/length_cases.py (correct / wrong flagged)."""
+    from halluscope.artifacts.store import load_compiled
+
+    det = load_compiled("grounded", lang=args.lang, metric="iou", version=args.version)
+    module = det.program
+    module.head = None  # the unit part only: every head below is fitted here
+    module.use_resp_cov = module.use_resp_cov or "cov" in args.resp
+    tasks = tuple(args.tasks)
+    rows_by_mode = {mode: length_rows(module, args, tasks, mode) for mode in ("all", "content")}
+    module.head_frames = True  # what -O head_frames=true also changes in the rows: framing words are not content
+    rows_by_mode["all+framing"] = length_rows(module, args, tasks, "all")
+    module.head_frames = False
+    variants = {
+        "as served": {},
+        "no length columns": {"drop": LENGTH_COLUMNS},
+        "frames": {"frames": True},
+        "frames, threshold also on them": {"frames": True, "thr_all": True},
+        "frames + no length columns": {"frames": True, "drop": LENGTH_COLUMNS},
+        "length-free columns (head_features=content)": {"mode": "content"},
+        "length-free columns + frames": {"mode": "content", "frames": True},
+        "length-free columns + frames, threshold also on them": {"mode": "content", "frames": True, "thr_all": True},
+        "frames, framing words not content (head_frames=true)": {"mode": "all+framing", "frames": True},
+        "frames, framing words not content, threshold also on them": {"mode": "all+framing", "frames": True, "thr_all": True},
+        "frames, framing words not content, no length columns": {"mode": "all+framing", "frames": True, "drop": LENGTH_COLUMNS},
+    }
+    variants = {k: v for k, v in variants.items() if not args.variants or k in args.variants}
+    print(f"\nHalluClean dev; unit part {det.path}; heads by nested {args.folds}-fold CV grouped by item, fold seeds "
+          f"{args.seeds}; frame weight {args.frame_weight}\n")
+    print("| head | scope | task | original answers: FPR / TPR / F1 / AUC / pair | framed QA (check frames, never fitted): "
+          "FPR right / TPR wrong / pair | framed QA (train frames, held out): FPR / TPR | hand-written long cases: "
+          "correct flagged / wrong caught |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, v in variants.items():
+        X, y, groups, task_of, kind_of, frame_of, Xs, ys, feats_all = rows_by_mode[v.get("mode", "all")]
+        length_variant(args, name, v, tasks, X, y, groups, task_of, kind_of, frame_of, Xs, ys, feats_all)
+
+
+def length_rows(module, args, tasks, mode):
+    """``length``'s rows with the head columns of ``mode``: the originals of ``tasks``, QA's check and train
+    frames, and the hand-written cases."""
+    from halluscope.loaders.halluclean import load_halluclean
+    from halluscope.programs.grounded.frames import CHECK_FRAMES, TRAIN_FRAMES, framed_examples
+    from halluscope.programs.grounded.program import response_rows
+
+    sys.path.insert(0, str(ROOT))
+    from tests.length_cases import LONG_CASES
+
+    module.head_features = mode
+    t0 = time.perf_counter()
+    parts = []  # (X, y, groups, task, kind, frame)
+    for task in tasks:
+        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
+        X, y, g, _ = response_rows(module, exs)
+        parts.append((X, y, [f"{task}:{k}" for k in g], [task] * len(y), ["orig"] * len(y), [""] * len(y)))
+        if task == "qa":
+            for kind, frames in (("check", CHECK_FRAMES), ("train", TRAIN_FRAMES)):
+                fr = framed_examples(exs, frames)
+                X, y, g, _ = response_rows(module, fr)
+                parts.append((X, y, [f"{task}:{k}" for k in g], [task] * len(y), [kind] * len(y),
+                              [f["frame"] for f in fr]))
+    X = np.vstack([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    groups = [k for p in parts for k in p[2]]
+    task_of = np.array([t for p in parts for t in p[3]])
+    kind_of = np.array([k for p in parts for k in p[4]])
+    frame_of = np.array([f for p in parts for f in p[5]])
+    cases = [{"question": c["question"], "context": c["context"], "answer": c[k], "label": k == "wrong",
+              "task": "qa", "lang": "en"} for c in LONG_CASES for k in ("correct", "wrong")]
+    Xs, ys, _, _ = response_rows(module, cases)
+    print(f"(head columns {mode}: features of {len(y)} answers and {len(ys)} hand-written cases in "
+          f"{time.perf_counter() - t0:.1f} s; framed QA answers: {int((kind_of == 'check').sum())} check, "
+          f"{int((kind_of == 'train').sum())} train)", file=sys.stderr, flush=True)
+    return X, y, groups, task_of, kind_of, frame_of, Xs, ys, module.response_features
+
+
+def length_variant(args, name, v, tasks, X, y, groups, task_of, kind_of, frame_of, Xs, ys, feats_all):
+    """One head variant of ``length``: its rows of the table (pooled and per-task QA)."""
+    from halluscope.programs.grounded.response import auc, binary_scores, cv_head, fit_head, pair_ranking
+
+    keep = [j for j, f in enumerate(feats_all) if f not in set(v.get("drop", ()))]
+    feats = [feats_all[j] for j in keep]
+    for scope, metric, scope_tasks in (("pooled", "balanced_accuracy", tasks), ("per-task qa", "f1", ("qa",))):
+        sel = np.isin(task_of, scope_tasks)
+        Xv, yv = X[sel][:, keep], y[sel]
+        gv = [gg for gg, m in zip(groups, sel) if m]
+        kv, fv, tv = kind_of[sel], frame_of[sel], task_of[sel]
+        fit_rows = (kv == "orig") | ((kv == "train") & bool(v.get("frames")))
+        weights = np.where(kv == "orig", 1.0, args.frame_weight)
+        scored = (kv == "orig") | ((kv == "train") & bool(v.get("thr_all")))
+        runs = [cv_head(Xv, yv, gv, feats, kind="logreg", l2=args.head_l2, metric=metric, folds=args.folds,
+                        seed=sd, weights=weights, fit_rows=fit_rows, scored=scored) for sd in args.seeds]
+        head, _ = fit_head(Xv[fit_rows], yv[fit_rows], [gg for gg, m in zip(gv, fit_rows) if m], feats,
+                           kind="logreg", l2=args.head_l2, metric=metric, folds=args.folds,
+                           weights=weights[fit_rows], scored=scored[fit_rows])
+        ps = head.predict(Xs[:, keep]) >= head.threshold
+        hand = f"{int(ps[~ys].sum())}/{int((~ys).sum())} / {int(ps[ys].sum())}/{int(ys.sum())}"
+
+        def mean(f):
+            return float(np.mean([f(p, lab) for p, lab in runs]))
+
+        for task in scope_tasks:
+            o = (kv == "orig") & (tv == task)
+            go = [gg for gg, m in zip(gv, o) if m]
+            b = {k: mean(lambda p, lab, k=k: binary_scores(yv[o], lab[o])[k]) for k in ("fpr", "tpr", "f1")}
+            a, pr = mean(lambda p, lab: auc(yv[o], p[o])), mean(lambda p, lab: pair_ranking(go, yv[o], p[o]))
+            cells = [f"{100 * b['fpr']:.0f}% / {100 * b['tpr']:.0f}% / {100 * b['f1']:.1f} / {a:.3f} / {100 * pr:.0f}%"]
+            for kind in ("check", "train"):
+                f = kv == kind
+                if task != "qa" or not f.any():
+                    cells.append("")
+                    continue
+                fpr = mean(lambda p, lab: float(np.mean(lab[f & ~yv])))
+                tpr = mean(lambda p, lab: float(np.mean(lab[f & yv])))
+                gf = [f"{gg}:{ff}" for gg, ff, m in zip(gv, fv, f) if m]
+                pr = mean(lambda p, lab: pair_ranking(gf, yv[f], p[f]))
+                per = " (" + ", ".join(f"{fr} {100 * mean(lambda p, lab, fr=fr: float(np.mean(lab[f & ~yv & (fv == fr)]))):.0f}%"
+                                       for fr in sorted(set(fv[f]))) + ")"
+                cells.append(f"**{100 * fpr:.0f}%** / {100 * tpr:.0f}% / {100 * pr:.0f}%{per}" if kind == "check"
+                             else f"{100 * fpr:.0f}% / {100 * tpr:.0f}%")
+            cells.append(hand if task == scope_tasks[0] else "")
+            print(f"| {name} | {scope} | {task} | " + " | ".join(cells) + " |", flush=True)
+
+
 def probe_report(module, args, tasks, data, vectors):
     """``response --resp hs --probe-report``: is the hidden-state probe reading *support* or the writer's *style*?
     Per task, AUC / pair ranking of (a) the probe alone, out-of-fold within the task (5 folds grouped by item, the
@@ -620,7 +760,7 @@ def cmd_hidden(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["cv", "ablation", "xling", "halluclean", "speed", "response",
-                                                "hidden"])
+                                                "hidden", "length"])
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "mushroom"))
     ap.add_argument("--hc-dir", default=str(ROOT.parent / "shared" / "data" / "halluclean"))
     ap.add_argument("--context", default="native", choices=["native", "translated-en", "none", "native+translated-en"])
@@ -658,11 +798,15 @@ def main(argv=None):
                     help="response: heads without the per-unit-feature mean/max columns (-O head_unit_stats=false)")
     ap.add_argument("--tasks", nargs="+", default=["qa", "dialogue", "summarization"],
                     help="response: the HalluClean tasks (the pooled head pools these)")
+    ap.add_argument("--variants", nargs="*", default=[], help="length: only these head variants (default: all)")
+    ap.add_argument("--frame-weight", type=float, default=0.15,
+                    help="length: the fit weight of one framed answer (an original answer weighs 1)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
     {"cv": cmd_cv, "ablation": cmd_ablation, "xling": cmd_xling,
      "halluclean": lambda a: cmd_halluclean(a), "speed": lambda a: cmd_speed(a),
-     "response": cmd_response, "hidden": cmd_hidden}[args.command](args)
+     "response": cmd_response, "hidden": cmd_hidden,
+     "length": cmd_length}[args.command](args)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\nwall {time.perf_counter() - t:.1f} s, peak RSS {rss:.0f} MB", file=sys.stderr)
 

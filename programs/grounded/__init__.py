@@ -52,5 +52,6 @@ register(ProgramSpec(
                   "hidden_item_tokens": whole(0), "hidden_evidence_tokens": whole(0),
                   "hidden_alpha": number(0, lo_open=True), "hidden_parts": text("all", "probe", "tokens"),
                   "unit_pool_weight": number(0, lo_open=True),
+                  "head_features": text("all", "content"), "head_frame_weight": number(0, lo_open=True),
                   "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))

@@ -18,10 +18,11 @@ from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_pro
 from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
 from halluscope.programs.grounded.features import (GEN, HIDDEN, LM, NUMBERS, _window_mean, detector_features,
                                                    feature_names, item_features)
+from halluscope.programs.grounded.frames import TRAIN_FRAMES, framed_examples
 from halluscope.programs.grounded.hidden import HiddenScorer, Probe, RidgeStats, oof_probe_scores
 from halluscope.programs.grounded.lmscore import LMScorer
-from halluscope.programs.grounded.response import (ResponseHead, content_mask, fit_head, response_feature_names,
-                                                   response_features, units_decision)
+from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, ResponseHead, content_mask, fit_head,
+                                                   response_feature_names, response_features, units_decision)
 from halluscope.programs.grounded.respsig import (RESP_HS, RESP_HS_EVIDENCE_TOKENS, RESP_HS_ITEM_TOKENS,
                                                    RESP_LM_EVIDENCE_TOKENS, RESP_LM_ITEM_TOKENS, RESP_NOTES,
                                                    hs_response_features, resp_feature_names, response_signals)
@@ -165,6 +166,18 @@ class GroundedDetector(dspy.Module):
             log-probability and entropy. Model missing: note ``resp_hs_missing``, imputed.
         head_unit_stats: the response head also reads the mean and max of every unit feature (about 60 columns;
             off: only the answer-level aggregates and the response signals, a smaller head for small data).
+        head_features: the response head's columns: "all" (the #19 aggregates, the unit features' mean and max over
+            all units) or "content" (length-free: no unit counts, no shares of all units; the unit features'
+            mean and max over the content units only), see :mod:`.response`.
+        head_frames: fitting a response head also fits on HalluClean QA's right answers put into fixed sentences
+            (label correct) and the same sentences around a wrong answer (label hallucinated), so the head cannot
+            learn "a sentence = hallucinated" from QA's short right answers (:mod:`.frames`, ``TRAIN_FRAMES``);
+            each framed answer weighs ``head_frame_weight`` (an original answer 1) and the threshold is chosen on
+            the original answers. With it (and with ``head_features="content"``) the English words that only frame
+            an answer (:data:`.response.FRAMING_WORDS`: "answer", "question", "passage", ...) are not content
+            units of the response level.
+        head_frame_weight: the fit weight of one framed answer of ``head_frames`` (0.15: heavier frames clear more
+            correct sentences and cost more summarization recall, BENCHMARKS.md "Correct long answers").
     """
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
@@ -178,7 +191,8 @@ class GroundedDetector(dspy.Module):
                  hidden_evidence_tokens: int = 160, hidden_alpha: float = 300.0, hidden_parts: str = "all",
                  hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0, fit_units: bool = True,
                  resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
-                 resp_hs: bool = False):
+                 resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
+                 head_frame_weight: float = 0.15):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -224,6 +238,11 @@ class GroundedDetector(dspy.Module):
         self.response_data, self.response_tasks, self.units_from = str(response_data or ""), str(response_tasks), str(units_from)
         self.use_resp_lm, self.use_resp_sim, self.use_resp_cov = bool(resp_lm), bool(resp_sim), bool(resp_cov)
         self.head_unit_stats = bool(head_unit_stats)
+        if head_features not in HEAD_FEATURES:
+            raise ValueError(f"head_features must be one of {', '.join(HEAD_FEATURES)}, not {head_features!r}")
+        if not float(head_frame_weight) > 0:
+            raise ValueError(f"head_frame_weight must be > 0, not {head_frame_weight!r}")
+        self.head_features, self.head_frames, self.head_frame_weight = head_features, bool(head_frames), float(head_frame_weight)
         self.use_resp_hs = bool(resp_hs)
         self._resp_scorer = self._resp_hidden = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
@@ -462,11 +481,14 @@ class GroundedDetector(dspy.Module):
     def content(self, feats) -> np.ndarray:
         """The content units of an answer (:func:`.response.content_mask`, by this program's IDF table)."""
         idf = [self.idf_table.idf(u.norm) for u in feats.units] if self.use_idf else None
-        return content_mask(feats.units, idf)
+        # a head fitted on framed answers, or the length-free head: words that only frame an answer ("the answer
+        # is", "according to the passage") are not content units (FRAMING_WORDS)
+        framing = self.head_features == "content" or self.head_frames
+        return content_mask(feats.units, idf, FRAMING_WORDS if framing else frozenset())
 
     @property
     def response_features(self) -> list[str]:
-        return response_feature_names(self.features, self.head_unit_stats) + resp_feature_names(
+        return response_feature_names(self.features, self.head_unit_stats, self.head_features) + resp_feature_names(
             self.use_resp_lm, self.use_resp_sim, self.use_resp_cov, self.use_resp_hs)
 
     def resp_signals_used(self, notes: dict) -> list[str]:
@@ -488,7 +510,7 @@ class GroundedDetector(dspy.Module):
         (``resp_hs``; NaN when it failed) for fitting the head's probe."""
         content = self.content(feats) if content is None else content
         row = response_features(answer, feats.units, self.impute_missing(feats), self.features, probs,
-                                self.threshold, content, self.head_unit_stats)
+                                self.threshold, content, self.head_unit_stats, self.head_features)
         if not (self.use_resp_lm or self.use_resp_sim or self.use_resp_cov or self.use_resp_hs):
             return row
         cols, missing = response_signals(question or "", answer, context or "", lang or "en",
@@ -930,19 +952,25 @@ def fit_response_head(module: GroundedDetector, examples, metric_name: str, data
     """Fit ``module.head`` on the examples' response labels (the unit part as it is); the decision threshold
     is chosen for ``metric_name`` (F1 for ``f1``, else balanced accuracy) on 5-fold held-out probabilities
     grouped by item. Returns what to record (the held-out scores at that threshold among them)."""
+    examples = list(examples)
+    framed = framed_examples(examples, TRAIN_FRAMES) if module.head_frames else []
     vecs: list = []
-    X, y, groups, failures = response_rows(module, examples, vectors=vecs if module.use_resp_hs else None)
-    if len(set(y.tolist())) < 2:
+    X, y, groups, failures = response_rows(module, examples + framed, vectors=vecs if module.use_resp_hs else None)
+    original = np.arange(len(y)) < len(examples)
+    if len(set(y[original].tolist())) < 2:
         raise ValueError(f"grounded: a response head needs hallucinated and correct answers; {data} has "
-                         f"{int(y.sum())} hallucinated of {len(y)}")
+                         f"{int(y[original].sum())} hallucinated of {int(original.sum())}")
     metric = metric_name if metric_name in ("f1", "accuracy", "balanced_accuracy") else "balanced_accuracy"
     head, cv = fit_head(X, y, groups, module.response_features, kind=module.head_kind, l2=module.head_l2,
-                        metric=metric, vectors=stack_vectors(vecs) if module.use_resp_hs else None)
+                        metric=metric, vectors=stack_vectors(vecs) if module.use_resp_hs else None,
+                        weights=np.where(original, 1.0, module.head_frame_weight), scored=original)
     head.info["data"] = data
     module.head = head
     return {"data": data, "kind": module.head_kind, "l2": module.head_l2, "threshold": head.threshold,
-            "threshold_metric": metric, "n": int(len(y)), "n_hallucinated": int(y.sum()), "held_out": cv,
-            "failures": failures}
+            "threshold_metric": metric, "n": int(original.sum()), "n_hallucinated": int(y[original].sum()),
+            "held_out": cv, "failures": failures,
+            **({"framed": {"frames": list(TRAIN_FRAMES), "n": len(framed), "n_wrong": int(y[~original].sum()),
+                           "weight": module.head_frame_weight}} if framed else {})}
 
 
 def fit_pooled_head(module: GroundedDetector) -> dict:

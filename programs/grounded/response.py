@@ -33,7 +33,8 @@ PROBE_COLUMN = "r_hs_probe"
 #: the response probe's ridge penalty (standardised 576-d answer vectors, a few hundred answers)
 RESP_PROBE_ALPHA = 1000.0
 
-__all__ = ["CONTENT_IDF", "RESPONSE_BASE", "content_mask", "units_decision", "response_feature_names",
+__all__ = ["CONTENT_IDF", "RESPONSE_BASE", "RESPONSE_CONTENT_BASE", "HEAD_FEATURES", "SHAPE_FEATURES",
+           "FRAMING_WORDS", "content_mask", "units_decision", "response_feature_names",
            "response_features", "ResponseHead", "fit_head", "choose_response_threshold", "group_folds",
            "binary_scores", "pair_ranking", "PROBE_COLUMN", "fit_probe_column", "cv_head"]
 
@@ -50,15 +51,40 @@ RESPONSE_BASE = (
     "log_units",
 )
 
+#: the length-free head's aggregates (``head_features="content"``): how well the answer's *content* is supported,
+#: with no count of units and no share or maximum over all units (a short span is all content words, a sentence
+#: also has function words: such columns measure the answer's length and shape, not its support); the mean and max
+#: of the unit features follow, taken over the content units only (``cmean_``/``cmax_``) and only for the
+#: features that measure support (not :data:`SHAPE_FEATURES`)
+RESPONSE_CONTENT_BASE = (
+    "p_content_max", "p_content_share", "content_unsup_share", "content_unsup_idf",
+    "num_unsup_share", "cap_unsup_share", "sent_worst", "sent_mean",
+)
+#: unit features the length-free head does not aggregate: the unit's shape (number, capitalised, length, position,
+#: IDF), its echo of the question (HaluEval's hallucinated answers restate the question, its right ones do not: a
+#: data set's habit, not support), the generator logits (absent on HalluClean) and the item-wide share
+SHAPE_FEATURES = frozenset({"is_num", "is_cjk", "is_cap", "log_len", "rel_pos", "q_exact", "q_prefix", "q_fuzzy",
+                            "idf", "gen_low", "gen_first", "gen_missing", "win_gen", "no_context", "item_unsup"})
+#: English words that frame an answer without claiming anything ("The answer is X.", "According to the passage,
+#: ..."): not content units for the length-free head, so that saying an answer in a sentence does not count as an
+#: unsupported word
+FRAMING_WORDS = frozenset({"answer", "answers", "answered", "question", "questions", "asks", "asked", "passage",
+                           "text", "according", "based", "information", "given", "correct", "context"})
+#: what the head reads: "all" (the #19 columns) or "content" (length-free, :data:`RESPONSE_CONTENT_BASE`)
+HEAD_FEATURES = ("all", "content")
+
 _SENT_END = set(".!?。！？\n")
 
 
-def content_mask(units, idf_values) -> np.ndarray:
+def content_mask(units, idf_values, exclude=frozenset()) -> np.ndarray:
     """True for the content units: numbers, and words/characters whose IDF is at least :data:`CONTENT_IDF`
-    (``idf_values`` is None when the program has no IDF: then every unit of 3 characters or more counts)."""
+    (``idf_values`` is None when the program has no IDF: then every unit of 3 characters or more counts); a word
+    whose normalised form is in ``exclude`` (e.g. :data:`FRAMING_WORDS`) never is."""
     if idf_values is None:
-        return np.array([u.kind == "num" or len(u.norm) >= 3 for u in units], dtype=bool)
-    return np.array([u.kind == "num" or float(v) >= CONTENT_IDF for u, v in zip(units, idf_values)], dtype=bool)
+        keep = [u.kind == "num" or len(u.norm) >= 3 for u in units]
+    else:
+        keep = [u.kind == "num" or float(v) >= CONTENT_IDF for u, v in zip(units, idf_values)]
+    return np.array([k and (u.kind == "num" or u.norm not in exclude) for u, k in zip(units, keep)], dtype=bool)
 
 
 def units_decision(scaled: list[float], content: np.ndarray) -> float:
@@ -70,11 +96,19 @@ def units_decision(scaled: list[float], content: np.ndarray) -> float:
     return float(s[content].max()) if content.any() else float(s.max())
 
 
-def response_feature_names(unit_features: list[str], unit_stats: bool = True) -> list[str]:
-    """The head's columns: :data:`RESPONSE_BASE`, then (``unit_stats``) the mean and max of every unit feature."""
+def response_feature_names(unit_features: list[str], unit_stats: bool = True, mode: str = "all") -> list[str]:
+    """The head's columns: :data:`RESPONSE_BASE`, then (``unit_stats``) the mean and max of every unit feature;
+    ``mode="content"``: :data:`RESPONSE_CONTENT_BASE`, then the mean and max over the content units."""
+    if mode not in HEAD_FEATURES:
+        raise ValueError(f"head_features must be one of {', '.join(HEAD_FEATURES)}, not {mode!r}")
+    if mode == "content":
+        base, mean, mx = RESPONSE_CONTENT_BASE, "cmean", "cmax"
+        unit_features = [f for f in unit_features if f not in SHAPE_FEATURES]
+    else:
+        base, mean, mx = RESPONSE_BASE, "mean", "max"
     if not unit_stats:
-        return list(RESPONSE_BASE)
-    return list(RESPONSE_BASE) + [f"mean_{f}" for f in unit_features] + [f"max_{f}" for f in unit_features]
+        return list(base)
+    return list(base) + [f"{mean}_{f}" for f in unit_features] + [f"{mx}_{f}" for f in unit_features]
 
 
 def _sentences(answer: str, units) -> list[list[int]]:
@@ -92,11 +126,12 @@ def _sentences(answer: str, units) -> list[list[int]]:
 
 
 def response_features(answer: str, units, X: np.ndarray, unit_features: list[str], probs, threshold: float,
-                      content: np.ndarray, unit_stats: bool = True) -> np.ndarray:
+                      content: np.ndarray, unit_stats: bool = True, mode: str = "all") -> np.ndarray:
     """One row of :func:`response_feature_names` for an answer with ``units``, unit feature matrix ``X`` (columns
     ``unit_features``), unit probabilities ``probs`` (before rescaling), the unit ``threshold`` and the content
-    mask. An answer without units gives a row of zeros."""
-    names = response_feature_names(unit_features, unit_stats)
+    mask. An answer without units gives a row of zeros. ``mode="content"``: the length-free columns (the unit
+    features' mean and max over the content units; over all units when the answer has none)."""
+    names = response_feature_names(unit_features, unit_stats, mode)
     n = len(units)
     if n == 0:
         return np.zeros(len(names))
@@ -129,10 +164,14 @@ def response_features(answer: str, units, X: np.ndarray, unit_features: list[str
         "sent_worst": float(min(sent_support)), "sent_mean": float(np.mean(sent_support)),
         "log_units": math.log1p(n),
     }
-    row = [base[k] for k in RESPONSE_BASE]
+    row = [base[k] for k in (RESPONSE_CONTENT_BASE if mode == "content" else RESPONSE_BASE)]
     if unit_stats:
-        row += [float(np.mean(X[:, j])) for j in range(len(unit_features))]
-        row += [float(np.max(X[:, j])) for j in range(len(unit_features))]
+        cols = range(len(unit_features))
+        Xs = X
+        if mode == "content":
+            Xs, cols = X[c], [j for j, f in enumerate(unit_features) if f not in SHAPE_FEATURES]
+        row += [float(np.mean(Xs[:, j])) for j in cols]
+        row += [float(np.max(Xs[:, j])) for j in cols]
     out = np.asarray(row, dtype=float)
     return np.where(np.isfinite(out), out, 0.0)
 
@@ -249,9 +288,9 @@ def _make_model(kind: str, features: list[str]):
     return TreeCombiner(features) if kind == "trees" else Combiner(features)
 
 
-def _fit_model(kind: str, features: list[str], X: np.ndarray, y: np.ndarray, l2: float):
+def _fit_model(kind: str, features: list[str], X: np.ndarray, y: np.ndarray, l2: float, weights=None):
     model = _make_model(kind, features)
-    model.fit(X, y.astype(float), l2=l2)
+    model.fit(X, y.astype(float), sample_weight=weights, l2=l2)
     return model
 
 
@@ -284,7 +323,7 @@ def fit_probe_column(X: np.ndarray, y: np.ndarray, groups: list, features: list[
 
 def fit_head(X: np.ndarray, y, groups: list, features: list[str], *, kind: str = "logreg", l2: float = 10.0,
              metric: str = "f1", folds: int = 5, seed: int = 0, vectors=None,
-             probe_alpha: float = RESP_PROBE_ALPHA) -> tuple[ResponseHead, dict]:
+             probe_alpha: float = RESP_PROBE_ALPHA, weights=None, scored=None) -> tuple[ResponseHead, dict]:
     """Fit a response head on rows ``X`` (one per answer) and labels ``y`` (True = hallucinated).
 
     The decision threshold is chosen for ``metric`` on *held-out* probabilities: ``folds``-fold CV grouped by
@@ -293,44 +332,71 @@ def fit_head(X: np.ndarray, y, groups: list, features: list[str], *, kind: str =
     (F1, balanced accuracy, FPR, TPR, AUC, pair ranking; with the threshold itself chosen on the same held-out
     probabilities, so it is a slightly optimistic estimate — :func:`cv_head` nests it). With ``vectors`` (one
     hidden-state vector per answer) and :data:`PROBE_COLUMN` among the features, the head's probe is fitted
-    first (:func:`fit_probe_column`) and the rows get its out-of-fold scores."""
+    first (:func:`fit_probe_column`) and the rows get its out-of-fold scores.
+
+    ``weights`` (one per row) weigh the rows in the model's fit; ``scored`` (a boolean mask, default all) names
+    the rows the threshold is chosen on and ``cv`` reports: the others (e.g. :mod:`.frames`' augmentation rows)
+    are only fitted on. Folds are grouped by ``groups`` either way, so an augmentation row is held out with its
+    item."""
     X = np.asarray(X, dtype=float)
     y = np.asarray(y, dtype=bool)
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+    sc = np.ones(len(y), dtype=bool) if scored is None else np.asarray(scored, dtype=bool)
     X, probe = fit_probe_column(X, y, groups, features, vectors, folds=folds, seed=seed, alpha=probe_alpha)
     held = np.zeros(len(y))
     fold_list = group_folds(groups, y, folds, seed) if len(set(y.tolist())) == 2 and len(y) >= 2 * folds else []
     for fold in fold_list:
         train = np.ones(len(y), dtype=bool)
         train[fold] = False
-        held[fold] = _fit_model(kind, features, X[train], y[train], l2).predict(X[fold])
-    model = _fit_model(kind, features, X, y, l2)
+        held[fold] = _fit_model(kind, features, X[train], y[train], l2, w[train]).predict(X[fold])
+    model = _fit_model(kind, features, X, y, l2, w)
     s = held if fold_list else model.predict(X)
-    t = choose_response_threshold(y, s, metric)
+    ys, ss, gs = y[sc], s[sc], [g for g, m in zip(groups, sc) if m]
+    t = choose_response_threshold(ys, ss, metric)
     cv = {"folds": len(fold_list), "seed": seed, "metric": metric, "threshold": t,
-          **binary_scores(y, s >= t), "auc": auc(y, s), "pair_ranking": pair_ranking(groups, y, s),
-          "n": int(len(y)), "n_hallucinated": int(y.sum())}
+          **binary_scores(ys, ss >= t), "auc": auc(ys, ss), "pair_ranking": pair_ranking(gs, ys, ss),
+          "n": int(len(ys)), "n_hallucinated": int(ys.sum()),
+          **({"n_fit_only": int((~sc).sum())} if (~sc).any() else {})}
     head = ResponseHead(model, t, {"kind": kind, "l2": l2, "metric": metric, "n": int(len(y)),
                                    "n_hallucinated": int(y.sum()), "held_out": cv,
+                                   **({"n_fit_only": int((~sc).sum())} if (~sc).any() else {}),
                                    **({"probe_alpha": probe_alpha} if probe is not None else {})}, probe)
     return head, cv
 
 
 def cv_head(X: np.ndarray, y, groups: list, features: list[str], *, kind: str = "logreg", l2: float = 10.0,
             metric: str = "f1", folds: int = 5, seed: int = 0, vectors=None,
-            probe_alpha: float = RESP_PROBE_ALPHA) -> tuple[np.ndarray, np.ndarray]:
+            probe_alpha: float = RESP_PROBE_ALPHA, weights=None, fit_rows=None,
+            scored=None) -> tuple[np.ndarray, np.ndarray]:
     """Nested CV: ``(probabilities, labels)`` of every answer from a head (model *and* threshold, by
     :func:`fit_head` on the training folds alone; with ``vectors`` its hidden-state probe too) that never saw
-    the answer or its twin."""
+    the answer or its twin.
+
+    ``fit_rows`` (a boolean mask, default all): the rows a head may be fitted on; the others (e.g. a check set)
+    are only predicted, by the head of their item's fold. ``weights`` and ``scored`` as in :func:`fit_head`
+    (``scored`` defaults to the rows a head is fitted on). The folds are made over the ``fit_rows``' groups and
+    every row of a group follows it, so a row is always held out with its item."""
     X = np.asarray(X, dtype=float)
     y = np.asarray(y, dtype=bool)
     V = None if vectors is None else np.asarray(vectors, dtype=float)
+    fr = np.ones(len(y), dtype=bool) if fit_rows is None else np.asarray(fit_rows, dtype=bool)
+    w = np.ones(len(y)) if weights is None else np.asarray(weights, dtype=float)
+    sc = fr.copy() if scored is None else np.asarray(scored, dtype=bool)
     probs, labels = np.zeros(len(y)), np.zeros(len(y), dtype=bool)
-    for fold in group_folds(groups, y, folds, seed):
-        train = np.ones(len(y), dtype=bool)
-        train[fold] = False
+    # folds over the rows a head may be fitted on, then every row of a group goes where its group went
+    idx = np.where(fr)[0]
+    where = {}
+    for k, fold in enumerate(group_folds([groups[i] for i in idx], y[idx], folds, seed)):
+        for j in fold:
+            where[groups[idx[j]]] = k
+    fold_of = np.array([where.get(g, -1) for g in groups])
+    for k in sorted(set(where.values())):
+        fold = np.where(fold_of == k)[0]
+        train = (fold_of != k) & (fold_of >= 0) & fr
         head, _ = fit_head(X[train], y[train], [g for g, m in zip(groups, train) if m], features, kind=kind,
                            l2=l2, metric=metric, folds=folds, seed=seed,
-                           vectors=None if V is None else V[train], probe_alpha=probe_alpha)
+                           vectors=None if V is None else V[train], probe_alpha=probe_alpha,
+                           weights=w[train], scored=sc[train])
         Xf = X[fold]
         if head.probe is not None:
             Xf = Xf.copy()
