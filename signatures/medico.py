@@ -12,7 +12,7 @@ __all__ = ["Rerank", "Fuse", "Detect", "IdentifySpans", "Revise", "RATIONALE_CHA
 
 # Detect's rationale: within the detect stage's 160 tokens at about 2 characters a token. The embedded engine's
 # grammar closes the string there (``lm.models.bound_text_outputs``); unbounded, the 135M model's rationale ran
-# until the budget and the cut JSON lost the verdict already written (8 of 30 HalluClean QA cases, #21 round six)
+# until the budget and the cut JSON lost the verdict already written (8 of 30 HalluClean QA cases, #21 round seven)
 RATIONALE_CHARS = 240
 
 
