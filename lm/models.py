@@ -74,6 +74,7 @@ __all__ = [
     "narrow_alternatives",
     "narrow_cached_reply",
     "evict_last_reply",
+    "keep_failed_replies",
     "item_scope",
     "OpenAICompatEngine",
 ]
@@ -601,6 +602,8 @@ class ReplyCache(Cache):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._last = threading.local()
+        self._keeping = 0  # open keep_failed_replies() scopes
+        self._failed: dict[str, Any] = {}  # key -> an evicted reply, served again while a scope is open
 
     def _remember(self, request, ignored) -> None:
         try:
@@ -615,7 +618,7 @@ class ReplyCache(Cache):
         are left as they are."""
         value = super().get(request, ignored_args_for_cache_key)
         if value is None:
-            return None
+            return self._failed_reply(request, ignored_args_for_cache_key)
         self._remember(request, ignored_args_for_cache_key)
         key = getattr(self._last, "key", None)
         if narrow_cached_reply(value) and self.enable_memory_cache and key is not None:
@@ -627,13 +630,37 @@ class ReplyCache(Cache):
         super().put(request, value, ignored_args_for_cache_key, enable_memory_cache)
         self._remember(request, ignored_args_for_cache_key)
 
+    def _failed_reply(self, request, ignored) -> Any:
+        """The evicted reply to ``request`` while a :func:`keep_failed_replies` scope is open, else None."""
+        if not self._keeping:
+            return None
+        try:
+            key = self.cache_key(request, ignored)
+        except Exception:  # noqa: BLE001 - an unhashable request is not cached either
+            return None
+        with self._lock:
+            stored = self._failed.get(key)
+        if stored is None:
+            return None
+        self._last.key = key
+        return self._prepare_cached_response(stored)
+
     def forget_last(self) -> bool:
         key = getattr(self._last, "key", None)
         self._last.key = None
         if key is None:
             return False
         with self._lock:
-            self.memory_cache.pop(key, None)
+            stored = self.memory_cache.pop(key, None)
+        if self._keeping:
+            if stored is None and self.enable_disk_cache:
+                try:
+                    stored = self.disk_cache.get(key)
+                except Exception:  # noqa: BLE001 - unreadable: nothing to keep
+                    stored = None
+            if stored is not None:
+                with self._lock:
+                    self._failed[key] = stored
         try:
             if hasattr(self.disk_cache, "delete"):
                 self.disk_cache.delete(key)
@@ -642,6 +669,30 @@ class ReplyCache(Cache):
         except Exception:  # noqa: BLE001 - a locked disk cache: the entry stays, the failure is still counted
             logger.debug("could not evict a cached LM reply", exc_info=True)
         return True
+
+
+@contextlib.contextmanager
+def keep_failed_replies():
+    """Within: a reply evicted for not parsing (:func:`evict_last_reply`) is still served, from this process's
+    memory, when the same request comes again; it is gone from the disk cache all the same, so a later run asks
+    the server again. An optimizer replays the same requests many times (ReAnchor once per candidate setting):
+    without this, every replay asked the model again for each reply that had failed, at temperature 0 the same
+    failing reply (#21: a JointCQ ReAnchor run regenerated 4 truncated claim generations, 512 tokens each, on
+    every candidate, 101 times in 23 minutes of its first fold). The kept replies are dropped when the last
+    scope closes. Without a :class:`ReplyCache` (no :func:`configure`) it does nothing."""
+    cache = getattr(dspy, "cache", None)
+    if not isinstance(cache, ReplyCache):
+        yield
+        return
+    with cache._lock:
+        cache._keeping += 1
+    try:
+        yield
+    finally:
+        with cache._lock:
+            cache._keeping -= 1
+            if not cache._keeping:
+                cache._failed.clear()
 
 
 def evict_last_reply() -> bool:

@@ -62,7 +62,7 @@ from dspy.utils.usage_tracker import UsageTracker
 from halluscope.core import paths
 from halluscope.artifacts.store import git_commit, load_compiled, mark_tracked, write_artifact
 from halluscope.core.fileio import write_text_atomic
-from halluscope.lm.models import LMUsage, describe
+from halluscope.lm.models import LMUsage, describe, keep_failed_replies
 from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
 from halluscope.core.decisions import LOGPROB_SETTING, with_logprob_decisions
 from halluscope.optimize.optimizers import DECISION_PROGRAMS, reanchor_problem
@@ -823,8 +823,9 @@ def run_optimize(
     # the meter counts every LM call of the run (it tells the program's calls from the optimizer's), with DSPy's
     # history off: ReAnchor replays the program thousands of times, and each entry kept its reply (#21)
     # decision outputs (calibrated by ReAnchor) read their probabilities from the backend's log-probabilities
+    # and a reply that failed to parse is served again to its replays, not regenerated each time (keep_failed_replies)
     with run.meter.counting(adapter=with_logprob_decisions(dspy.settings.adapter),
-                            **{LOGPROB_SETTING: run.cfg.decision_probs}):
+                            **{LOGPROB_SETTING: run.cfg.decision_probs}), keep_failed_replies():
         try:
             if config.folds >= 2:
                 step("cross_validate", stage_cross_validate)

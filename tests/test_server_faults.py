@@ -341,6 +341,32 @@ def test_a_truncated_reply_from_the_embedded_engine_is_refused_and_evicted(tmp_p
     assert evict_last_reply() is True  # the good one was cached (and is the last this thread touched)
 
 
+def test_within_keep_failed_replies_a_failed_reply_is_replayed_from_memory_not_asked_again(tmp_path):
+    """An optimizer replays the same requests (ReAnchor once per candidate): a reply that failed to parse is served
+    again while the scope is open instead of being regenerated each time; it stays off the disk, so once the scope
+    closes (a later run) the server is asked again."""
+    from halluscope.lm.models import keep_failed_replies
+
+    state = {"fixed": False}
+
+    def reply(body, n):
+        return ok(body, n) if state["fixed"] else httpx.Response(200, json=completion("I cannot help with that"))
+
+    server = Server(reply)
+    configure(server.lm(cache=True), cache_dir=tmp_path / "cache")
+    with dspy.context(adapter=SchemaJSONAdapter()):
+        with keep_failed_replies(), keep_failed_replies():  # scopes nest
+            for _ in range(3):
+                assert run_eval(get("spans").make(), ITEMS, progress=False).failed_items == 3
+            assert len(server.bodies) == 3  # asked once per item, then replayed
+            state["fixed"] = True
+            assert run_eval(get("spans").make(), ITEMS, progress=False).failed_items == 3  # the kept replies
+            assert len(server.bodies) == 3
+        assert dspy.cache._failed == {}  # dropped when the last scope closed
+        after = run_eval(get("spans").make(), ITEMS, progress=False)
+        assert after.failed_items == 0 and len(server.bodies) == 6  # never on disk: asked again
+
+
 # -- credentials in the base URL ------------------------------------------------------------------------------------
 
 
