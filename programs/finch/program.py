@@ -60,7 +60,7 @@ from halluscope.programs.finch.scoring import (DEFAULT_TAU, block_label, block_s
                                                response_label, response_score)
 from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
 from halluscope.signatures.finch import (CorrectBlock, ErrorSummary, JudgeBlock, JudgeBlockDecision, JudgeBlocks,
-                                         Reflect, Verdict, parse_rating)
+                                         RATINGS, Reflect, Verdict, parse_rating)
 
 __all__ = ["FinchZK", "CALIBRATIONS"]
 
@@ -172,7 +172,7 @@ class FinchZK(dspy.Module):
         self.judge = dspy.Predict(JudgeBlockDecision if self.decisions else JudgeBlocks if self.batch_judge
                                   else JudgeBlock)
         if calibrate:  # the calibrated probabilities decide from the start (ReAnchor may refit the weights)
-            self.judge.fields = {"rating": {"weights": {"accurate": 1.0, "contradiction": 1.0, "neutral": 1.0}}}
+            self.judge.fields = {"rating": {"weights": dict.fromkeys(RATINGS, 1.0)}}
         if self.correct:
             self.summarize = dspy.Predict(ErrorSummary)
             self.correct_block = dspy.Predict(CorrectBlock)

@@ -121,6 +121,7 @@ class ClaimRecord:
     rationale: str = ""
     status: str = "ok"  # ok | search_failed | no_evidence | verify_failed | label_unparsed
     probabilities: dict[str, float] | None = None  # the verifier's label probabilities (decisions), calibrated
+    uncalibrated: bool = False  # with ``calibrate``: its content-free request failed (counted as a failure)
     evidence: list[Evidence] = field(default_factory=list)
     sentence: int | None = None
     similarity: float = 0.0
@@ -249,7 +250,7 @@ class JointCQ(dspy.Module):
             rec.status = "label_unparsed"
             rec.rationale = rec.rationale or f"verifier output {str(raw)[:80]!r} is none of {', '.join(LABELS)}"
 
-    def verify_one(self, rec: ClaimRecord, failures: Counter | None = None) -> None:
+    def verify_one(self, rec: ClaimRecord) -> None:
         """One VerifyClaim call (with ``calibrate``, after its content-free request); output that does not parse
         sets ``status="verify_failed"`` (unverifiable). The label probabilities read, if any, are kept."""
         snippets = render_snippets(rec.evidence, self.max_evidence_chars)
@@ -259,10 +260,8 @@ class JointCQ(dspy.Module):
             empty = {"claim": ""} if self.calibrate == "content_free" else {"snippets": ""}
             prior = content_free_prior(self.verify, "label", **{"claim": rec.claim, "snippets": snippets, **empty},
                                        config=config)
-            if isinstance(prior, dict):
-                priors = {"label": prior}
-            elif failures is not None:
-                failures["content_free"] += 1
+            rec.uncalibrated = not isinstance(prior, dict)
+            priors = {} if rec.uncalibrated else {"label": prior}
         with decision_evidence() as log, calibrated_by(priors):
             try:
                 out = self.verify(claim=rec.claim, snippets=snippets, config=config)
@@ -300,8 +299,7 @@ class JointCQ(dspy.Module):
             get = v.get if isinstance(v, dict) else (lambda k, _v=v: getattr(_v, k, None))
             self._set_label(r, get("label"), get("rationale"))
 
-    def check_claims(self, recs: list[ClaimRecord], context: str, calls: Counter,
-                     failures: Counter | None = None) -> None:
+    def check_claims(self, recs: list[ClaimRecord], context: str, calls: Counter) -> None:
         """Search (one call per claim) and verify (per claim, or one batched call) on ``num_threads`` threads.
         Errors other than unparseable output (the LM unreachable) propagate: the item fails, the run goes on."""
         try_map(lambda r: self.search(r, context), recs, threads=self.num_threads)
@@ -315,22 +313,9 @@ class JointCQ(dspy.Module):
         calls["verify"] += len(ready)
         if self.calibrate:
             calls["content_free"] += len(ready)
-        lock = threading.Lock()
-        seen: Counter = Counter()
-
-        def one(rec: ClaimRecord) -> None:
-            local: Counter = Counter()
-            try:
-                self.verify_one(rec, local)
-            finally:
-                with lock:
-                    seen.update(local)
-
-        for ok, err in try_map(one, ready, threads=self.num_threads):
+        for ok, err in try_map(self.verify_one, ready, threads=self.num_threads):
             if not ok:
                 raise err
-        if failures is not None:
-            failures.update(seen)
 
     def align(self, recs: list[ClaimRecord], sentences: list, question: str) -> None:
         for r in recs:
@@ -352,11 +337,13 @@ class JointCQ(dspy.Module):
             calls["generate"] += 1
             pairs, repeated = self.claims_and_queries(question, answer, failures)
             recs = [ClaimRecord(claim=c, query=q) for c, q in pairs]
-            self.check_claims(recs, context, calls, failures)
+            self.check_claims(recs, context, calls)
         self.align(recs, sentences, question)
         counts = _counts(recs, self.use_queries)
         if repeated:
             counts["repeated_claims_dropped"] = repeated
+        if uncalibrated := sum(r.uncalibrated for r in recs):
+            failures["content_free"] += uncalibrated
         for status, name in (("search_failed", "search"), ("verify_failed", "verify_parse"),
                              ("label_unparsed", "label")):
             if counts.get(f"status_{status}"):
