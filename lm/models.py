@@ -31,7 +31,7 @@ import math
 import os
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -48,6 +48,7 @@ from halluscope.core import paths
 from halluscope.lm.openai_client import (SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials,
                                   token_logprobs)
 from halluscope.core.redact import redact, redact_url, register_secret
+from halluscope.lm.usage import LMUsage  # re-exported: it lived here before #21
 
 logger = logging.getLogger(__name__)
 
@@ -846,49 +847,18 @@ def configure(
     return lm
 
 
-@dataclass
-class LMUsage:
-    """LM usage over an interval: calls made by programs, how many were served from the cache, tokens."""
-
-    calls: int = 0
-    cache_hits: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    by_model: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-    def add(self, model: str, usage: dict | None, cache_hit: bool = False) -> None:
-        """Count one LM call of ``model`` with the usage DSPy reported for it: a call that reported none
-        (or is marked ``cache_hit``) was served from the cache."""
-        usage = usage or {}
-        self.calls += 1
-        if not usage or cache_hit:
-            self.cache_hits += 1
-        self.input_tokens += int(usage.get("prompt_tokens", usage.get("input_tokens", 0)) or 0)
-        self.output_tokens += int(usage.get("completion_tokens", usage.get("output_tokens", 0)) or 0)
-        self.by_model[model] = self.by_model.get(model, 0) + 1
-
-    def to_dict(self) -> dict:
-        return {
-            "lm_calls": self.calls,
-            "lm_cache_hits": self.cache_hits,
-            "lm_input_tokens": self.input_tokens,
-            "lm_output_tokens": self.output_tokens,
-        }
-
-
 def history_since(started: str) -> list[dict]:
-    """DSPy's global LM history entries (all LMs) recorded at or after the ISO timestamp ``started``.
-    The global history keeps the last 10,000 calls; longer intervals are undercounted (an optimize run counts its
-    calls one by one instead: :class:`halluscope.optimize.run.UsageMeter`)."""
+    """DSPy's global LM history entries (all LMs) recorded at or after the ISO timestamp ``started``, for code
+    that needs the entries themselves (replies, logprobs). Not for counting usage: the global history keeps only
+    the last 10,000 calls, so longer intervals are undercounted, and nothing is recorded while DSPy's history is
+    off; ``evaluate``, the Ray workers and ``optimize`` count call by call with
+    :class:`halluscope.lm.usage.UsageMeter`, which turns the history off."""
     return [e for e in list(GLOBAL_HISTORY) if e.get("timestamp", "") >= started]
 
 
 def usage_of(entries: list[dict]) -> LMUsage:
-    """Sum LM history entries (``lm.history`` slices or ``dspy.clients.base_lm.GLOBAL_HISTORY``)."""
+    """Sum LM history entries (``lm.history`` slices or ``dspy.clients.base_lm.GLOBAL_HISTORY``); an exact count
+    of a run of any length is :class:`halluscope.lm.usage.UsageMeter`'s."""
     u = LMUsage()
     for e in entries:
         u.add(e.get("model", "?"), e.get("usage"), bool(e.get("cache_hit")))

@@ -40,7 +40,6 @@ artifact. Progress goes to ``log`` (default: this module's logger); nothing here
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -49,20 +48,18 @@ import json
 import logging
 import os
 import platform
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import dspy
-from dspy.utils.callback import BaseCallback
-from dspy.utils.usage_tracker import UsageTracker
 
 from halluscope.core import paths
 from halluscope.artifacts.store import git_commit, load_compiled, mark_tracked, write_artifact
 from halluscope.core.fileio import write_text_atomic
-from halluscope.lm.models import LMUsage, describe, keep_failed_replies
+from halluscope.lm.models import describe, keep_failed_replies
+from halluscope.lm.usage import UsageMeter  # re-exported: it lived here before #21
 from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
 from halluscope.core.decisions import LOGPROB_SETTING, with_logprob_decisions
 from halluscope.optimize.optimizers import DECISION_PROGRAMS, reanchor_problem
@@ -215,128 +212,6 @@ def data_hash(examples) -> str:
         h.update(json.dumps(row, sort_keys=True, ensure_ascii=False, default=str).encode())
         h.update(b"\n")
     return h.hexdigest()
-
-
-_MODULE_USAGE: contextvars.ContextVar = contextvars.ContextVar("halluscope_module_usage", default=None)
-
-
-class UsageMeter(BaseCallback):
-    """LM usage since construction, counted call by call: calls, cache hits, tokens, split into the program's own
-    calls and the optimizer's (instruction proposals), and the embedded engines' own counters (real model calls).
-
-    Installed with :meth:`counting` (a DSPy callback *and* DSPy's usage tracker), the meter sees every LM call
-    start and end (``on_lm_start``/``on_lm_end``) and, in between, the usage DSPy reports for a reply that reached
-    the backend (``add_usage``, in the calling thread); a call that reported none was served from the cache.
-    The counts are exact however long the run: DSPy's own histories keep only the last 10,000 calls (#21), and
-    :meth:`counting` turns them off, since each entry keeps the whole reply. With ``dspy.settings.track_usage`` on
-    (MLflow tracing turns it on) the meter also gives each outermost module call's prediction its LM usage, as
-    DSPy's own usage tracker, which the meter replaces while it counts, does (``Prediction.get_lm_usage()``,
-    which MLflow's module spans read).
-
-    The split is structural, never read from prompt wording: a call made with no instance of ``program_type`` on
-    DSPy's module stack (``dspy.settings.caller_modules``: MIPROv2's proposer modules) is the optimizer's, the
-    rest the program's (a copy of the program, as optimizers make, is the program too). Without ``program_type``
-    there is no split."""
-
-    def __init__(self, *lms, program_type: type | None = None) -> None:
-        self.program_type = program_type
-        self.t0 = time.perf_counter()
-        self._lock = threading.Lock()
-        self._open = threading.local()  # this thread's calls under way: [call_id, model, optimizer's?, usage]
-        self.total = LMUsage()
-        self.optimizer = LMUsage()  # the calls made outside the program
-        self.parent = None  # a usage tracker that was active when counting started: it still gets the usage
-        self._modules: dict[str, tuple] = {}  # call_id -> (UsageTracker, context token) of outermost module calls
-        self.engines = []
-        for lm in lms:
-            eng = getattr(lm, "engine", None)
-            if eng is not None and hasattr(eng, "stats") and all(eng is not e for e, _ in self.engines):
-                self.engines.append((eng, eng.stats.calls))
-            elif eng is not None and hasattr(eng, "calls") and all(eng is not e for e, _ in self.engines):
-                self.engines.append((eng, len(eng.calls)))
-
-    def counting(self, **settings):
-        """``dspy.context`` with this meter among the callbacks and as the usage tracker, DSPy's LM history off
-        (unless ``settings`` say ``disable_history=False``), and ``settings``."""
-        self.parent = dspy.settings.get("usage_tracker")
-        # first among the callbacks: a prediction has its usage before another callback (MLflow's) reads it
-        return dspy.context(**{"callbacks": [self, *(dspy.settings.get("callbacks") or [])], "usage_tracker": self,
-                               "disable_history": True, **settings})
-
-    def _calls(self) -> list:
-        calls = getattr(self._open, "calls", None)
-        if calls is None:
-            calls = self._open.calls = []
-        return calls
-
-    def on_lm_start(self, call_id, instance, inputs):
-        stack = dspy.settings.caller_modules or []
-        theirs = (self.program_type is not None and bool(stack)
-                  and not any(isinstance(m, self.program_type) for m in stack))
-        self._calls().append([call_id, getattr(instance, "model", "?"), theirs, {}])
-
-    def add_usage(self, lm: str, usage_entry: dict) -> None:
-        """DSPy's usage-tracker hook: the usage of a reply that reached the backend, for the call under way."""
-        calls = self._calls()
-        if calls and usage_entry:
-            usage = calls[-1][3]
-            for key in ("prompt_tokens", "completion_tokens"):
-                usage[key] = usage.get(key, 0) + int(usage_entry.get(key) or 0)
-        if self.parent is not None:
-            self.parent.add_usage(lm, usage_entry)
-        module = _MODULE_USAGE.get()
-        if module is not None:
-            module.add_usage(lm, usage_entry)
-
-    def on_lm_end(self, call_id, outputs, exception=None):
-        calls = self._calls()
-        i = next((i for i in range(len(calls) - 1, -1, -1) if calls[i][0] == call_id), None)
-        if i is None:
-            return
-        _, model, theirs, usage = calls.pop(i)
-        if exception is not None:  # a failed call is counted by the run's failure counter, as before
-            return
-        with self._lock:
-            self.total.add(model, usage)
-            if theirs:
-                self.optimizer.add(model, usage)
-
-    def on_module_start(self, call_id, instance, inputs):
-        if dspy.settings.get("track_usage") and _MODULE_USAGE.get() is None:  # an outermost module call
-            tracker = UsageTracker()
-            with self._lock:
-                self._modules[call_id] = (tracker, _MODULE_USAGE.set(tracker))
-
-    def on_module_end(self, call_id, outputs, exception=None):
-        with self._lock:
-            opened = self._modules.pop(call_id, None)
-        if opened is None:
-            return
-        tracker, token = opened
-        _MODULE_USAGE.reset(token)
-        prediction = outputs[0] if isinstance(outputs, tuple) and outputs else outputs  # GEPA's (prediction, trace)
-        if isinstance(prediction, dspy.Prediction):
-            prediction.set_lm_usage(tracker.get_total_tokens())
-
-    def usage(self) -> dict:
-        with self._lock:
-            u, theirs = self.total, self.optimizer
-            out = u.to_dict()
-            out["lm_new_calls"] = u.calls - u.cache_hits
-            if self.program_type is not None:  # the program's calls vs the optimizer's (proposals)
-                out["lm_task_calls"] = u.calls - theirs.calls
-                out["lm_task_new_calls"] = out["lm_new_calls"] - (theirs.calls - theirs.cache_hits)
-                out["lm_prompt_calls"] = theirs.calls
-                out["lm_prompt_new_calls"] = theirs.calls - theirs.cache_hits
-            out["lm_calls_by_model"] = dict(u.by_model)
-        engine_calls = 0
-        for eng, start in self.engines:
-            now = eng.stats.calls if hasattr(eng, "stats") else len(eng.calls)
-            engine_calls += now - start
-        if self.engines:
-            out["engine_calls"] = engine_calls
-        out["seconds"] = round(time.perf_counter() - self.t0, 2)
-        return out
 
 
 def optimizer_for(spec, cfg: OptimizerConfig, options: dict | None = None) -> OptimizerConfig:

@@ -1,5 +1,6 @@
-"""optimize.run.UsageMeter: LM calls, cache hits and tokens counted call by call (exact past DSPy's history cap),
-the program's calls told from the optimizer's by the module stack (never by prompt wording)."""
+"""lm.usage.UsageMeter (re-exported by optimize.run): LM calls, cache hits and tokens counted call by call (exact
+past DSPy's history cap), the program's calls told from the optimizer's by the module stack (never by prompt
+wording)."""
 
 from __future__ import annotations
 
