@@ -10,7 +10,6 @@ that raised are scored as the empty prediction; the others as the prediction the
 
 from __future__ import annotations
 
-import datetime
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,7 +18,8 @@ from typing import Any, Sequence
 import dspy
 
 from halluscope.core.contract import describe_failed, failed_kinds, failure_reason, item_failure
-from halluscope.lm.models import LMUsage, history_since, item_scope, usage_of
+from halluscope.lm.models import item_scope
+from halluscope.lm.usage import LMUsage, UsageMeter
 from halluscope.core.parallel import map_items
 from halluscope.core.redact import redact
 from halluscope.metrics.adapters import RESPONSE_METRICS, SPAN_METRICS, aggregate
@@ -131,11 +131,12 @@ def run_eval(
 
     ``extra_inputs`` are example fields passed besides ``example.inputs()`` (see ``ProgramSpec``);
     ``report(examples, predictions) -> dict`` adds a program-specific report (e.g. revision metrics).
-    LM usage is read from DSPy's global LM history for the calls made during the run (cache hits have
-    no usage and are counted apart).
+    LM usage is counted call by call by a :class:`~halluscope.lm.usage.UsageMeter` (every LM's calls, FINCH-ZK's
+    samplers included, on every thread; cache hits have no usage and are counted apart), exact however long the
+    run; DSPy's LM history is off while the program runs (it kept the last 10,000 whole replies, #21). The
+    ``report`` hook runs after the count, with the history as the caller had it.
     """
     examples = list(examples)
-    started = datetime.datetime.now().isoformat()
     lock = threading.Lock()
     errors: list[str] = []
 
@@ -153,8 +154,10 @@ def run_eval(
             _add_failures(pred, noticed)
         return pred
 
+    meter = UsageMeter()
     t0 = time.perf_counter()
-    raw = map_items(one, examples, threads=threads, progress=progress, desc="evaluate", unit="item")
+    with meter.counting():  # map_items runs each item in a copy of this context: the meter counts every thread
+        raw = map_items(one, examples, threads=threads, progress=progress, desc="evaluate", unit="item")
     seconds = time.perf_counter() - t0
 
     failures: dict[str, int] = {}
@@ -176,9 +179,8 @@ def run_eval(
         predictions.append(p)
         failed.append(failure_reason(own))
 
-    entries = history_since(started)
     result = EvalResult(n=len(examples), scores=score_predictions(examples, predictions), failures=failures,
-                        usage=usage_of(entries), seconds=seconds, predictions=predictions, errors=errors,
+                        usage=meter.lm_usage(), seconds=seconds, predictions=predictions, errors=errors,
                         failed=failed, notes=notes)
     if report is not None:
         try:

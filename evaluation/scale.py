@@ -53,7 +53,8 @@ from halluscope.artifacts.store import ArtifactIntegrityError, load_artifact_dir
 from halluscope.core.contract import Detection, failure_reason, to_prediction
 from halluscope.artifacts.compiled import CompiledDetector, detect
 from halluscope.core.fileio import write_text_atomic
-from halluscope.lm.models import LMUsage, configure, history_since, usage_of
+from halluscope.lm.models import configure
+from halluscope.lm.usage import LMUsage, UsageMeter
 from halluscope.programs.registry import get
 from halluscope.core.redact import error_text
 from halluscope.evaluation.runner import EvalResult, score_predictions
@@ -314,19 +315,20 @@ class DetectWorker:
                 error = "ValueError: missing field 'answer' (or 'model_output_text'): no answer string"
         if error is not None:
             return {**base, "ok": False, "error": error}
-        started = datetime.datetime.now().isoformat()
+        meter = UsageMeter()  # this row's calls, in this actor's process; DSPy's history off meanwhile (#21)
         try:
             extra = {k: rec.get(k) for k in self.extra_inputs}
-            det = detect(self.detector, answer, question=rec.get("question", rec.get("model_input")) or "",
-                         context=rec.get("context") or "", lang=(rec.get("lang") or "").lower() or self.lang,
-                         task=self.task, **extra)
+            with meter.counting():
+                det = detect(self.detector, answer, question=rec.get("question", rec.get("model_input")) or "",
+                             context=rec.get("context") or "", lang=(rec.get("lang") or "").lower() or self.lang,
+                             task=self.task, **extra)
             out = {**base, "ok": True, **flatten_detection(det.to_dict())}
             reason = failure_reason(det.failures)
             if reason:  # a detection without usable output (unreadable, truncated, LM error) is a failed row
                 out.update(ok=False, error=f"unusable output: {reason}")
         except Exception as e:  # one bad row never stops the job: it is written with its error
             out = {**base, "ok": False, "error": error_text(e)}
-        usage = usage_of(history_since(started))
+        usage = meter.lm_usage()
         out.update(lm_calls=usage.calls, lm_input_tokens=usage.input_tokens, lm_output_tokens=usage.output_tokens)
         return out
 
@@ -790,17 +792,18 @@ class EvalWorker:
         ex = json.loads(row["example"])
         kwargs = {k: ex.get(k) for k in row["inputs"].split(",") if k}
         kwargs.update({k: ex.get(k) for k in self.extra_inputs})
-        started = datetime.datetime.now().isoformat()
+        meter = UsageMeter()  # this item's calls, in this actor's process; DSPy's history off meanwhile (#21)
         out = {"_pos": row["_pos"], "ok": True, "error": None, "prediction": None}
         try:
-            pred = self.program(**kwargs)
+            with meter.counting():
+                pred = self.program(**kwargs)
             det = pred.get("detection")
             d = det.to_dict() if isinstance(det, Detection) else {}
             extras = {k: v for k, v in pred.items() if k not in d and k != "detection"}
             out["prediction"] = json.dumps({"detection": d, "extra": extras}, ensure_ascii=False, default=str)
         except Exception as e:  # the run goes on; this example is a counted failure
             out.update(ok=False, error=error_text(e))
-        usage = usage_of(history_since(started))
+        usage = meter.lm_usage()
         out.update(lm_calls=usage.calls, lm_input_tokens=usage.input_tokens, lm_output_tokens=usage.output_tokens,
                    lm_cache_hits=usage.cache_hits)
         return out
