@@ -73,6 +73,7 @@ class Call:
     seed: int | None = None
     chat_format: bool = False
     top_logprobs: int | None = None  # the token alternatives the request asked for (None: no log-probabilities)
+    reply: str = ""  # the text the engine answered (its usage counts len(reply) // 4 output tokens)
 
     def has(self, text: str) -> bool:
         """Whether ``text`` occurs anywhere in the prompt (system or last user message)."""
@@ -160,6 +161,7 @@ class ScriptedEngine:
             values = {k: values[k] if k in values else _default(f.annotation) for k, f in fields.items()}
             text = adapter.format_assistant_message_content(signature, values)
             logprobs = self._tokens(call, text, values) if request.config.logprobs and self.logprobs else None
+        call.reply = text
         return Response(id=None, model="scripted", message=Message.assistant(text), finish_reason="stop",
                         logprobs=logprobs,
                         usage=Usage(input_tokens=len(system + user) // 4, output_tokens=len(text) // 4,
