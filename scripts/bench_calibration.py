@@ -36,7 +36,8 @@ import time
 import dspy
 import numpy as np
 
-from halluscope.lm.models import configure, usage_of
+from halluscope.lm.models import configure
+from halluscope.lm.usage import UsageMeter
 from halluscope.loaders.halluclean import load_halluclean
 from halluscope.optimize.cv import make_folds
 from halluscope.programs.grounded.response import auc, pair_ranking
@@ -163,21 +164,25 @@ def cv_demos(kind: str, cases: list, k: int, folds: int, seed: int, lm) -> dict:
     request with the same demos, decided at the fixed cut logit 0 (calibrated P = 0.5; nothing fitted)."""
     fold_idx = make_folds(cases, folds, seed, group_by="source_id")
     demos = fold_demos(cases, fold_idx, k, seed)
-    n0, t0 = len(lm.history), time.time()
+    # requests and cache hits counted by the meter (exact); DSPy's history stays on (this LM's entries since n0)
+    # because token_counts re-tokenizes each entry's messages and replies, cache hits included: those token counts
+    # hold while the LM's history (10,000 entries) has not filled up
+    meter, n0, t0 = UsageMeter(), len(lm.history), time.time()
     per_fold, scored = [], []
-    for idx, shown in zip(fold_idx, demos):
-        held = [cases[j] for j in idx]
-        p = read_probe(kind, held, shown)
-        p_cf = read_probe(f"{kind}/empty", held, shown)
-        rows = [(ex, logit(p[ex.id]) - logit(p_cf[f"q{ex.source_id}"])) for ex in held
-                if ex.id in p and f"q{ex.source_id}" in p_cf]
-        y = np.array([bool(ex.label) for ex, _ in rows])
-        s = np.array([v for _, v in rows])
-        per_fold.append(_bacc(y, s >= 0.0))
-        scored += rows
-    entries = lm.history[n0:]
-    n_in, n_out = token_counts(lm, entries)
-    hits = usage_of(entries).cache_hits  # a cached reply carries no usage
+    with meter.counting(disable_history=False):  # history kept: token_counts reads its entries
+        for idx, shown in zip(fold_idx, demos):
+            held = [cases[j] for j in idx]
+            p = read_probe(kind, held, shown)
+            p_cf = read_probe(f"{kind}/empty", held, shown)
+            rows = [(ex, logit(p[ex.id]) - logit(p_cf[f"q{ex.source_id}"])) for ex in held
+                    if ex.id in p and f"q{ex.source_id}" in p_cf]
+            y = np.array([bool(ex.label) for ex, _ in rows])
+            s = np.array([v for _, v in rows])
+            per_fold.append(_bacc(y, s >= 0.0))
+            scored += rows
+    n_in, n_out = token_counts(lm, lm.history[n0:])
+    usage = meter.lm_usage()
+    hits = usage.cache_hits  # a cached reply carries no usage
     y = np.array([bool(ex.label) for ex, _ in scored])
     s = np.array([v for _, v in scored])
     return {
@@ -187,7 +192,7 @@ def cv_demos(kind: str, cases: list, k: int, folds: int, seed: int, lm) -> dict:
         "mean": round(float(np.mean(per_fold)), 3), "sd": round(float(np.std(per_fold, ddof=1)), 3),
         "pooled_auc": round(auc(y, s), 3),
         "pair_ranking": round(pair_ranking([ex.source_id for ex, _ in scored], y, s), 3),
-        "cost": {"requests": len(entries), "new": len(entries) - hits, "cached": hits,
+        "cost": {"requests": usage.calls, "new": usage.calls - hits, "cached": hits,
                  "input_tokens": n_in, "output_tokens": n_out, "wall_s": round(time.time() - t0, 1)},
     }
 
@@ -225,11 +230,12 @@ def main() -> None:
         if name.startswith(("demo", "rdemo")):  # the demo questions are not scored
             shown = {ex.source_id for ex in demo_cases}
             scored = [ex for ex in cases if ex.source_id not in shown]
-        n0, t0 = len(lm.history), time.time()
-        probes[name] = read_probe(name, scored, demo_cases)
-        entries = lm.history[n0:]
-        n_in, n_out = token_counts(lm, entries)
-        cost[name] = {"requests": len(entries), "cache_hits": usage_of(entries).cache_hits,
+        meter, n0, t0 = UsageMeter(), len(lm.history), time.time()
+        with meter.counting(disable_history=False):  # history kept: token_counts reads its entries (see cv_demos)
+            probes[name] = read_probe(name, scored, demo_cases)
+        n_in, n_out = token_counts(lm, lm.history[n0:])
+        usage = meter.lm_usage()
+        cost[name] = {"requests": usage.calls, "cache_hits": usage.cache_hits,
                       "input_tokens": n_in, "output_tokens": n_out, "wall_s": round(time.time() - t0, 1)}
     for rule in args.rules:
         row = score_rule(rule, probes, cases, args.folds, args.seeds)

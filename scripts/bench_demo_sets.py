@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 
-from halluscope.lm.models import configure, usage_of
+from halluscope.lm.models import configure
+from halluscope.lm.usage import UsageMeter
 from halluscope.loaders.halluclean import load_halluclean
 from halluscope.optimize.cv import OptimizerConfig, make_folds, slim_examples
 from halluscope.optimize.optimizers import compile_pairs
@@ -42,32 +43,33 @@ def main() -> None:
     ap.add_argument("--data-dir", default="../shared/data/halluclean")
     ap.add_argument("--cache-dir", default=None)
     args = ap.parse_args()
-    lm = configure("local", cache_dir=args.cache_dir)
+    configure("local", cache_dir=args.cache_dir)
     examples = slim_examples(load_halluclean(args.data_dir, args.task), ("source_id",))
     examples = [ex.copy(**verdict_demo_fields(ex)) for ex in examples]
     cfg = OptimizerConfig(name="pairs", max_labeled_demos=args.demos, seed=args.seed, pair_by="source_id")
     folds = make_folds(examples, args.folds, args.seed, group_by="source_id")
-    n0 = len(lm.history)
+    meter = UsageMeter()
     rows = []  # (example, fold, [calibrated P(Yes) of each predictor], calibrated P(Yes) with no demos)
     zero_shot = build_direct_routing(task=args.task, calibrate="content_free")
-    for f, held in enumerate(folds):
-        train = [ex for i, ex in enumerate(examples) if i not in set(held)]
-        program, _ = compile_pairs(build_direct_routing(task=args.task, calibrate="content_free",
-                                                        demo_sets=args.sets), train, cfg)
-        singles = []
-        for member in program.members:  # each predictor alone, with its own demos
-            solo = build_direct_routing(task=args.task, calibrate="content_free")
-            solo.ask.demos = member.demos
-            singles.append(solo)
-        for i in held:
-            ex = examples[i]
-            rows.append((ex, f, [s(**ex.inputs()).score for s in singles], zero_shot(**ex.inputs()).score))
-    entries = lm.history[n0:]
+    with meter.counting():  # every request counted, DSPy's history (whole replies) off meanwhile (#21)
+        for f, held in enumerate(folds):
+            train = [ex for i, ex in enumerate(examples) if i not in set(held)]
+            program, _ = compile_pairs(build_direct_routing(task=args.task, calibrate="content_free",
+                                                            demo_sets=args.sets), train, cfg)
+            singles = []
+            for member in program.members:  # each predictor alone, with its own demos
+                solo = build_direct_routing(task=args.task, calibrate="content_free")
+                solo.ask.demos = member.demos
+                singles.append(solo)
+            for i in held:
+                ex = examples[i]
+                rows.append((ex, f, [s(**ex.inputs()).score for s in singles], zero_shot(**ex.inputs()).score))
+    usage = meter.lm_usage()
     y = np.array([bool(r[0].label) for r in rows])
     ids = [r[0].source_id for r in rows]
     log_len = np.array([math.log(len(r[0].answer) + 1) for r in rows])
-    out = {"seed": args.seed, "sets": args.sets, "n": len(rows), "requests": len(entries),
-           "new": len(entries) - usage_of(entries).cache_hits, "by_sets": []}
+    out = {"seed": args.seed, "sets": args.sets, "n": len(rows), "requests": usage.calls,
+           "new": usage.calls - usage.cache_hits, "by_sets": []}
     for k in range(0, args.sets + 1):
         s = np.array([combine_verdicts([(p, 0.5) for p in r[2][:k]]) if k else r[3] for r in rows])
         per_fold = [_bacc(y[[r[1] == f for r in rows]], s[[r[1] == f for r in rows]] >= 0.5)

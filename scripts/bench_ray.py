@@ -26,7 +26,8 @@ from pathlib import Path
 
 from halluscope.artifacts.store import load_compiled, write_artifact
 from halluscope.artifacts.compiled import detect_jsonl
-from halluscope.lm.models import configure, history_since, usage_of
+from halluscope.lm.models import configure
+from halluscope.lm.usage import UsageMeter
 from halluscope.programs.registry import get
 from halluscope.evaluation.scale import LMConfig, RayOptions, detect_ray, init_ray
 
@@ -85,11 +86,12 @@ def run_ray(detector, src: Path, out: Path, workers: int, batch_size: int, lm=No
 
 def run_inprocess(detector, src: Path, out: Path, rows: int, extra=(), lm=False) -> None:
     before = load()
-    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    meter = UsageMeter()  # every call, counted one by one (DSPy's history is off meanwhile)
     t0 = time.perf_counter()
-    stats = detect_jsonl(detector, src, out, progress=False, extra_inputs=extra)
+    with meter.counting():
+        stats = detect_jsonl(detector, src, out, progress=False, extra_inputs=extra)
     wall = time.perf_counter() - t0
-    usage = usage_of(history_since(started)) if lm else None
+    usage = meter.lm_usage() if lm else None
     line("inprocess", 1, rows, wall, usage.calls if usage else 0,
          usage.input_tokens + usage.output_tokens if usage else 0, before, load(), f"{stats['failed']} failed")
 

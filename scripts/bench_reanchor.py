@@ -33,13 +33,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import datetime
 
 import numpy as np
 from dspy.teleprompt.reanchor.calibrate import decision_outputs, effective, predictors
 
 from halluscope.core.decisions import decision_evidence
-from halluscope.lm.models import configure, history_since, usage_of
+from halluscope.lm.models import configure
+from halluscope.lm.usage import UsageMeter
 from halluscope.loaders.halluclean import load_halluclean
 from halluscope.loaders.mushroom import load_mushroom
 from halluscope.metrics.mushroom import iou
@@ -206,37 +206,39 @@ def main() -> None:
     program = get(args.program).make(**options)
     for predictor, name in _decision_predictors(program):  # the type's neutral setting (see the module docstring)
         predictor.fields = {**(predictor.fields or {}), name: effective(predictor, name)}
-    # every LM's calls (FINCH-ZK's samplers are LMs of their own, outside ``lm.history``); DSPy keeps the last 10,000
-    t0, started = time.time(), datetime.now().isoformat()
+    # every LM's calls, counted one by one (FINCH-ZK's samplers are LMs of their own, outside ``lm.history``)
+    t0, meter = time.time(), UsageMeter()
     preds, scores, decided, failed, failures = [], [], [], 0, {}
     out = open(args.out, "w") if args.out else None
-    for ex in cases:
-        c0 = time.time()
-        with decision_evidence() as log:
-            try:
-                pred = program(**ex.inputs())
-            except Exception as e:  # noqa: BLE001 - a failed case is counted, the run goes on
-                pred = None
-                failures["error"] = failures.get("error", 0) + 1
-                print(f"case {ex.get('id')}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        p = positive_probability(log)
-        for k, v in ((pred.failures or {}) if pred is not None else {}).items():
-            failures[k] = failures.get(k, 0) + int(v)
-        failed += int(pred is None or bool(pred.failures))
-        preds.append(pred)
-        scores.append(float(pred.score) if pred is not None else float("nan"))
-        decided.append(p)
-        if out:
-            out.write(json.dumps({"id": ex.get("id"), "label": ex.get("label"), "score": scores[-1],
-                                  "flagged": bool(pred.label) if pred is not None else None, "decision_p": p,
-                                  "decisions": len(log), "failures": (pred.failures or {}) if pred is not None else None,
-                                  "spans": (pred.spans or []) if pred is not None else None,
-                                  "wall_s": round(time.time() - c0, 1)}) + "\n")
-            out.flush()
+    with meter.counting():  # DSPy's LM history off meanwhile: it kept every whole reply (#21)
+        for ex in cases:
+            c0 = time.time()
+            with decision_evidence() as log:
+                try:
+                    pred = program(**ex.inputs())
+                except Exception as e:  # noqa: BLE001 - a failed case is counted, the run goes on
+                    pred = None
+                    failures["error"] = failures.get("error", 0) + 1
+                    print(f"case {ex.get('id')}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            p = positive_probability(log)
+            for k, v in ((pred.failures or {}) if pred is not None else {}).items():
+                failures[k] = failures.get(k, 0) + int(v)
+            failed += int(pred is None or bool(pred.failures))
+            preds.append(pred)
+            scores.append(float(pred.score) if pred is not None else float("nan"))
+            decided.append(p)
+            if out:
+                out.write(json.dumps({"id": ex.get("id"), "label": ex.get("label"), "score": scores[-1],
+                                      "flagged": bool(pred.label) if pred is not None else None, "decision_p": p,
+                                      "decisions": len(log),
+                                      "failures": (pred.failures or {}) if pred is not None else None,
+                                      "spans": (pred.spans or []) if pred is not None else None,
+                                      "wall_s": round(time.time() - c0, 1)}) + "\n")
+                out.flush()
     if out:
         out.close()
     wall = time.time() - t0
-    usage = usage_of(history_since(started))
+    usage = meter.lm_usage()
     report = {"program": args.program, "options": options, "dataset": args.dataset,
               "task": args.lang if args.dataset == "mushroom" else args.task, "slices": args.slice,
               "n": len(cases), "failed": failed, "failures": failures,
