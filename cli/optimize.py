@@ -17,7 +17,9 @@ from pathlib import Path
 
 import dspy
 
-from halluscope.artifacts.store import below_zero_shot, list_versions, rank_versions, zero_shot_score
+from halluscope.artifacts.store import (below_zero_shot, list_versions, rank_versions, selection_score,
+                                       zero_shot_score)
+from halluscope.optimize.changes import format_changes, unsupported_changes
 from halluscope.cli import wall_time
 from halluscope.cli.common import (COUNT, POSITIVE_INT, SHARE, InputError, add_data_args, add_debug_arg,
                                    add_lm_args, check_data_args, check_tracking, load_examples, one_line,
@@ -385,6 +387,19 @@ def format_summary(res, *, compiled_dir=None) -> str:
         else:
             lines.append(f"  load: {call}, version={artifact.version})  (by default v{best.info.version:04d} is "
                          f"served; v{artifact.version:04d}: {mine.why if mine else 'not listed'})")
+        changes = artifact.manifest.get("changes")
+        if changes:
+            shown = format_changes(changes)
+            lines.append("  the compile changed: " + ("; ".join(shown[:6]) + (f"; … {len(shown) - 6} more (manifest "
+                         f"'changes')" if len(shown) > 6 else "")))
+            compiled = selection_score(artifact.manifest)
+            zero = zero_shot_score(artifact.manifest)
+            if unsupported_changes(changes, compiled, zero):
+                lines.append(f"NOTE: cross-validation shows no gain ({res.metric} {compiled:.4f} compiled vs {zero:.4f} "
+                             f"zero-shot): these changes are not supported by held-out data; read them before "
+                             f"serving this version")
+        elif changes == []:
+            lines.append("  the compile changed nothing: the artifact is the zero-shot program")
         if below_zero_shot(artifact.manifest):
             compiled, zero = artifact.manifest["cv"]["mean"]["compiled"][res.metric]["mean"], \
                 zero_shot_score(artifact.manifest)

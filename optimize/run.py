@@ -66,6 +66,7 @@ from halluscope.optimize.optimizers import DECISION_PROGRAMS, reanchor_problem
 from halluscope.tracking.runs import metric_key, track_run
 from halluscope.programs.registry import get
 from halluscope.core.fileio import create_unique_dir
+from halluscope.optimize.changes import state_changes
 from halluscope.core.redact import redact_argv, redact_obj
 from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
                                     compile_program, cross_validate, evaluate_program, failed_share_problem,
@@ -484,6 +485,7 @@ def stage_build_manifest(run: OptimizeRun) -> None:
                if cv is not None else None),
         "zero_shot": cv.mean("zero_shot") if cv is not None else None,
         "final": res.final_info,
+        "changes": compile_changes(run),
         "test": res.test,
         "compared": res.compared,
         "task_lm": run.task_rec,
@@ -495,6 +497,16 @@ def stage_build_manifest(run: OptimizeRun) -> None:
         "git_commit": run.git.get("commit"),
         "git_dirty": run.git.get("dirty"),
     }
+
+
+def compile_changes(run: OptimizeRun) -> list[dict] | None:
+    """What the final compile changed against the zero-shot program (:func:`state_changes`); None where a program's
+    state cannot be dumped (then nothing is claimed either way)."""
+    try:
+        return state_changes(run.build().dump_state(), run.result.final.dump_state())
+    except Exception as e:  # noqa: BLE001 - a program without a comparable state must not lose the artifact
+        run.log(f"note: could not compare the compiled program with the zero-shot one ({type(e).__name__}: {e})")
+        return None
 
 
 def stage_write_artifact(run: OptimizeRun) -> None:
