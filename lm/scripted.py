@@ -31,7 +31,7 @@ import dspy
 from dspy.lm15 import Message, Response, TokenLogprob, TopLogprob, Usage, response_to_events
 from dspy.utils.callback import BaseCallback
 
-__all__ = ["Call", "ScriptedEngine", "SignatureTap", "scripted_lm"]
+__all__ = ["Call", "ScriptedEngine", "SignatureTap", "TwoCallProgram", "scripted_lm"]
 
 
 class SignatureTap(BaseCallback):
@@ -182,3 +182,24 @@ def scripted_lm(responder, model: str = "scripted/test", logprobs: Callable[[Cal
     Installs :data:`TAP` in ``dspy.settings.callbacks`` (once), which is how the engine learns the signature."""
     _install_tap()
     return dspy.LM(model, engine=ScriptedEngine(responder, logprobs=logprobs), cache=cache)
+
+
+class _Ask(dspy.Signature):
+    """Answer."""
+
+    question: str = dspy.InputField()
+    answer: str = dspy.OutputField()
+
+
+class TwoCallProgram(dspy.Module):
+    """A detector-shaped program that makes two LM calls per item, the second with a longer prompt (so token counts
+    differ between calls): what usage-counting tests and ``scripts/bench_usage_count.py`` run on a scripted LM."""
+
+    def __init__(self):
+        super().__init__()
+        self.ask = dspy.Predict(_Ask)
+
+    def forward(self, question, answer=None, context=None):
+        self.ask(question=question)
+        out = self.ask(question=question + " Say it again, at more length.")
+        return dspy.Prediction(spans=[], hard_labels=[], soft_labels=[], label=out.answer == "yes")

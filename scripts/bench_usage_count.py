@@ -17,25 +17,7 @@ import dspy
 from dspy.clients import base_lm
 
 from halluscope.evaluation.runner import run_eval
-from halluscope.lm.scripted import scripted_lm
-
-
-class Ask(dspy.Signature):
-    """Answer."""
-
-    question: str = dspy.InputField()
-    answer: str = dspy.OutputField()
-
-
-class TwoCalls(dspy.Module):
-    def __init__(self):
-        super().__init__()
-        self.ask = dspy.Predict(Ask)
-
-    def forward(self, question, answer=None, context=None):
-        self.ask(question=question)
-        out = self.ask(question=question + " Again.")
-        return dspy.Prediction(spans=[], hard_labels=[], soft_labels=[], label=out.answer == "yes")
+from halluscope.lm.scripted import TwoCallProgram, scripted_lm
 
 
 def main() -> None:
@@ -48,7 +30,7 @@ def main() -> None:
     lm = scripted_lm({"answer": "yes"})
     t0 = time.perf_counter()
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        res = run_eval(TwoCalls(), examples, threads=args.threads, progress=False)
+        res = run_eval(TwoCallProgram(), examples, threads=args.threads, progress=False)
     wall = time.perf_counter() - t0
     print(json.dumps({"items": args.items, "threads": args.threads, "engine_calls": len(lm.engine.calls),
                       "reported": res.usage.to_dict(), "global_history_entries": len(base_lm.GLOBAL_HISTORY),

@@ -9,6 +9,7 @@ from halluscope.optimize.changes import format_changes, state_changes, unsupport
 from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.run import FINISHED, OptimizeConfig, run_optimize
 from halluscope.lm.scripted import scripted_lm
+from tests.test_reanchor_gepa import _examples  # even items hallucinated ("Berlin" where the context says Paris)
 
 
 def _state(instructions="Is there a hallucination?", demos=(), threshold=0.5, **other):
@@ -51,16 +52,6 @@ def test_changes_are_unsupported_unless_cross_validation_shows_a_gain():
     assert unsupported_changes(changes, 0.4, 0.5)
     assert not unsupported_changes(changes, 0.6, 0.5)
     assert not unsupported_changes(changes, None, 0.5)  # no cross-validation: nothing to say
-
-
-def _examples(n=16):
-    out = []
-    for i in range(n):
-        bad = i % 2 == 0
-        out.append(dspy.Example(id=str(i), question=f"Where is item {i}?", answer=("Berlin" if bad else "Paris")
-                                + f" holds item {i}.", context=f"Item {i} is in Paris.", task="qa",
-                                label=bad).with_inputs("question", "answer", "context", "task"))
-    return out
 
 
 def _lm(p_yes):

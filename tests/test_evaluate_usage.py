@@ -12,28 +12,8 @@ from dspy.clients.cache import Cache
 
 from halluscope.evaluation.runner import run_eval
 from halluscope.evaluation.scale import EvalWorker
-from halluscope.lm.scripted import scripted_lm
+from halluscope.lm.scripted import TwoCallProgram as TwoCalls, scripted_lm
 from halluscope.lm.usage import UsageMeter
-
-
-class Ask(dspy.Signature):
-    """Answer."""
-
-    question: str = dspy.InputField()
-    answer: str = dspy.OutputField()
-
-
-class TwoCalls(dspy.Module):
-    """Two LM calls per item, the second with a longer prompt (so token counts differ between calls)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ask = dspy.Predict(Ask)
-
-    def forward(self, question, answer=None, context=None):
-        self.ask(question=question)
-        out = self.ask(question=question + " Say it again, at more length.")
-        return dspy.Prediction(spans=[], hard_labels=[], soft_labels=[], label=out.answer == "yes")
 
 
 def _examples(n: int) -> list[dspy.Example]:
@@ -101,14 +81,9 @@ def test_evaluate_counts_finch_samplers_that_are_lms_of_their_own_on_finchs_thre
     them through DSPy's callbacks, which the threads inherit."""
     from halluscope.programs.finch.program import FinchZK
 
-    def respond(call):
-        if "rating" in call.outputs:
-            return {"explanation": "the other answer says Paris", "rating": "accurate"}
-        if "answer" in call.outputs:
-            return {"answer": "Item holds are in Paris."}
-        return {k: "x" for k in call.outputs}
+    from tests.test_reanchor_gepa import _finch_lm  # the judge answers "accurate", samples say Paris
 
-    judge = scripted_lm(respond)
+    judge = _finch_lm()
     sampler = scripted_lm({"answer": "Item holds are in Paris."}, model="scripted/sampler")
     program = FinchZK(samplers=[sampler], n_samples=3, correct=False, num_threads=3)
     examples = [dspy.Example(id=str(i), question=f"Where is item {i}?", answer=f"Paris holds item {i}.",
