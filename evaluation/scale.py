@@ -38,7 +38,6 @@ import importlib
 import json
 import logging
 import os
-import signal
 import threading
 import time
 import uuid
@@ -53,6 +52,7 @@ from halluscope.artifacts.store import ArtifactIntegrityError, load_artifact_dir
 from halluscope.core.contract import Detection, failure_reason, to_prediction
 from halluscope.artifacts.compiled import CompiledDetector, detect
 from halluscope.core.fileio import write_text_atomic
+from halluscope.core.signals import stop_on_sigterm
 from halluscope.lm.models import configure
 from halluscope.lm.usage import LMUsage, UsageMeter
 from halluscope.programs.registry import get
@@ -571,26 +571,6 @@ def detect_ray(
                             trust_endpoints=trust_endpoints)
     _mark_finished(parts, stats)
     return stats
-
-
-class stop_on_sigterm:
-    """SIGTERM raises KeyboardInterrupt in the driver (as Ctrl-C does), so a killed job stops between writes
-    (every part is written atomically: the job resumes) instead of Ray's native handler dumping a stack."""
-
-    def __enter__(self):
-        self.previous = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, self._raise)
-        return self
-
-    @staticmethod
-    def _raise(_signum, _frame):
-        raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-        return False
 
 
 def finished_job(parts: Path, out_path: Path, retry_failed: bool = False) -> dict | None:

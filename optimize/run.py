@@ -33,7 +33,7 @@ hook that takes ``optimizer=`` (JointCQ), the hook compiles with that optimizer 
 A failed compile (:class:`~halluscope.optimize.cv.CompileError`) ends the run FAILED, and so does a run in which
 more than ``max_failed_share`` of the held-out items (zero-shot or compiled, over the folds done), of a
 compile's LM calls or of the test items failed; an interrupt
-(``KeyboardInterrupt``) KILLED; both still write the report (and track the run) with what was done, but no
+(``KeyboardInterrupt``: Ctrl-C, or SIGTERM while the folds and the final compile run) KILLED; both still write the report (and track the run) with what was done, but no
 artifact. Progress goes to ``log`` (default: this module's logger); nothing here prints. The command line
 (argument parsing, LM setup, the printed tables and summary) is :mod:`halluscope.cli.optimize`.
 """
@@ -66,6 +66,7 @@ from halluscope.optimize.optimizers import DECISION_PROGRAMS, reanchor_problem
 from halluscope.tracking.runs import metric_key, track_run
 from halluscope.programs.registry import get
 from halluscope.core.fileio import create_unique_dir
+from halluscope.core.signals import stop_on_sigterm
 from halluscope.optimize.changes import state_changes
 from halluscope.core.redact import redact_argv, redact_obj
 from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
@@ -711,8 +712,9 @@ def run_optimize(
     # history off: ReAnchor replays the program thousands of times, and each entry kept its reply (#21)
     # decision outputs (calibrated by ReAnchor) read their probabilities from the backend's log-probabilities
     # and a reply that failed to parse is served again to its replays, not regenerated each time (keep_failed_replies)
+    # SIGTERM (kill, timeout, a batch scheduler) stops the run as Ctrl-C does: KILLED, the report written
     with run.meter.counting(adapter=with_logprob_decisions(dspy.settings.adapter),
-                            **{LOGPROB_SETTING: run.cfg.decision_probs}), keep_failed_replies():
+                            **{LOGPROB_SETTING: run.cfg.decision_probs}), keep_failed_replies(), stop_on_sigterm():
         try:
             if config.folds >= 2:
                 step("cross_validate", stage_cross_validate)

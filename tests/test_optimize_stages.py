@@ -244,6 +244,30 @@ def test_interrupted_final_compile_is_killed_and_reported(tmp_path, fit_program,
     assert res.artifact is None
 
 
+def test_sigterm_during_a_run_is_an_interrupt_and_the_report_keeps_the_folds(tmp_path, fit_program, monkeypatch):
+    """A scheduler's SIGTERM (kill, timeout) stops the run as Ctrl-C does: KILLED, the folds done reported, no
+    artifact, and the previous SIGTERM handler back afterwards (#21 round eight: killed runs said "running")."""
+    import dataclasses
+    import os
+    import signal
+    import time
+
+    def killed_fit(module, trainset, metric_name):
+        if len(trainset) == 8:  # the final fit
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this
+        return fit_threshold(module, trainset, metric_name)
+
+    monkeypatch.setitem(registry.REGISTRY, PROGRAM, dataclasses.replace(fit_program, fit=killed_fit))
+    before = signal.getsignal(signal.SIGTERM)
+    res = run_optimize(_config(tmp_path), _examples(8))
+    assert res.status == KILLED and res.exit_code == 130 and res.error == "interrupted"
+    report = _report(tmp_path)
+    assert report["status"] == "KILLED" and len(report["cv"]["folds"]) == 2
+    assert res.artifact is None
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_prepare_refuses_before_any_work(tmp_path, fit_program):
     from halluscope.optimize.cv import FoldSizeError
 

@@ -124,7 +124,7 @@ def test_ray_logs_at_warning_level_unless_verbose(monkeypatch):
 def test_sigterm_stops_a_job_like_ctrl_c():
     import signal
 
-    from halluscope.evaluation.scale import stop_on_sigterm
+    from halluscope.core.signals import stop_on_sigterm
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
