@@ -112,6 +112,13 @@ class UsageMeter(BaseCallback):
         return dspy.context(**{"callbacks": [self, *(dspy.settings.get("callbacks") or [])], "usage_tracker": self,
                                "disable_history": True, **settings})
 
+    def __deepcopy__(self, memo):
+        """The meter itself: DSPy's ParallelExecutor (``dspy.Evaluate`` with several threads, GEPA's trace
+        capture) deep-copies the usage tracker into each worker thread so each counts its own; this meter is
+        thread-safe and meant to count them all. (A copy failed on its lock, and every item of such a parallel
+        evaluation was silently scored as a failure: #21 round eight.)"""
+        return self
+
     def _calls(self) -> list:
         calls = getattr(self._open, "calls", None)
         if calls is None:

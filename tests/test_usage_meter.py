@@ -170,3 +170,23 @@ def test_with_track_usage_on_each_outermost_module_call_still_gets_its_usage_whi
     assert pred.get_lm_usage() == expected  # both calls of the outermost module, as DSPy counts them
     assert meter.usage()["lm_calls"] == 2
     assert meter.usage()["lm_input_tokens"] == expected[lm.model]["prompt_tokens"]
+
+
+def test_the_meter_survives_dspys_parallel_executor_and_counts_every_thread():
+    """``dspy.Evaluate`` with several threads (MIPROv2 under ``--threads``, GEPA's trace capture) deep-copies the
+    usage tracker into each worker: the meter must come through (it did not: every item scored as a failure)."""
+    import copy
+
+    from halluscope.lm.scripted import TwoCallProgram, scripted_lm
+    from halluscope.lm.usage import UsageMeter
+
+    meter = UsageMeter()
+    assert copy.deepcopy(meter) is meter
+    lm = scripted_lm({"answer": "yes"})
+    devset = [dspy.Example(question=f"q{i}", label=True).with_inputs("question") for i in range(6)]
+    evaluate = dspy.Evaluate(devset=devset, metric=lambda gold, pred, trace=None: float(pred.label),
+                             num_threads=3, display_progress=False)
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()), meter.counting():
+        result = evaluate(TwoCallProgram())
+    assert result.score == 100.0  # no item lost to a failed copy
+    assert meter.lm_usage().calls == 12 == len(lm.engine.calls)
