@@ -84,6 +84,9 @@ class CompileError(RuntimeError):
     """The optimizer failed (for example the LM failed mid-run); nothing was written."""
 
 
+FIT_WITH = ("mipro", "bootstrap", "gepa")  # the optimizers a fit hook that compiles its own prompts can run
+
+
 @dataclass
 class OptimizerConfig:
     """What the optimizer is asked to do. ``auto`` and ``candidates``/``trials`` are mutually exclusive.
@@ -138,7 +141,7 @@ class OptimizerConfig:
         if self.reanchor and self.name not in prompts:
             raise ValueError(f"+reanchor follows a prompt optimizer ({', '.join(prompts)}), not {self.name!r}")
         if self.max_metric_calls is not None:
-            if self.name != "gepa":
+            if self.name != "gepa" and self.fit_with != "gepa":
                 raise ValueError("max_metric_calls is GEPA's budget; it goes with the gepa optimizer")
             if self.max_metric_calls < 1:
                 raise ValueError(f"max_metric_calls must be at least 1, not {self.max_metric_calls}: a budget of "
@@ -163,8 +166,8 @@ class OptimizerConfig:
                              f"not {self.max_labeled_demos}")
         if self.then_fit and self.name == "fit":
             raise ValueError("then_fit goes with a prompt optimizer (mipro or bootstrap), not with 'fit'")
-        if self.fit_with is not None and (self.name != "fit" or self.fit_with not in ("mipro", "bootstrap")):
-            raise ValueError(f"fit_with must be 'mipro' or 'bootstrap' and goes with 'fit', not {self.fit_with!r} "
+        if self.fit_with is not None and (self.name != "fit" or self.fit_with not in FIT_WITH):
+            raise ValueError(f"fit_with must be 'mipro', 'bootstrap' or 'gepa' and goes with 'fit', not {self.fit_with!r} "
                              f"with {self.name!r}")
 
     def to_dict(self) -> dict:
@@ -172,7 +175,8 @@ class OptimizerConfig:
         d.pop("chosen")
         if not self.reanchor:
             d.pop("reanchor")
-        if self.name != "gepa":
+        gepa = self.name == "gepa" or self.fit_with == "gepa"
+        if not gepa:
             d.pop("max_metric_calls")
         if not self.uses_reanchor:
             d.pop("decision_probs")
@@ -184,7 +188,8 @@ class OptimizerConfig:
             d.pop("pair_by")
         if self.name in ("bootstrap", "fit", "reanchor", "pairs"):  # settings MIPROv2 alone uses would only confuse
             for k in ("auto", "candidates", "trials", "val_fraction", "init_temperature", "proposal_attempts"):
-                d.pop(k)
+                if not (gepa and k == "auto"):  # the fit hook's GEPA budget
+                    d.pop(k)
         if self.name == "pairs":
             d.pop("max_bootstrapped_demos")
         if self.name == "gepa":
@@ -226,7 +231,7 @@ class OptimizerConfig:
 
     def _describe_prompt_optimizer(self) -> str:
         if self.name == "fit":
-            with_ = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot"}.get(self.fit_with or "")
+            with_ = {"mipro": "MIPROv2", "bootstrap": "BootstrapFewShot", "gepa": "GEPA"}.get(self.fit_with or "")
             return "fit (the program's own fit hook" + (f", compiling with {with_})" if with_ else ")")
         if self.name == "pairs":
             return (f"contrastive labelled demos ({self.max_labeled_demos} per predictor: both answers of "
@@ -748,9 +753,12 @@ def optimizer_specs() -> list[OptimizerSpec]:
     return [table[name] for name in optimizer_names()]
 
 
-def _compile_fit(student, trainset, metric, cfg, *, fit, metric_name, **_):
+def _compile_fit(student, trainset, metric, cfg, *, fit, metric_name, task_lm=None, prompt_lm=None, **_):
     info = {"n_train": len(trainset), "n_val": 0}
     kwargs = {"optimizer": cfg.fit_with} if cfg.fit_with else {}
+    if cfg.fit_with == "gepa":  # the hook runs GEPA itself: its budget and its reflection LM
+        kwargs.update(reflection_lm=prompt_lm or task_lm, max_metric_calls=cfg.max_metric_calls,
+                      auto=cfg.auto if cfg.max_metric_calls is None else None, seed=cfg.seed)
     info.update(fit(student, trainset, metric_name, **kwargs) or {})
     return student, info
 

@@ -69,7 +69,7 @@ from halluscope.core.fileio import create_unique_dir
 from halluscope.core.signals import stop_on_sigterm
 from halluscope.optimize.changes import state_changes
 from halluscope.core.redact import redact_argv, redact_obj
-from halluscope.optimize.cv import (CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
+from halluscope.optimize.cv import (FIT_WITH, CompileError, CVResult, FailureCounter, OptimizerConfig, check_fold_sizes,
                                     compile_program, cross_validate, evaluate_program, failed_share_problem,
                                     slim_examples)
 from halluscope.core.contract import describe_failed
@@ -235,13 +235,15 @@ def optimizer_for(spec, cfg: OptimizerConfig, options: dict | None = None) -> Op
     if cfg.chosen and cfg.name != "fit" and needs_lm:
         if _takes_optimizer(fit) and cfg.name == "reanchor":  # calibrate the decisions; the prompts stay as built
             return cfg
-        if _takes_optimizer(fit) and (cfg.name not in ("mipro", "bootstrap") or cfg.reanchor):
-            raise ValueError(f"program {spec.name!r} compiles its prompts in its own fit hook, with mipro or bootstrap "
-                             f"only; --optimizer {cfg.label} is not supported for it")
+        if _takes_optimizer(fit) and (cfg.name not in FIT_WITH or cfg.reanchor):
+            raise ValueError(f"program {spec.name!r} compiles its prompts in its own fit hook, with mipro, bootstrap "
+                             f"or gepa only; --optimizer {cfg.label} is not supported for it")
         if _takes_optimizer(fit):
-            return OptimizerConfig(name="fit", auto=None, max_bootstrapped_demos=0, max_labeled_demos=0,
-                                   val_fraction=cfg.val_fraction, seed=cfg.seed, threads=cfg.threads,
-                                   max_errors=cfg.max_errors, fit_with=cfg.name)
+            gepa = cfg.name == "gepa"  # the hook runs GEPA with the run's budget
+            return OptimizerConfig(name="fit", auto=cfg.auto if gepa else None, max_bootstrapped_demos=0,
+                                   max_labeled_demos=0, val_fraction=cfg.val_fraction, seed=cfg.seed,
+                                   threads=cfg.threads, max_errors=cfg.max_errors, fit_with=cfg.name,
+                                   max_metric_calls=cfg.max_metric_calls if gepa else None)
         return dataclasses.replace(cfg, then_fit=True)
     return OptimizerConfig(name="fit", auto=None, max_bootstrapped_demos=0, max_labeled_demos=0,
                            val_fraction=cfg.val_fraction, seed=cfg.seed, threads=cfg.threads,

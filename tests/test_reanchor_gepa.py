@@ -344,12 +344,15 @@ def test_cli_reanchor_without_logprobs_exits_2_naming_the_backend(tmp_path, caps
     assert "backend scripted/test returns no token log-probabilities" in err and "Traceback" not in err
 
 
-def test_jointcq_refuses_gepa_and_staged_reanchor_in_one_line_and_runs_reanchor_alone_without_its_hook():
+def test_jointcq_hands_gepa_to_its_hook_refuses_staged_reanchor_in_one_line_and_runs_reanchor_alone():
     from halluscope.optimize.run import optimizer_for
     from halluscope.programs.registry import get
 
+    cfg = optimizer_for(get("jointcq"), OptimizerConfig(name="gepa", max_metric_calls=30), {})
+    assert (cfg.name, cfg.fit_with, cfg.max_metric_calls, cfg.label) == ("fit", "gepa", 30, "fit(gepa)")
+    assert optimizer_for(get("jointcq"), OptimizerConfig(name="gepa", auto="medium"), {}).auto == "medium"
     with pytest.raises(ValueError, match="'jointcq' compiles its prompts in its own fit hook"):
-        optimizer_for(get("jointcq"), OptimizerConfig(name="gepa"), {})
+        optimizer_for(get("jointcq"), OptimizerConfig(name="gepa+reanchor", max_metric_calls=30), {})
     with pytest.raises(ValueError, match="--optimizer mipro\\+reanchor is not supported"):
         optimizer_for(get("jointcq"), OptimizerConfig(name="mipro+reanchor"), {})
     cfg = optimizer_for(get("jointcq"), OptimizerConfig(name="reanchor"), {})
@@ -701,3 +704,55 @@ def test_labelled_demos_of_direct_are_shown_in_its_wording_and_calibrated_with_i
         assert c.inputs["task"] == qa.description
         shown = json.loads(c.system[c.system.index("[{"):c.system.rindex("}]") + 2])
         assert shown == [{**route_inputs(qa, d.question, d.answer, d.context), "verdict": d.verdict} for d in demos]
+
+
+def test_jointcq_criteria_feedback_names_the_failed_checks_and_the_coverage():
+    from halluscope.programs.jointcq.demo_filter import CriteriaJudge, criteria_feedback_metric
+
+    lm = scripted_lm({"entailed": "yes", "decontextualised": "no", "relevant": "yes", "concise": "yes",
+                      "searchable": lambda call: "no" if "museum" in call.inputs.get("query", "") else "yes"})
+    metric = criteria_feedback_metric(judge=CriteriaJudge())
+    gold = dspy.Example(question="Where is it?", answer="It is in Paris. It opened in 1889.", lang="en")
+    pred = dspy.Prediction(pairs=[{"claim": "It is in Paris", "query": "museum"}])
+    with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+        out = metric(gold, pred)
+        empty = metric(gold, dspy.Prediction(pairs=[]))
+    assert out.score == 0.0  # the pair fails, and half the answer is not covered
+    assert "The claim 'It is in Paris' with the query 'museum' is not decontextualised, searchable." in out.feedback
+    assert "The claims cover 50% of the answer's sentences" in out.feedback
+    assert empty.score == 0.0 and "No claim was extracted, but the answer states facts" in empty.feedback
+
+
+def test_jointcq_gepa_compiles_the_claim_query_stage_from_the_criteria_feedback(tmp_path):
+    """``--optimizer gepa`` for JointCQ: its fit hook runs GEPA on the claim-query stage with the criteria
+    feedback; the reflection LM reads which checks failed, and its instruction (which makes the scripted
+    extractor write searchable queries) is chosen and saved."""
+    from halluscope.signatures.jointcq import ClaimQuery
+
+    def respond(call):
+        if "pairs" in call.outputs:
+            answer = call.inputs["answer"]
+            good = "search-engine queries" in call.system
+            return {"pairs": [ClaimQuery(claim=answer.rstrip("."), query=answer if good else "it")]}
+        if "searchable" in call.outputs:
+            ok = call.inputs.get("query") != "it"
+            return {"relevant": "yes", "concise": "yes", "searchable": "yes" if ok else "no"}
+        if "entailed" in call.outputs:
+            return {"entailed": "yes", "decontextualised": "yes"}
+        return {"label": "correct", "rationale": "see [1]"}
+
+    lm = scripted_lm(respond)
+    reflection = scripted_lm({"new_instruction": "Write one claim per fact and full search-engine queries."},
+                             model="scripted/reflect")
+    cfg = _config(tmp_path, program="jointcq", folds=1,
+                  optimizer=OptimizerConfig(name="gepa", max_metric_calls=24))
+    with dspy.context(adapter=dspy.JSONAdapter()):
+        res = run_optimize(cfg, _examples(6), task_lm=lm, prompt_lm=reflection)
+    assert res.status == FINISHED, res.error
+    assert res.manifest["optimizer"]["fit_with"] == "gepa"
+    assert res.manifest["optimizer"]["max_metric_calls"] == 24
+    prompts = [c.user for c in reflection.engine.calls]
+    assert any("with the query 'it' is not searchable" in p for p in prompts), "the feedback did not reach it"
+    saved = json.loads((res.artifact.path / "program.json").read_text())
+    assert "search-engine queries" in saved["generate"]["signature"]["instructions"]
+    assert res.final_info["criteria_optimizer"] == "gepa"

@@ -117,6 +117,24 @@ def coverage(answer: str, claims: Sequence[str], lang: str = "en", threshold: fl
     return len(hit) / len(sentences)
 
 
+def _judged(example, prediction, judge: "CriteriaJudge", min_coverage: float, allow_empty: bool) -> dict:
+    """The criteria applied to one prediction: its pairs, each pair's checks, the coverage, the criteria score and
+    whether everything passed (what :func:`criteria_metric` and :func:`criteria_feedback_metric` report)."""
+    get = example.get if hasattr(example, "get") else (lambda k, d=None: getattr(example, k, d))
+    question, answer = get("question", "") or "", get("answer", "") or ""
+    pairs = [dict(zip(("claim", "query"), pair_fields(p))) for p in (getattr(prediction, "pairs", None) or [])]
+    pairs = [p for p in pairs if p["claim"]]
+    if not pairs:
+        return {"pairs": [], "results": [], "coverage": None, "score": 1.0 if allow_empty else 0.0,
+                "passed_all": allow_empty}
+    results = [judge.check(question, answer, p["claim"], p["query"]) for p in pairs]
+    share = sum(r["passed"] for r in results) / len(results)
+    cov = coverage(answer, [p["claim"] for p in pairs], get("lang", "en") or "en")
+    covered = cov >= min_coverage
+    return {"pairs": pairs, "results": results, "coverage": cov, "score": share if covered else 0.0,
+            "passed_all": share == 1.0 and covered}
+
+
 def criteria_metric(base: Callable | None = None, *, judge: CriteriaJudge | None = None, min_coverage: float = 1.0,
                     base_threshold: float = 1.0, allow_empty: bool = False) -> Callable:
     """A DSPy metric ``metric(example, prediction, trace=None)`` for the claim-query stage (or the whole
@@ -134,37 +152,59 @@ def criteria_metric(base: Callable | None = None, *, judge: CriteriaJudge | None
     judge = judge if judge is not None else CriteriaJudge()
 
     def metric(example, prediction, trace=None):
-        get = example.get if hasattr(example, "get") else (lambda k, d=None: getattr(example, k, d))
-        question, answer = get("question", "") or "", get("answer", "") or ""
-        pairs = [dict(zip(("claim", "query"), pair_fields(p))) for p in (getattr(prediction, "pairs", None) or [])]
-        pairs = [p for p in pairs if p["claim"]]
-        if not pairs:
-            crit = 1.0 if allow_empty else 0.0
-            passed_all = allow_empty
-        else:
-            results = [judge.check(question, answer, p["claim"], p["query"]) for p in pairs]
-            share = sum(r["passed"] for r in results) / len(results)
-            covered = coverage(answer, [p["claim"] for p in pairs], get("lang", "en") or "en") >= min_coverage
-            crit = share if covered else 0.0
-            passed_all = share == 1.0 and covered
+        j = _judged(example, prediction, judge, min_coverage, allow_empty)
         b = float(base(example, prediction)) if base is not None else 1.0
         if trace is not None:
-            return bool(passed_all and b >= base_threshold)
-        return b * crit
+            return bool(j["passed_all"] and b >= base_threshold)
+        return b * j["score"]
 
     metric.__name__ = "jointcq_criteria" + (f"*{getattr(base, '__name__', 'base')}" if base else "")
     return metric
 
 
+def criteria_feedback_metric(*, judge: CriteriaJudge | None = None, min_coverage: float = 1.0,
+                             allow_empty: bool = False) -> Callable:
+    """GEPA's five-argument metric for the claim-query stage: the :func:`criteria_metric` score with, as textual
+    feedback, each pair that failed a check (the claim and query quoted, the checks named) and a coverage below
+    ``min_coverage`` (the share of the answer's sentences no claim covers), so the reflection LM reads *why*."""
+    judge = judge if judge is not None else CriteriaJudge()
+
+    def metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
+        j = _judged(gold, pred, judge, min_coverage, allow_empty)
+        if not j["pairs"]:
+            said = ("No claim was extracted (the answer states no fact)." if allow_empty else
+                    "No claim was extracted, but the answer states facts: extract each one as a claim with a query.")
+            return dspy.Prediction(score=j["score"], feedback=said)
+        lines = []
+        for pair, result in zip(j["pairs"], j["results"]):
+            failed = [k for k in (*CriteriaJudge.CLAIM_CHECKS, *CriteriaJudge.QUERY_CHECKS) if not result[k]]
+            if failed:
+                lines.append(f"The claim '{pair['claim']}' with the query '{pair['query']}' is not "
+                             f"{', '.join(failed)}.")
+        if j["coverage"] < min_coverage:
+            lines.append(f"The claims cover {j['coverage']:.0%} of the answer's sentences; every sentence with a fact "
+                         f"needs a claim.")
+        if not lines:
+            lines.append("Every claim and query meets the criteria and the claims cover the answer.")
+        return dspy.Prediction(score=j["score"], feedback=" ".join(lines))
+
+    metric.__name__ = "jointcq_criteria_feedback"
+    return metric
+
+
 def compile_claim_queries(program: dspy.Module, trainset: Sequence, *, optimizer: str = "bootstrap",
                           metric: Callable | None = None, max_bootstrapped_demos: int = 4, max_labeled_demos: int = 0,
-                          prompt_lm: dspy.BaseLM | None = None, auto: str = "light", seed: int = 0) -> dspy.Module:
+                          prompt_lm: dspy.BaseLM | None = None, auto: str | None = "light", seed: int = 0,
+                          feedback_metric: Callable | None = None, max_metric_calls: int | None = None
+                          ) -> dspy.Module:
     """Compile ``program``'s claim-query stage (its ``generate`` predictor) on ``trainset`` (examples with
     question/answer inputs) with ``metric`` (default :func:`criteria_metric`), so only demonstrations passing the
-    criteria are kept; the compiled predictor (demos, and instructions with MIPROv2) replaces
-    ``program.generate`` in place. ``optimizer``: ``"bootstrap"`` (BootstrapFewShot) or ``"mipro"`` (MIPROv2)."""
-    if optimizer not in ("bootstrap", "mipro"):
-        raise ValueError(f"optimizer must be 'bootstrap' or 'mipro', not {optimizer!r}")
+    criteria are kept; the compiled predictor (demos, and instructions with MIPROv2 or GEPA) replaces
+    ``program.generate`` in place. ``optimizer``: ``"bootstrap"`` (BootstrapFewShot), ``"mipro"`` (MIPROv2) or
+    ``"gepa"`` (GEPA with ``feedback_metric``, default :func:`criteria_feedback_metric`; ``prompt_lm`` reflects,
+    default the configured LM; budget ``max_metric_calls``, else ``auto``)."""
+    if optimizer not in ("bootstrap", "mipro", "gepa"):
+        raise ValueError(f"optimizer must be 'bootstrap', 'mipro' or 'gepa', not {optimizer!r}")
     metric = metric or criteria_metric()
     trainset = [ex if not isinstance(ex, dspy.Example) or ex._input_keys else ex.with_inputs("question", "answer")
                 for ex in trainset]
@@ -172,6 +212,11 @@ def compile_claim_queries(program: dspy.Module, trainset: Sequence, *, optimizer
     if optimizer == "bootstrap":
         opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=max_bootstrapped_demos,
                                     max_labeled_demos=max_labeled_demos)
+        compiled = opt.compile(student, trainset=list(trainset))
+    elif optimizer == "gepa":
+        budget = {"max_metric_calls": max_metric_calls} if max_metric_calls else {"auto": auto or "light"}
+        opt = dspy.GEPA(metric=feedback_metric or criteria_feedback_metric(),
+                        reflection_lm=prompt_lm or dspy.settings.lm, seed=seed, use_mlflow=False, **budget)
         compiled = opt.compile(student, trainset=list(trainset))
     else:
         opt = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm, max_bootstrapped_demos=max_bootstrapped_demos,
@@ -182,16 +227,21 @@ def compile_claim_queries(program: dspy.Module, trainset: Sequence, *, optimizer
 
 
 def fit_claim_queries(module: dspy.Module, trainset: list, metric_name: str = "", *,
-                      optimizer: str = "bootstrap") -> dict:
+                      optimizer: str = "bootstrap", reflection_lm: dspy.BaseLM | None = None,
+                      max_metric_calls: int | None = None, auto: str | None = "light", seed: int = 0) -> dict:
     """JointCQ's ``ProgramSpec.fit`` hook: :func:`compile_claim_queries` with ``optimizer`` (BootstrapFewShot by
-    default; ``optimize.py --program jointcq --optimizer mipro`` passes ``"mipro"``) and :func:`criteria_metric`
+    default; ``optimize.py --program jointcq --optimizer mipro`` passes ``"mipro"``; ``--optimizer gepa`` passes
+    ``"gepa"`` with the run's budget and reflection LM, and GEPA reads :func:`criteria_feedback_metric`) and :func:`criteria_metric`
     (at most ``module.filter_demos`` demonstrations, coverage ≥ ``module.filter_coverage``), judged by the task LM.
     The gold labels and ``metric_name`` are not used here (the paper's filter needs no labels); the optimize run
     scores each held-out fold with the task metric. Returns what was kept and why."""
     judge = CriteriaJudge()
-    metric = criteria_metric(judge=judge, min_coverage=float(getattr(module, "filter_coverage", 1.0)))
+    cover = float(getattr(module, "filter_coverage", 1.0))
+    metric = criteria_metric(judge=judge, min_coverage=cover)
     compile_claim_queries(module, trainset, optimizer=optimizer, metric=metric,
-                          max_bootstrapped_demos=int(getattr(module, "filter_demos", 2)))
+                          max_bootstrapped_demos=int(getattr(module, "filter_demos", 2)),
+                          feedback_metric=criteria_feedback_metric(judge=judge, min_coverage=cover),
+                          prompt_lm=reflection_lm, max_metric_calls=max_metric_calls, auto=auto, seed=seed)
     return {"criteria_optimizer": optimizer, "criteria_demos_kept": len(module.generate.demos),
             "criteria_metric": metric.__name__, **{f"criteria_{k}": v for k, v in sorted(judge.stats.items())}}
 
