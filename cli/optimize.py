@@ -388,12 +388,11 @@ def format_summary(res, *, compiled_dir=None) -> str:
             lines.append(f"  load: {call}, version={artifact.version})  (by default v{best.info.version:04d} is "
                          f"served; v{artifact.version:04d}: {mine.why if mine else 'not listed'})")
         changes = artifact.manifest.get("changes")
+        compiled, zero = selection_score(artifact.manifest), zero_shot_score(artifact.manifest)
         if changes:
             shown = format_changes(changes)
             lines.append("  the compile changed: " + ("; ".join(shown[:6]) + (f"; … {len(shown) - 6} more (manifest "
                          f"'changes')" if len(shown) > 6 else "")))
-            compiled = selection_score(artifact.manifest)
-            zero = zero_shot_score(artifact.manifest)
             if unsupported_changes(changes, compiled, zero):
                 lines.append(f"NOTE: cross-validation shows no gain ({res.metric} {compiled:.4f} compiled vs {zero:.4f} "
                              f"zero-shot): these changes are not supported by held-out data; read them before "
@@ -401,8 +400,6 @@ def format_summary(res, *, compiled_dir=None) -> str:
         elif changes == []:
             lines.append("  the compile changed nothing: the artifact is the zero-shot program")
         if below_zero_shot(artifact.manifest):
-            compiled, zero = artifact.manifest["cv"]["mean"]["compiled"][res.metric]["mean"], \
-                zero_shot_score(artifact.manifest)
             lines.append(f"WARNING: compiled below zero-shot: cross-validated {res.metric} {compiled:.4f} compiled vs "
                          f"{zero:.4f} zero-shot; the compile made the program worse. The version is marked BELOW "
                          f"ZERO-SHOT (halluscope detect --list) and loses to any version that is not")

@@ -19,13 +19,17 @@ __all__ = ["state_changes", "format_changes", "unsupported_changes"]
 SHOWN_CHARS = 160  # an instruction is shown up to this many characters in the summary
 
 
+def _is_predictor(value) -> bool:
+    return isinstance(value, dict) and "signature" in value
+
+
 def _predictors(state: dict) -> dict[str, dict]:
-    return {k: v for k, v in (state or {}).items() if isinstance(v, dict) and "signature" in v}
+    return {k: v for k, v in (state or {}).items() if _is_predictor(v)}
 
 
 def _other_state(state: dict) -> dict:
     """The state that is not a predictor's (e.g. ``grounded``'s fitted combiner), without DSPy's metadata."""
-    return {k: v for k, v in (state or {}).items() if k != "metadata" and not (isinstance(v, dict) and "signature" in v)}
+    return {k: v for k, v in (state or {}).items() if k != "metadata" and not _is_predictor(v)}
 
 
 def state_changes(before: dict, after: dict) -> list[dict]:
@@ -51,9 +55,9 @@ def state_changes(before: dict, after: dict) -> list[dict]:
             x, y = (fa[i] if i < len(fa) else None), (fb[i] if i < len(fb) else None)
             if x != y:
                 changes.append({"predictor": name, "what": "field", "field": i, "before": x, "after": y})
-        if len(a.get("demos") or []) != len(b.get("demos") or []) or (a.get("demos") or []) != (b.get("demos") or []):
-            changes.append({"predictor": name, "what": "demos", "before": len(a.get("demos") or []),
-                            "after": len(b.get("demos") or [])})
+        da, db = a.get("demos") or [], b.get("demos") or []
+        if da != db:
+            changes.append({"predictor": name, "what": "demos", "before": len(da), "after": len(db)})
         pa, pb = a.get("fields") or {}, b.get("fields") or {}
         for key in list(pa) + [k for k in pb if k not in pa]:
             if pa.get(key) != pb.get(key):

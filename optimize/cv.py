@@ -757,8 +757,8 @@ def _compile_fit(student, trainset, metric, cfg, *, fit, metric_name, task_lm=No
     info = {"n_train": len(trainset), "n_val": 0}
     kwargs = {"optimizer": cfg.fit_with} if cfg.fit_with else {}
     if cfg.fit_with == "gepa":  # the hook runs GEPA itself: its budget and its reflection LM
-        kwargs.update(reflection_lm=prompt_lm or task_lm, max_metric_calls=cfg.max_metric_calls,
-                      auto=cfg.auto if cfg.max_metric_calls is None else None, seed=cfg.seed)
+        kwargs.update(reflection_lm=prompt_lm or task_lm, max_metric_calls=cfg.max_metric_calls, auto=cfg.auto,
+                      seed=cfg.seed)  # auto is None when max_metric_calls is given (OptimizerConfig sees to it)
     info.update(fit(student, trainset, metric_name, **kwargs) or {})
     return student, info
 

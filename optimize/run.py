@@ -32,9 +32,9 @@ hook that takes ``optimizer=`` (JointCQ), the hook compiles with that optimizer 
 
 A failed compile (:class:`~halluscope.optimize.cv.CompileError`) ends the run FAILED, and so does a run in which
 more than ``max_failed_share`` of the held-out items (zero-shot or compiled, over the folds done), of a
-compile's LM calls or of the test items failed; an interrupt
-(``KeyboardInterrupt``: Ctrl-C, or SIGTERM while the folds and the final compile run) KILLED; both still write the report (and track the run) with what was done, but no
-artifact. Progress goes to ``log`` (default: this module's logger); nothing here prints. The command line
+compile's LM calls or of the test items failed; an interrupt (``KeyboardInterrupt``: Ctrl-C, or SIGTERM while
+the folds and the final compile run) KILLED; both still write the report (and track the run) with what was done,
+but no artifact. Progress goes to ``log`` (default: this module's logger); nothing here prints. The command line
 (argument parsing, LM setup, the printed tables and summary) is :mod:`halluscope.cli.optimize`.
 """
 
