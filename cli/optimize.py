@@ -110,7 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="share of the compile set MIPROv2 validates candidates on (never the held-out fold)")
     o.add_argument("--max-errors", type=COUNT, default=None,
                    help="LM/program errors tolerated inside one compile before it stops (default: DSPy's 10)")
-    o.add_argument("--folds", type=POSITIVE_INT, default=2, help="cross-validation folds; 1 = no cross-validation")
+    o.add_argument("--folds", type=POSITIVE_INT, default=5,
+                   help="cross-validation folds (default 5, as the bundled artifacts: versions compete only with "
+                        "versions under the same folds); 1 = no cross-validation")
     o.add_argument("--fold-groups", default=None, metavar="FIELD",
                    help="keep items sharing this field in one fold (e.g. source_id: a HalluClean answer and its twin)")
     o.add_argument("--seed", type=COUNT, default=0, help="seeds folds, splits and the optimizer")
@@ -254,8 +256,6 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
             print(format_cv_table(res.cv, args.metric))
         elif name == "score_test":
             print(format_test_table(res.test, args.metric))
-        elif name == "write_report":
-            print(format_summary(res, compiled_dir=args.compiled_dir))
 
     with lm_tracing(getattr(args, "trace", False), experiment=experiment_name(config.program, config.lang),
                     tracking_uri=args.tracking_uri, kind="optimize", during_compile=True):
@@ -264,6 +264,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
                                on_stage=on_stage, plan=plan)
         except ValueError as e:  # refused before any optimizer call (e.g. ReAnchor on a backend without logprobs)
             parser.exit(2, f"{parser.prog}: error: {e}\n")
+    print(format_summary(res, compiled_dir=args.compiled_dir))  # after tracking: what is served now
     if res.mlflow_run_id:
         print(f"mlflow run: {res.mlflow_run_id}")
     print(wall_time())  # around everything: imports, data, the run, the artifact and MLflow
@@ -390,6 +391,8 @@ def format_summary(res, *, compiled_dir=None) -> str:
         else:
             lines.append(f"  load: {call}, version={artifact.version})  ({served}; v{artifact.version:04d}: "
                          f"{mine.why if mine else 'not listed'})")
+        if res.status != "FINISHED":
+            lines.append(f"{res.status}: {res.error}")
         changes = artifact.manifest.get("changes")
         compiled, zero = selection_score(artifact.manifest), zero_shot_score(artifact.manifest)
         if changes:

@@ -48,6 +48,8 @@ import json
 import logging
 import os
 import platform
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +58,7 @@ from typing import Any, Callable, Sequence
 import dspy
 
 from halluscope.core import paths
-from halluscope.artifacts.store import git_commit, load_compiled, mark_tracked, write_artifact
+from halluscope.artifacts.store import UNTRACKED_FILE, git_commit, load_compiled, mark_tracked, write_artifact
 from halluscope.core.fileio import write_text_atomic
 from halluscope.lm.models import describe, keep_failed_replies
 from halluscope.lm.usage import UsageMeter  # re-exported: it lived here before #21
@@ -731,10 +733,40 @@ def run_optimize(
         if res.final is not None and run.test_examples is not None:
             step("score_test", stage_score_test)
     _collect_usage(run)
-    if res.status == FINISHED and res.final is not None:
-        step("build_manifest", stage_build_manifest)
-        step("write_artifact", stage_write_artifact)
-    step("write_report", stage_write_report)
-    if config.mlflow:
-        step("track", stage_track)
+    # A signal (Ctrl-C, SIGTERM) while the artifact, the report or the MLflow run is written stops the run as one
+    # during the compile does: KILLED, the report (re)written to say so, the artifact (if written) left marked
+    # UNTRACKED (never served by default), one line instead of a traceback.
+    with stop_on_sigterm():
+        try:
+            if res.status == FINISHED and res.final is not None:
+                step("build_manifest", stage_build_manifest)
+                step("write_artifact", stage_write_artifact)
+            step("write_report", stage_write_report)
+            if config.mlflow:
+                step("track", stage_track)
+        except KeyboardInterrupt:
+            _killed_after_compile(run, step)
     return res
+
+
+def _killed_after_compile(run: OptimizeRun, step: Callable[[str, Callable[[OptimizeRun], None]], None]) -> None:
+    """The run was interrupted after its compile: KILLED, and the report rewritten to say what was left where
+    (a second signal meanwhile is ignored: the report is small and written atomically)."""
+    res = run.result
+    res.status = KILLED
+    where = (f"; the artifact {res.artifact.path} was written and stays marked UNTRACKED: it is not served by "
+             f"default (pin it with --version {res.artifact.version}, or delete it)" if res.artifact else "")
+    res.error = f"interrupted after the compile{where}"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+    try:
+        marker = Path(res.artifact.path) / UNTRACKED_FILE if res.artifact is not None else None
+        if marker is not None and not marker.exists():  # mark_tracked had removed it: the run stopped after
+            write_text_atomic(marker, "written by an optimize run that was interrupted before its MLflow run was recorded\n")
+        step("write_report", stage_write_report)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -8,6 +8,7 @@ real-data version; ``detect --list`` says why each version is or is not the one 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -195,12 +196,16 @@ def test_sigint_after_the_artifact_is_written_leaves_it_marked_untracked(home, t
     # ignored, and then Python installs none (pytest under `nohup ... &` failed here so)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            main(base)
+        assert main(base) == 130  # one line, no traceback: the run is KILLED, its report says so
     finally:
         signal.signal(signal.SIGINT, previous)
+    out = capsys.readouterr().out
+    assert "interrupted after the compile" in out and "not served by default" in out
+    (report,) = (tmp_path / "reports").rglob("report.json")
+    assert json.loads(report.read_text())["status"] == "KILLED"
     v2 = home / "grounded" / "de" / "iou" / "v0002"
     assert (v2 / UNTRACKED_FILE).is_file() and "was not recorded" in untracked_reason(v2)
+    assert best_version(list_versions("grounded", "de", "iou", root=home)).version == 1  # never served untracked
     assert load_compiled("grounded", lang="de", metric="iou", version=2, root=home).version == 2  # still valid
     capsys.readouterr()
     assert cli_main(["detect", "--lang", "de", "--list", "--compiled-dir", str(home)]) == 0
@@ -211,3 +216,25 @@ def test_sigint_after_the_artifact_is_written_leaves_it_marked_untracked(home, t
     assert main(base) == 0
     v3 = home / "grounded" / "de" / "iou" / "v0003"
     assert v3.is_dir() and untracked_reason(v3) is None
+
+
+def test_sigterm_after_the_artifact_is_written_stops_the_run_as_killed(home, tmp_path, capsys, monkeypatch):
+    """SIGTERM (kill, a scheduler) while the MLflow run is recorded: exit 130 with the reason, report KILLED,
+    the written version marked UNTRACKED and not served."""
+    import os
+
+    import halluscope.optimize.run as run_mod
+    from halluscope.cli.optimize import main
+
+    def killed(*a, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(run_mod, "track_run", killed)
+    assert main(["--metric", "iou", "--lang", "de", "--compiled-dir", str(home), "--report-dir",
+                 str(tmp_path / "reports"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 130
+    assert "interrupted after the compile" in capsys.readouterr().out
+    (report,) = (tmp_path / "reports").rglob("report.json")
+    assert json.loads(report.read_text())["status"] == "KILLED"
+    v2 = home / "grounded" / "de" / "iou" / "v0002"
+    assert untracked_reason(v2) and best_version(list_versions("grounded", "de", "iou", root=home)).version == 1

@@ -200,7 +200,7 @@ def _optimize(tmp_path, lm, *extra):
     p = build_parser()
     argv = ["--program", "spans", "--metric", "iou", "--lang", "de", "--adapter", "json", "--optimizer", "bootstrap",
             "--compiled-dir", str(tmp_path / "compiled"), "--report-dir", str(tmp_path / "reports"),
-            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--quiet", *extra]
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--folds", "2", "--quiet", *extra]
     return run(p.parse_args(argv), p, task_lm=lm)
 
 

@@ -736,30 +736,23 @@ def test_detect_defaults_to_grounded_and_falls_back_to_the_cross_lingual_artifac
     assert "no artifact for 'ca', using the cross-lingual one" in err and "compiled/grounded/all/iou/v0001" in err
     assert json.loads(out)["ok"] is True
 
-    args = detect_cmd_args(["--lang", "de", "--lm", "openai/gpt-4o-mini"])
-    assert detect_cmd.default_program(args, "de", lang="de", task=None)[0] == "spans"  # a capable LM: spans
-    args = detect_cmd_args(["--lang", "de", "--program", "grounded"])
-    assert detect_cmd.default_program(args, "de", lang="de", task=None) == ("grounded", "de", "")
+    from halluscope.artifacts.policy import choose
+
+    root = tmp_path / "compiled"
+    assert choose(lang="de", lm="openai/gpt-4o-mini", root=root).program == "spans"  # a capable LM: spans
+    c = choose(lang="de", program="grounded", root=root)
+    assert (c.program, c.key, c.why) == ("grounded", "de", "")  # exactly what was asked: nothing to say
 
 
-def detect_cmd_args(argv):
-    import argparse
+def test_detect_default_without_grounded_artifacts_is_the_unfitted_grounded(tmp_path):
+    """No artifact anywhere: the embedded model is never handed the LM span detector; the unfitted grounded
+    program serves, and says so (the run policy, halluscope.artifacts.policy)."""
+    from halluscope.artifacts.policy import choose
 
-    import halluscope.cli.detect as detect_cmd
-
-    p = argparse.ArgumentParser()
-    detect_cmd.add_parser(p.add_subparsers())
-    return p.parse_args(["detect", *argv])
-
-
-def test_detect_default_without_grounded_artifacts_stays_spans(tmp_path):
-    import halluscope.cli.detect as detect_cmd
-
-    args = detect_cmd_args(["--lang", "de", "--compiled-dir", str(tmp_path)])
-    program, key, why = detect_cmd.default_program(args, "de", lang="de", task=None)
-    assert (program, key) == ("spans", "de") and "no grounded artifact" in why
-    args = detect_cmd_args(["--task", "qa", "--compiled-dir", str(tmp_path)])
-    assert detect_cmd.default_program(args, "qa", lang=None, task="qa") == ("spans", "qa", "")
+    c = choose(lang="de", root=tmp_path)
+    assert (c.program, c.key, c.fitted) == ("grounded", "de", False) and "unfitted" in c.why
+    c = choose(task="qa", root=tmp_path)
+    assert (c.program, c.key, c.fitted) == ("grounded", "qa", False)
 
 
 # ---------------------------------------------------------------------------------------------------

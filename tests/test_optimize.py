@@ -332,7 +332,7 @@ def test_compile_mipro_and_bootstrap_with_scripted_lm(scripted, spans_program):
 def _opt_args(tmp_path, *extra):
     return ["--metric", "iou", "--lang", "de", "--adapter", "json", "--compiled-dir", str(tmp_path / "compiled"),
             "--report-dir", str(tmp_path / "reports"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-            "--candidates", "2", "--trials", "2", "--quiet", *extra]
+            "--candidates", "2", "--trials", "2", "--folds", "2", "--quiet", *extra]
 
 
 def _run_optimize(argv, lm):
@@ -356,7 +356,8 @@ def test_optimize_end_to_end_artifact_mlflow_detect_compare(tmp_path, demo_env, 
     assert "zero-shot vs compiled, 2-fold cross-validation" in out and "mean ± sd" in out
     assert "compared: zero-shot = the uncompiled 'spans' program" in out
 
-    art = A.load_compiled("spans", lang="de", metric="iou", root=tmp_path / "compiled")
+    # the scripted compile changed nothing (its manifest's "changes" is empty): never served by default, pinned here
+    art = A.load_compiled("spans", lang="de", metric="iou", version=1, root=tmp_path / "compiled")
     m = art.manifest
     assert m["version"] == 1 and m["source"].startswith("demo/de/val")
     assert len(m["cv"]["folds"]) == 2 and "iou" in m["cv"]["mean"]["compiled"]
@@ -387,10 +388,11 @@ def test_optimize_end_to_end_artifact_mlflow_detect_compare(tmp_path, demo_env, 
         return lm
 
     monkeypatch.setattr(detect_cmd, "setup_lm", fake_setup)
-    rc = hcli.main(["detect", "--lang", "de", "--compiled-dir", str(tmp_path / "compiled"), "--input", str(inp),
-                    "--output", str(tmp_path / "cli.jsonl"), "--no-progress"])
+    pinned = ["--program", "spans", "--version", "1"]
+    rc = hcli.main(["detect", "--lang", "de", *pinned, "--compiled-dir", str(tmp_path / "compiled"), "--input",
+                    str(inp), "--output", str(tmp_path / "cli.jsonl"), "--no-progress"])
     assert rc == 0 and len((tmp_path / "cli.jsonl").read_text().splitlines()) == 2
-    rc = hcli.main(["detect", "--lang", "de", "--compiled-dir", str(tmp_path / "compiled"), "--answer",
+    rc = hcli.main(["detect", "--lang", "de", *pinned, "--compiled-dir", str(tmp_path / "compiled"), "--answer",
                     "Die Provinz heißt Álava."])
     assert rc == 0 and '"hard_labels": [[18, 23]]' in capsys.readouterr().out
 
@@ -548,7 +550,7 @@ def test_no_cv_with_test_file(tmp_path, demo_env, capsys):
                          scripted_lm(_responder)) == 0
     out = capsys.readouterr().out
     assert "cross-validation" not in out and f"== test {test_file}" in out
-    art = A.load_compiled("spans", lang="de", metric="iou", root=tmp_path / "compiled")
+    art = A.load_compiled("spans", lang="de", metric="iou", version=1, root=tmp_path / "compiled")
     assert art.manifest["cv"] is None and A.selection_score(art.manifest) is None
     t = art.manifest["test"]
     assert t["n"] == 7 and t["split"] == "val" and "iou" in t["compiled"] and "iou" in t["zero_shot"]
@@ -600,10 +602,14 @@ def test_default_program_is_grounded_on_the_embedded_model_for_span_data(tmp_pat
     assert main(["--metric", "iou", "--lang", "de", "--no-mlflow", "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "program grounded (the default with the embedded model" in err
-    assert [v.version for v in A.list_versions("grounded", "de", "iou", root=tmp_path / "compiled")] == [1]
+    bundled = max(v.version for v in A.list_versions("grounded", "de", "iou", root=A.bundled_dir()))
+    # numbered after the bundled versions (one number names one version across both stores)
+    assert [v.version for v in A.list_versions("grounded", "de", "iou", root=tmp_path / "compiled")] == [bundled + 1]
     assert not (tmp_path / "compiled" / "spans").exists()
     det = A.load_compiled("grounded", lang="de", metric="iou", root=tmp_path / "compiled")
-    assert det.manifest["program"] == "grounded" and det.manifest["cv"]["k"] == 2
+    assert det.manifest["program"] == "grounded" and det.manifest["cv"]["k"] == 5  # the default: the bundled ones'
+    # demo data: the bundled real-data version stays served (same rule across both stores)
+    assert A.best_version(A.list_versions("grounded", "de", "iou")).origin == "bundled"
 
 
 def test_one_optimize_run_checks_and_looks_up_each_thing_once(tmp_path, demo_env, monkeypatch):

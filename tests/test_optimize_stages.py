@@ -316,8 +316,8 @@ def test_fit_program_through_the_cli_needs_no_lm(tmp_path, fit_program, monkeypa
 
     monkeypatch.setattr(cmd, "setup_lm", no_lm)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    rc = cmd.main(["--program", PROGRAM, "--metric", "f1", "--lang", "de", "--compiled-dir",
-                   str(tmp_path / "compiled"), "--report-dir", str(tmp_path / "reports"), "--tracking-uri", uri])
+    rc = cmd.main(["--program", PROGRAM, "--metric", "f1", "--lang", "de", "--compiled-dir", str(tmp_path / "compiled"),
+                   "--report-dir", str(tmp_path / "reports"), "--tracking-uri", uri, "--folds", "2"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "zero-shot vs compiled, 2-fold cross-validation" in out and "fit hook" in out

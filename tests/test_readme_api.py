@@ -49,5 +49,6 @@ def test_readme_python_api_example_runs(monkeypatch):
     assert det.hard_labels == [[start, start + len("Álava")]] and det.label is True
     assert len(lm.engine.calls) == 1
     printed = out.getvalue().splitlines()
-    assert printed[0].startswith("1 ") and printed[1].startswith(f"[[{start}, {start + 5}]] True")
-    assert "'hard_labels': [[0, 5]]" in printed[2]  # mark-all marks the whole answer
+    assert printed[0].startswith("program grounded (the default with the embedded model") and "'de'" in printed[0]
+    assert printed[1].startswith("1 ") and printed[2].startswith(f"[[{start}, {start + 5}]] True")
+    assert "'hard_labels': [[0, 5]]" in printed[3]  # mark-all marks the whole answer
