@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -207,6 +208,25 @@ def validate_args(p: argparse.ArgumentParser, args, *, injected_lm: bool = False
 # ------------------------------------------------------------------------------------------------------
 
 
+def check_output_folders(args, parser: argparse.ArgumentParser) -> None:
+    """The folders the run writes (the artifact store, the reports, the default MLflow store) exist or can be made,
+    and are writable: else one line naming the folder and exit status 2, before any work."""
+    from halluscope.core import paths  # noqa: PLC0415
+
+    folders = {"--compiled-dir": Path(args.compiled_dir) if args.compiled_dir else paths.compiled_dir(),
+               "--report-dir": Path(args.report_dir) if args.report_dir else paths.outputs_dir() / "optimize"}
+    if not args.no_mlflow and not args.tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+        folders["--tracking-uri"] = paths.tracking_dir()
+    for flag, folder in folders.items():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            parser.exit(2, f"{parser.prog}: error: cannot write {folder} ({flag}, under {paths.home()}: the working "
+                           f"folder or $HALLUSCOPE_HOME): {e.strerror or e}; nothing was run\n")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            parser.exit(2, f"{parser.prog}: error: {folder} is not writable ({flag}); nothing was run\n")
+
+
 def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, prompt_lm=None) -> int:
     """Run ``optimize.py`` with parsed ``args``; returns the exit status (0 ok, 1 failed, 130 interrupted).
 
@@ -214,6 +234,7 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     """
     parser = parser or build_parser()
     spec, dataset, opt = validate_args(parser, args, injected_lm=task_lm is not None)
+    check_output_folders(args, parser)  # before any work: an unusable home is one line, not a traceback at the end
     check_tracking(args, "optimize")  # before any work: a bad --tracking-uri is reported now, not after the compile
     if args.quiet:
         logging.getLogger("dspy").setLevel(logging.WARNING)

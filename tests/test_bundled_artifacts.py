@@ -169,6 +169,24 @@ def test_detect_cli_says_what_it_serves(empty_home, capsys):
     assert "bundled with the package: " in out and "*best*" in out
 
 
+def test_an_unusable_home_is_one_line_before_any_work(tmp_path, monkeypatch, capsys):
+    """$HALLUSCOPE_HOME that cannot hold the outputs (here a file): optimize stops before any work with one line
+    naming the folder, exit 2, and writes nothing; detect (which writes nothing there) still serves."""
+    from halluscope.cli import main
+
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["optimize", "--metric", "iou", "--lang", "de"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].startswith("halluscope optimize: error: cannot write ")
+    assert "nothing was run" in err[-1] and "Traceback" not in "\n".join(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home-is-a-file"] and home.read_text() == ""
+    assert main(["detect", "--lang", "de", "--answer", SWAPPED, "--context", EVIDENCE, "--format", "json"]) == 0
+
+
 # -------------------------------------------------------------------------------------------------------------
 # The installed wheel, in a fresh virtualenv, run from an empty folder
 # -------------------------------------------------------------------------------------------------------------
