@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from halluscope.lm.llamacpp import check_gguf, load_llama
 from halluscope.lm.models import response_schema, smollm2_path
 from halluscope.programs.registry import ranged, whole
 
@@ -56,10 +57,9 @@ class LlamaBackend:
     """A GGUF model (default: the embedded SmolLM2) answering chat requests; one request at a time."""
 
     def __init__(self, model_path: str | Path | None = None, n_ctx: int = 8192, n_threads: int | None = None):
-        from llama_cpp import Llama  # the compiled extension: loaded only when this backend is used
-
-        self.model_path = Path(model_path) if model_path else smollm2_path()
-        self.llm = Llama(model_path=str(self.model_path), n_ctx=n_ctx, n_threads=n_threads, seed=0, verbose=False)
+        # the compiled extension: loaded only when this backend is used; a bad path is a ModelFileError
+        self.model_path = check_gguf(model_path if model_path else smollm2_path())
+        self.llm = load_llama(self.model_path, n_ctx=n_ctx, n_threads=n_threads, seed=0)
         self.lock = threading.Lock()
         self.name = self.model_path.stem
 
