@@ -23,6 +23,7 @@ import time
 
 from halluscope.cli.log import setup_logging
 from halluscope.core.paths import set_offline_defaults
+from halluscope.lm.llamacpp import ModelFileError  # the standard library only
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -36,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("halluscope.cli.serve", "serve compiled detectors over HTTP (JSON API + web page)"),
     "ui": ("halluscope.cli.ui", "start the MLflow UI on the project's runs (works offline)"),
     "register": ("halluscope.cli.register", "register a compiled artifact as an MLflow model (no pickle)"),
+    "lm-server": ("halluscope.cli.lm_server", "serve a GGUF model (default: the embedded one) as an OpenAI-compatible "
+                                              "chat server"),
 }
 
 #: when the process started the command (``time.perf_counter``): commands print wall times from here, so
@@ -87,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: what was written is whole (atomic writes); no traceback
         print(f"halluscope {args.command}: interrupted", file=sys.stderr)
         return 130
+    except ModelFileError as e:  # --lm local:PATH, --model PATH: no such file, or not a GGUF model
+        if getattr(args, "debug", False):
+            raise
+        print(f"halluscope {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `halluscope detect ... | head`: the reader left; nothing more to say
         _silence_stdout()
         return 141
