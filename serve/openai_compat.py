@@ -1,7 +1,8 @@
 """A minimal OpenAI-compatible chat server, for running halluscope's ``--lm openai/NAME --api-base URL`` path
 offline, against the embedded GGUF or a deterministic stand-in.
 
-    python -m halluscope.serve.openai_compat --port 8081            # the embedded SmolLM2 GGUF
+    halluscope lm-server --port 8081                                # the embedded SmolLM2 GGUF (the command)
+    python -m halluscope.serve.openai_compat --port 8081            # the same, by its module
     halluscope evaluate --lm openai/smollm2 --api-base http://127.0.0.1:8081/v1 --limit 3
 
 It speaks the part of the API DSPy/LiteLLM use: ``POST /v1/chat/completions`` (``messages``, ``max_tokens`` or
@@ -9,7 +10,8 @@ It speaks the part of the API DSPy/LiteLLM use: ``POST /v1/chat/completions`` (`
 ``GET /v1/models``. A ``json_schema`` response format constrains decoding the way llama.cpp's own server does
 (a grammar from the schema). Backends:
 
-* :class:`LlamaBackend` — a GGUF through llama-cpp-python, one request inside the model at a time;
+* :class:`LlamaBackend` — a GGUF through llama-cpp-python (built by :func:`halluscope.lm.llamacpp.load_llama`, so
+  with parameters that cannot crash), one request inside the model at a time;
 * :class:`SchemaBackend` — answers with a JSON object valid under the request's schema (from a responder
   function, else each field's simplest value): tests of the client path that need no model.
 

@@ -261,3 +261,20 @@ def test_the_console_script_is_the_supervisor():
     scripts = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"][
         "scripts"]
     assert scripts["halluscope"] == "halluscope.cli.supervisor:main"
+
+
+@pytest.mark.embedded
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_parameter_reaches_llama_cpp(tmp_path, fast):
+    """The real ``llama_cpp.Llama`` (not a fake): with the fast path off, llama.cpp never considers its repacking
+    buffer type (CPU_REPACK) for the weights; with it on it does (and says which tensors it cannot use it for)."""
+    code = ("from halluscope.lm.llamacpp import load_llama; from halluscope.lm.models import smollm2_path\n"
+            f"llm = load_llama(smollm2_path(), fast={fast}, n_ctx=256, verbose=True)\n"
+            "assert llm.model_params.use_extra_bufts is " + str(fast) + "\n"
+            "print(llm.create_completion('The capital of France is', max_tokens=3, temperature=0)['usage'])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, L.PROBE_CACHE_ENV: str(tmp_path / "probe.json")})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "'completion_tokens': 3" in p.stdout
+    assert ("CPU_REPACK" in p.stderr) is fast
+    assert not (tmp_path / "probe.json").exists()  # fast= given: no probe
