@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -233,11 +234,11 @@ def probe_key() -> dict:
     spec = importlib.util.find_spec("llama_cpp")
     if spec is not None and spec.origin:
         pkg = Path(spec.origin).parent
-        try:
-            from importlib.metadata import version as dist_version
-
-            version = dist_version("llama_cpp_python")
-        except Exception:  # noqa: BLE001 - installed without metadata: the libraries still identify it
+        try:  # its __version__ line, read rather than imported (importlib.metadata scans every distribution)
+            found = re.search(r'^__version__\s*=\s*["\']([^"\']+)', Path(spec.origin).read_text(errors="replace"),
+                              re.MULTILINE)
+            version = found.group(1) if found else "unknown"
+        except OSError:  # the libraries still identify it
             version = "unknown"
         for lib in sorted(p for d in (pkg / "lib", pkg) if d.is_dir() for p in d.iterdir()
                           if p.suffix in (".so", ".dylib", ".dll") or ".so." in p.name):

@@ -201,6 +201,8 @@ from halluscope.cli.supervisor import supervise
 
 def target():
     mode = sys.argv[1]
+    if mode == "term":
+        signal.signal(signal.SIGTERM, lambda s, f: sys.exit(42))
     print("child", os.getpid(), flush=True)
     if mode == "segv":
         os.kill(os.getpid(), signal.SIGSEGV)
@@ -209,8 +211,7 @@ def target():
     if mode == "stdin":
         print(sys.stdin.read().upper(), end="")
         return 0
-    if mode == "term":
-        signal.signal(signal.SIGTERM, lambda s, f: sys.exit(42))
+    if mode in ("term", "sleep"):
         time.sleep(60)
 
 sys.exit(supervise(target))
@@ -252,7 +253,12 @@ def test_the_supervisor_forwards_sigterm(tmp_path):
     assert p.stdout.readline().startswith("child")
     p.send_signal(signal.SIGTERM)  # to the supervisor only: the child gets it through it
     p.wait(timeout=60)
-    assert p.returncode == 42
+    assert p.returncode == 42  # the child's handler ran and its status came through
+    p = supervised(tmp_path, "sleep")
+    assert p.stdout.readline().startswith("child")
+    p.send_signal(signal.SIGTERM)  # a child without a handler dies from it: so does the supervisor, silently
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGTERM and err == ""
 
 
 def test_the_console_script_is_the_supervisor():
