@@ -8,6 +8,7 @@
     halluscope serve --program spans --lang de        # HTTP API + web page on 127.0.0.1:8000
     halluscope ui                                     # the MLflow UI on the project's runs (offline)
     halluscope register --lang de --metric iou        # a compiled artifact into the MLflow model registry
+    halluscope lm-server --port 8080                  # the embedded GGUF as an OpenAI-compatible chat server
 
 Commands are imported lazily: ``halluscope detect ...`` imports :mod:`halluscope.cli.detect` only, and
 ``halluscope --help`` imports none (the one-line help of each command is in :data:`COMMANDS`), so a command
