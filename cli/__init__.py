@@ -24,7 +24,6 @@ import time
 
 from halluscope.cli.log import setup_logging
 from halluscope.core.paths import set_offline_defaults
-from halluscope.lm.llamacpp import ModelFileError  # the standard library only
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -91,11 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: what was written is whole (atomic writes); no traceback
         print(f"halluscope {args.command}: interrupted", file=sys.stderr)
         return 130
-    except ModelFileError as e:  # --lm local:PATH, --model PATH: no such file, or not a GGUF model
-        if getattr(args, "debug", False):
-            raise
-        print(f"halluscope {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # `halluscope detect ... | head`: the reader left; nothing more to say
         _silence_stdout()
         return 141

@@ -183,7 +183,8 @@ def test_the_cli_says_one_line_and_exits_2_for_a_bad_gguf(tmp_path, bad):
     env = {**os.environ, L.PROBE_CACHE_ENV: str(tmp_path / "probe.json"), L.FAST_ENV: "0",
            "HALLUSCOPE_HOME": str(tmp_path)}
     for argv in (["evaluate", "--program", "direct", "--task", "qa", "--limit", "1", "--no-mlflow", "--no-progress",
-                  "--lm", f"local:{tmp_path / bad}"], ["lm-server", "--model", str(tmp_path / bad)]):
+                  "--lm", f"local:{tmp_path / bad}"], ["lm-server", "--model", str(tmp_path / bad)],
+                 ["optimize", "--program", "spans", "--lang", "en", "--no-mlflow", "--lm", f"local:{tmp_path / bad}"]):
         p = subprocess.run([sys.executable, "-m", "halluscope", *argv], capture_output=True, text=True, env=env,
                            cwd=tmp_path, timeout=300)
         errors = [line for line in p.stderr.splitlines() if "error" in line]
