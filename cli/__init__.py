@@ -8,6 +8,7 @@
     halluscope serve --program spans --lang de        # HTTP API + web page on 127.0.0.1:8000
     halluscope ui                                     # the MLflow UI on the project's runs (offline)
     halluscope register --lang de --metric iou        # a compiled artifact into the MLflow model registry
+    halluscope lm-server --port 8080                  # the embedded GGUF as an OpenAI-compatible chat server
 
 Commands are imported lazily: ``halluscope detect ...`` imports :mod:`halluscope.cli.detect` only, and
 ``halluscope --help`` imports none (the one-line help of each command is in :data:`COMMANDS`), so a command
@@ -36,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("halluscope.cli.serve", "serve compiled detectors over HTTP (JSON API + web page)"),
     "ui": ("halluscope.cli.ui", "start the MLflow UI on the project's runs (works offline)"),
     "register": ("halluscope.cli.register", "register a compiled artifact as an MLflow model (no pickle)"),
+    "lm-server": ("halluscope.cli.lm_server", "serve a GGUF model (default: the embedded one) as an OpenAI-compatible "
+                                              "chat server"),
 }
 
 #: when the process started the command (``time.perf_counter``): commands print wall times from here, so

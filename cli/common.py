@@ -14,6 +14,7 @@ from halluscope.core.paths import set_offline_defaults
 
 set_offline_defaults()  # before anything imports litellm (through dspy) or MLflow
 
+from halluscope.lm.llamacpp import ModelFileError  # noqa: E402
 from halluscope.lm.models import LMCheckError, check_lm, configure  # noqa: E402
 from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_specs, get_dataset
 from halluscope.loaders.generic import FIELDS, parse_column_mapping
@@ -156,12 +157,13 @@ def add_debug_arg(p: argparse.ArgumentParser) -> None:
 
 
 def run_command(args, func=None) -> int:
-    """``func(args)`` (default ``args.func``); an :class:`InputError` becomes one line on stderr and exit status 2,
+    """``func(args)`` (default ``args.func``); an :class:`InputError` (or a model path that is no GGUF model,
+    :class:`~halluscope.lm.llamacpp.ModelFileError`) becomes one line on stderr and exit status 2,
     unless ``--debug`` was given (then it propagates with its traceback)."""
     func = func or args.func
     try:
         return func(args)
-    except InputError as e:
+    except (InputError, ModelFileError) as e:  # ModelFileError: --lm local:PATH or --model PATH is no GGUF model
         if getattr(args, "debug", False):
             raise
         command = getattr(args, "command", None)

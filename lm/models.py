@@ -48,6 +48,7 @@ from halluscope.core import paths
 from halluscope.lm.openai_client import (SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials,
                                   token_logprobs)
 from halluscope.core.redact import redact, redact_url, register_secret
+from halluscope.lm.llamacpp import ModelFileError, ModelFileNotFound, load_llama
 from halluscope.lm.usage import LMUsage  # re-exported: it lived here before #21
 
 logger = logging.getLogger(__name__)
@@ -258,8 +259,8 @@ class LlamaCppEngine:
         self.model_path = Path(model_path)
         self.max_items = max_items
         self.max_string = max_string
-        if not self.model_path.is_file():
-            raise FileNotFoundError(f"GGUF model file not found: {self.model_path}")
+        if not self.model_path.is_file():  # a file that is not a GGUF model: ModelFileError when it is loaded
+            raise ModelFileNotFound(f"GGUF model file not found: {self.model_path}")
         self.n_ctx = n_ctx
         self.n_threads = n_threads or usable_cpus()
         self.seed = seed
@@ -272,24 +273,14 @@ class LlamaCppEngine:
     def llm_logprobs(self):
         """The model again with ``logits_all=True``, loaded on the first request that asks for logprobs."""
         if self._llm_logprobs is None:
-            from llama_cpp import Llama  # see llm
-
-            self._llm_logprobs = Llama(model_path=str(self.model_path), n_ctx=min(self.n_ctx, self.logprobs_n_ctx),
-                                       n_threads=self.n_threads, seed=self.seed, logits_all=True, verbose=False)
+            self._llm_logprobs = load_llama(self.model_path, n_ctx=min(self.n_ctx, self.logprobs_n_ctx),
+                                            n_threads=self.n_threads, seed=self.seed, logits_all=True)
         return self._llm_logprobs
 
     @property
     def llm(self):
-        if self._llm is None:
-            from llama_cpp import Llama  # the compiled llama.cpp library: loaded when the model is first used
-
-            self._llm = Llama(
-                model_path=str(self.model_path),
-                n_ctx=self.n_ctx,
-                n_threads=self.n_threads,
-                seed=self.seed,
-                verbose=False,
-            )
+        if self._llm is None:  # the compiled llama.cpp library: loaded when the model is first used
+            self._llm = load_llama(self.model_path, n_ctx=self.n_ctx, n_threads=self.n_threads, seed=self.seed)
         return self._llm
 
     # -- prompt budgeting -------------------------------------------------------------------------
@@ -491,8 +482,8 @@ def make_lm(
         raise ValueError("an LM spec is required: 'local' or a model string like 'openai/gpt-4o-mini'")
     if spec == "local" or spec.startswith("local:"):
         path = smollm2_path() if spec == "local" else Path(spec.split(":", 1)[1]).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        if not path.is_file():  # a file that is not a GGUF model: ModelFileError when check_lm loads it
+            raise ModelFileNotFound(f"GGUF model file not found: {path}")
         engine = _local_engine(path, n_ctx, n_threads)
         kwargs.pop("timeout", None)  # --lm-timeout bounds requests to a server; the in-process model has none
         model = f"llamacpp/{path.stem}@{file_sha256(path)[:12]}-ctx{n_ctx}"
@@ -875,7 +866,8 @@ def check_lm(lm: dspy.BaseLM, *, timeout: float = 60.0) -> None:
 
     The embedded model is checked by loading its GGUF file (no generation); an LM with another in-process engine
     (a scripted test LM) is not called; any other LM gets one uncached, unretried "Reply with OK." request.
-    Raises :class:`LMCheckError` with the (redacted) reason.
+    Raises :class:`LMCheckError` with the (redacted) reason; a GGUF file llama.cpp cannot load as a model is
+    :class:`~halluscope.lm.llamacpp.ModelFileError` (a usage error).
     """
     engine = getattr(lm, "engine", None)
     try:
@@ -889,6 +881,8 @@ def check_lm(lm: dspy.BaseLM, *, timeout: float = 60.0) -> None:
             return  # another in-process engine (e.g. halluscope.lm.scripted.ScriptedEngine)
         probe = lm.copy(cache=False, num_retries=0, timeout=timeout)
         probe("Reply with OK.")
+    except ModelFileError:  # a file llama.cpp cannot load as a model: the caller's usage error, as it is
+        raise
     except Exception as e:  # noqa: BLE001 - any failure means no item could run
         raise LMCheckError(redact(f"{getattr(lm, 'model', lm)}: {type(e).__name__}: {str(e)[:300]}")) from None
 

@@ -1,7 +1,8 @@
 """A minimal OpenAI-compatible chat server, for running halluscope's ``--lm openai/NAME --api-base URL`` path
 offline, against the embedded GGUF or a deterministic stand-in.
 
-    python -m halluscope.serve.openai_compat --port 8081            # the embedded SmolLM2 GGUF
+    halluscope lm-server --port 8081                                # the embedded SmolLM2 GGUF (the command)
+    python -m halluscope.serve.openai_compat --port 8081            # the same, by its module
     halluscope evaluate --lm openai/smollm2 --api-base http://127.0.0.1:8081/v1 --limit 3
 
 It speaks the part of the API DSPy/LiteLLM use: ``POST /v1/chat/completions`` (``messages``, ``max_tokens`` or
@@ -9,7 +10,8 @@ It speaks the part of the API DSPy/LiteLLM use: ``POST /v1/chat/completions`` (`
 ``GET /v1/models``. A ``json_schema`` response format constrains decoding the way llama.cpp's own server does
 (a grammar from the schema). Backends:
 
-* :class:`LlamaBackend` — a GGUF through llama-cpp-python, one request inside the model at a time;
+* :class:`LlamaBackend` — a GGUF through llama-cpp-python (built by :func:`halluscope.lm.llamacpp.load_llama`, so
+  with parameters that cannot crash), one request inside the model at a time;
 * :class:`SchemaBackend` — answers with a JSON object valid under the request's schema (from a responder
   function, else each field's simplest value): tests of the client path that need no model.
 
@@ -33,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from halluscope.lm.llamacpp import check_gguf, load_llama
 from halluscope.lm.models import response_schema, smollm2_path
 from halluscope.programs.registry import ranged, whole
 
@@ -56,10 +59,9 @@ class LlamaBackend:
     """A GGUF model (default: the embedded SmolLM2) answering chat requests; one request at a time."""
 
     def __init__(self, model_path: str | Path | None = None, n_ctx: int = 8192, n_threads: int | None = None):
-        from llama_cpp import Llama  # the compiled extension: loaded only when this backend is used
-
-        self.model_path = Path(model_path) if model_path else smollm2_path()
-        self.llm = Llama(model_path=str(self.model_path), n_ctx=n_ctx, n_threads=n_threads, seed=0, verbose=False)
+        # the compiled extension: loaded only when this backend is used; a bad path is a ModelFileError
+        self.model_path = check_gguf(model_path if model_path else smollm2_path())
+        self.llm = load_llama(self.model_path, n_ctx=n_ctx, n_threads=n_threads, seed=0)
         self.lock = threading.Lock()
         self.name = self.model_path.stem
 

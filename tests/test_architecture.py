@@ -159,6 +159,39 @@ def test_no_private_name_crosses_a_package():
         "halluscope.serve.openai_compat imports ['_x'] from halluscope.tracking.runs"]
 
 
+#: the one module that may build a ``llama_cpp.Llama`` (the model factory, #33)
+LLAMA_FACTORY = "halluscope.lm.llamacpp"
+
+
+def _llama_constructions(mod: str, source: str) -> list[str]:
+    """Where ``source`` (module ``mod``) imports ``Llama`` from llama_cpp or names ``<x>.Llama``: each a way to
+    build a llama.cpp model without the factory's safe parameters."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "llama_cpp":
+            if any(a.name in ("Llama", "*") for a in node.names):
+                bad.append(f"{mod}:{node.lineno} imports Llama from {node.module}")
+        elif isinstance(node, ast.Attribute) and node.attr == "Llama":
+            bad.append(f"{mod}:{node.lineno} uses .Llama")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Llama":
+            bad.append(f"{mod}:{node.lineno} calls Llama(...)")
+    return sorted(bad)
+
+
+def test_every_llama_cpp_model_is_built_by_the_factory():
+    """No module but :mod:`halluscope.lm.llamacpp` builds a ``llama_cpp.Llama``: a model built elsewhere would get
+    llama.cpp's default ``use_extra_bufts`` and crash on a CPU that advertises AMX in a VM that does not enable it
+    (#33). Use ``halluscope.lm.llamacpp.load_llama``."""
+    bad = [line for mod, path in MODULES.items() if mod != LLAMA_FACTORY
+           for line in _llama_constructions(mod, path.read_text(encoding="utf-8"))]
+    assert not bad, "\n".join(bad)
+    assert _llama_constructions(LLAMA_FACTORY, MODULES[LLAMA_FACTORY].read_text(encoding="utf-8"))  # it does
+    planted = ("from llama_cpp import Llama as L\nimport llama_cpp\nllama_cpp.Llama(model_path='x')\n"
+               "Llama(model_path='y')\nfrom llama_cpp import LLAMA_POOLING_TYPE_NONE\n")
+    assert _llama_constructions("m", planted) == ["m:1 imports Llama from llama_cpp", "m:3 uses .Llama",
+                                                  "m:4 calls Llama(...)"]
+
+
 def _cycle() -> list[str] | None:
     graph = {m: {d for d in deps if d != "halluscope"} for m, deps in GRAPH.items() if m != "halluscope"}
     state: dict[str, int] = {}

@@ -299,31 +299,59 @@ def test_serve_a_compiled_detector_whose_lm_is_a_server(home):
             proc.communicate(timeout=20)
 
 
-@pytest.mark.embedded
-def test_every_lm_program_through_llama_cpp_pythons_own_server(home):
-    """llama-cpp-python's server (the one the README names) on the embedded GGUF: it refuses ``json_schema``
-    (HTTP 500 naming response_format), the client falls back to ``json_object`` + schema once and remembers it,
-    max_tokens is honoured, and every LM program runs its 2 items with no HTTP failure."""
+@contextlib.contextmanager
+def lm_server(*args: str):
+    """``halluscope lm-server`` (the model factory's safe parameters unless the probe said otherwise) on a free
+    port, in its own process; yields its base URL and the line it printed on start."""
     import subprocess
     import sys
 
-    from halluscope.lm.models import smollm2_path
-    from halluscope.lm.openai_client import reset_server_capabilities, server_capabilities
-
-    reset_server_capabilities()
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--host",
-                             "127.0.0.1", "--port", str(port), "--n_ctx", "8192"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "halluscope", "lm-server", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}/v1"
     try:
+        started = proc.stderr.readline()  # printed once the model is loaded, before the port is bound
         for _ in range(600):
             try:
                 httpx.get(f"{base}/models", timeout=1)
                 break
             except httpx.HTTPError:
-                assert proc.poll() is None, "llama_cpp.server did not start"
+                assert proc.poll() is None, f"halluscope lm-server did not start: {started}{proc.stderr.read()}"
                 time.sleep(0.2)
+        yield base, started
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.embedded
+def test_lm_server_answers_chat_completions_with_the_embedded_model(home):
+    with lm_server("--name", "smollm2", "--n-ctx", "2048") as (base, started):
+        assert started.startswith("halluscope lm-server: ") and "'smollm2'" in started and "use_extra_bufts" in started
+        assert httpx.get(f"{base}/models", timeout=10).json()["data"][0]["id"] == "smollm2"
+        r = httpx.post(f"{base}/chat/completions", timeout=120, json={
+            "model": "smollm2", "messages": [{"role": "user", "content": "Name the capital of France."}],
+            "max_tokens": 8, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "A", "schema": {
+                "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["usage"]["completion_tokens"] <= 8 and out["choices"][0]["finish_reason"] in ("stop", "length")
+        if out["choices"][0]["finish_reason"] == "stop":
+            assert set(json.loads(out["choices"][0]["message"]["content"])) == {"city"}
+
+
+@pytest.mark.embedded
+def test_every_lm_program_through_a_real_server(home):
+    """A real OpenAI-compatible server process on the embedded GGUF (``halluscope lm-server``, which builds the
+    model with the factory's safe parameters: ``python -m llama_cpp.server`` cannot be given them and dies on a
+    CPU that advertises AMX in a VM that does not enable it, #33): the client's first choice, ``json_schema``, is
+    taken, max_tokens is honoured, and every LM program runs its 2 items with no HTTP failure."""
+    from halluscope.lm.openai_client import reset_server_capabilities, server_capabilities
+
+    reset_server_capabilities()
+    with lm_server("--name", "smollm2", "--n-ctx", "8192") as (base, _):
         runs = {"spans": ["--lang", "en"], "halluclean": ["--task", "qa"], "direct": ["--task", "qa"],
                 "finch": ["--lang", "en", "-O", "n_samples=1"],
                 "medico": ["--task", "qa", "-O", "correct=false", "-O", "sources=context"],
@@ -340,7 +368,4 @@ def test_every_lm_program_through_llama_cpp_pythons_own_server(home):
             engine = dspy.settings.lm.engine  # the client the command configured
             assert engine.stats.over_budget == 0, program  # no generation longer than the max_tokens it was sent
         caps = server_capabilities()
-        assert caps == {f"{base} smollm2": {"format": "json_object_schema", "max_completion_tokens": False}}
-    finally:
-        proc.terminate()
-        proc.wait(30)
+        assert caps == {f"{base} smollm2": {"format": "json_schema", "max_completion_tokens": False}}

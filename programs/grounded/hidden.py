@@ -108,12 +108,11 @@ class LlamaHidden:
 
     def __init__(self, model_path: str | os.PathLike | None = None, n_ctx: int = 1024, n_threads: int | None = None):
         import llama_cpp
-        from llama_cpp import Llama
 
-        path = resolve_model(str(model_path) if model_path else None)
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        from halluscope.lm.llamacpp import check_gguf, load_llama
         from halluscope.lm.models import file_sha256
+
+        path = check_gguf(resolve_model(str(model_path) if model_path else None))  # missing: a FileNotFoundError
 
         self.name = f"{path.name}@{file_sha256(path)[:12]}"
         self.n_ctx = n_ctx
@@ -122,9 +121,9 @@ class LlamaHidden:
 
         # llama.cpp notes on stderr that no pooling overrides the model's default: expected, so kept off the CLI's
         with suppress_stdout_stderr(disable=False):
-            self.llm = Llama(model_path=str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE,
-                             n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, verbose=False, seed=0,
-                             n_threads=n_threads or max(1, os.cpu_count() or 1))
+            self.llm = load_llama(path, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE,
+                                  n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, seed=0,
+                                  n_threads=n_threads or max(1, os.cpu_count() or 1))
         self.n_embd, self.n_vocab = self.llm.n_embd(), self.llm.n_vocab()
         self._lock = threading.Lock()
         self.tokens_evaluated = 0

@@ -41,6 +41,7 @@ from typing import Protocol
 import numpy as np
 
 from halluscope.core import paths
+from halluscope.lm.llamacpp import check_gguf, load_llama
 from halluscope.lm.models import file_sha256, smollm2_path
 from halluscope.programs.grounded.units import AnswerUnit, tokens_of
 from halluscope.core.text import segment
@@ -73,15 +74,11 @@ class LlamaBackend:
 
     def __init__(self, model_path: str | os.PathLike | None = None, n_ctx: int = 2048, n_threads: int | None = None):
         # llama_cpp and the model file are heavy: loaded only when the LM signal is switched on.
-        from llama_cpp import Llama
-
-        path = Path(model_path) if model_path else smollm2_path()
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        path = check_gguf(model_path if model_path else smollm2_path())  # missing: a FileNotFoundError
         self.name = f"{path.name}@{file_sha256(path)[:12]}"
         self.n_ctx = n_ctx
-        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or max(1, os.cpu_count() or 1),
-                         logits_all=True, verbose=False, seed=0)
+        self.llm = load_llama(path, n_ctx=n_ctx, n_threads=n_threads or max(1, os.cpu_count() or 1),
+                              logits_all=True, seed=0)
         self._lock = threading.Lock()
         self.tokens_evaluated = 0
 
