@@ -199,6 +199,10 @@ def cmd_detect(args) -> int:
                 write_row(sys.stdout, r, "text", header=f"— {r.get('id')} —")
         print(f"{stats['items']} answers: {stats['ok']} ok ({stats['with_spans']} with spans), "
               f"{stats['failed']} failed, {stats['seconds']:.1f} s -> {stats['output']}")
+        if stats.get("duplicate_ids"):
+            print(f"warning: {stats['duplicate_ids']} rows of {args.input} repeat an id an earlier row has (counted, "
+                  f"not refused: every row is detected and written, so ids in the output are not unique)",
+                  file=sys.stderr)
         truncated = getattr(getattr(lm, "engine", None), "stats", None)
         if truncated is not None and truncated.truncated:
             print(f"warning: {truncated.truncated} prompts were longer than the model's context and were cut in the "
@@ -222,10 +226,12 @@ def _load_options(args) -> dict:
         usage_error(args, f"argument --option/-O: {e}")
 
 
-def read_rows(path) -> list[dict]:
-    """The rows of a detections JSONL file just written."""
+def read_rows(path):
+    """The rows of a detections JSONL file just written, one at a time."""
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
 
 
 def check_output(args) -> Path | None:

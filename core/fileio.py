@@ -8,12 +8,14 @@ import os
 import tempfile
 from pathlib import Path
 
+from halluscope.core.safejson import check_regular_file, loads as json_loads
+
 try:
     import fcntl
 except ImportError:  # Windows
     fcntl = None
 
-__all__ = ["read_jsonl", "iter_jsonl", "write_text_atomic", "create_unique_dir", "file_lock"]
+__all__ = ["read_jsonl", "iter_jsonl", "write_text_atomic", "atomic_writer", "create_unique_dir", "file_lock"]
 
 
 def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
@@ -25,7 +27,10 @@ def read_jsonl(path: str | os.PathLike) -> list[tuple[int, dict]]:
 
 
 def iter_jsonl(path: str | os.PathLike):
-    """:func:`read_jsonl` one line at a time (a large file is never held whole)."""
+    """:func:`read_jsonl` one line at a time (a large file is never held whole). ``path`` must be a regular file
+    (a FIFO or a device is refused before it is opened) and a line nested deeper than
+    :data:`halluscope.core.safejson.MAX_JSON_DEPTH` is refused naming the line."""
+    check_regular_file(path)
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -38,7 +43,7 @@ def iter_jsonl(path: str | os.PathLike):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = json_loads(line, where=f"{path}: line {lineno}")
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(rec, dict):
@@ -65,6 +70,27 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             pass
         raise
     return path
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | Path):
+    """A text file to write in a ``with`` block, streamed: a temp file in the same folder, then fsync and
+    ``os.replace`` when the block ends without an error (removed otherwise), as :func:`write_text_atomic`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def create_unique_dir(root: str | Path, name: str) -> Path:

@@ -170,3 +170,160 @@ def test_the_files_retriever_skips_a_heavy_pdf_and_reads_the_rest(tmp_path):
     r = FileRetriever(tmp_path, limits=ExtractionLimits(max_seconds=1.0))
     assert time.perf_counter() - t0 < 3.5
     assert len(r.read) == 1 and "text extraction took over 1 s" in r.report()
+
+
+# -- item 3: long answers in linear time; --input streamed --------------------------------------------------------
+
+def _long_answer(n: int) -> str:
+    base = ("The Eiffel Tower, built in 1887-1889, is 330 m tall and was opened on 31 March 1889; about 7 million "
+            "people visit it every year, paying 29.40 euros. ")
+    return (base * (n // len(base) + 1))[:n]
+
+
+def _best_of(fn, repeats: int = 2) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_value_mentions_of_a_long_answer_take_linear_time():
+    """grounded's value mentions were quadratic: a scan of every compound number and a copy of the text before
+    every word, then a scan of every mention for every unit (a 50,000-character answer: 3.5 s of a 4.5 s detect;
+    400,000 characters: 75 s). 4x the text must cost about 4x the time (quadratic: 16x)."""
+    from halluscope.programs.grounded.numbers import mentions, unit_mentions
+    from halluscope.programs.grounded.units import units_of
+
+    def run(n):
+        text = _long_answer(n)
+        units = units_of(text)
+        return lambda: unit_mentions(units, mentions(text, "en"))
+
+    small, large = run(20_000), run(80_000)
+    small()  # warm
+    ratio = _best_of(large) / _best_of(small)
+    assert ratio < 8, f"80k/20k characters took {ratio:.1f}x the time (linear: about 4, quadratic: 16)"
+
+
+def test_unit_mentions_is_the_first_overlapping_mention_in_list_order():
+    from halluscope.programs.grounded.numbers import Mention, unit_mentions
+    from halluscope.programs.grounded.units import AnswerUnit
+
+    ments = [Mention(0, 10, "range", [], []), Mention(2, 4, "num", [], []), Mention(12, 14, "unit", [], [])]
+    units = [AnswerUnit(s, e, "word", "", "") for s, e in [(3, 4), (10, 12), (11, 13), (15, 16), (0, 1)]]
+    assert unit_mentions(units, ments) == [ments[0], None, ments[2], None, ments[0]]
+    shuffled = [ments[2], ments[1], ments[0]]  # not sorted: the plain scan, same rule
+    assert unit_mentions(units, shuffled) == [ments[1], None, ments[2], None, ments[0]]
+
+
+class _Echo:
+    """A detector module for detect_jsonl: marks the first character; records the largest batch it saw at once."""
+
+    def __call__(self, **kw):
+        from halluscope.core.contract import Detection, to_prediction
+
+        return to_prediction(Detection(answer=kw["answer"], spans=[(0, 1, 1.0)] if kw["answer"] else []))
+
+
+def test_detect_input_is_streamed_and_duplicate_ids_are_counted(tmp_path, monkeypatch):
+    from halluscope.artifacts import compiled
+
+    src = tmp_path / "in.jsonl"
+    with open(src, "w") as f:
+        for i in range(200):
+            f.write(json.dumps({"id": f"r{i % 150}", "answer": f"answer {i}"}) + "\n")
+    seen_batches = []
+    real = compiled.map_items
+    monkeypatch.setattr(compiled, "map_items", lambda fn, items, **kw: seen_batches.append(len(items)) or
+                        real(fn, items, **kw))
+    stats = compiled.detect_jsonl(_Echo(), src, tmp_path / "out.jsonl", progress=False)
+    assert stats["items"] == 200 and stats["ok"] == 200 and stats["duplicate_ids"] == 50
+    assert max(seen_batches) == compiled.BATCH and sum(seen_batches) == 200  # never the whole file at once
+    rows = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"r{i % 150}" for i in range(200)] and rows[0]["spans"]
+
+
+# -- items 9 and 11: every number of an artifact checked at load; deep program.json ------------------------------
+
+def _edited_grounded(root: Path, edit) -> Path:
+    """A copy of the committed English grounded artifact under ``root`` with ``edit(text) -> text`` applied to its
+    program.json and the content hash recomputed: a deliberate edit, which the hash alone cannot catch."""
+    import shutil
+
+    from halluscope.artifacts.store import content_hash
+
+    src = max((PROJECT_ROOT / "compiled" / "grounded" / "en" / "iou").glob("v*"))
+    dst = root / "grounded" / "en" / "iou" / src.name
+    shutil.copytree(src, dst)
+    prog, man = dst / "program.json", dst / "manifest.json"
+    prog.write_text(edit(prog.read_text()))
+    manifest = json.loads(man.read_text())
+    manifest["content_hash"] = content_hash(prog.read_bytes(), manifest)
+    man.write_text(json.dumps(manifest, indent=2))
+    return dst
+
+
+def _set(path: list, value: str):
+    """An edit that sets the number at ``path`` (keys and indices into the state) to the JSON text ``value``."""
+    def edit(text: str) -> str:
+        state = json.loads(text)
+        node = state
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = "@@"
+        return json.dumps(state, indent=1).replace('"@@"', value)
+    return edit
+
+
+ARTIFACT_PROBES = [  # (edit, what the one line says)
+    (_set(["grounded", "combiner", "weights", 3], "NaN"), ".grounded.combiner.weights[3]: nan is not a finite number"),
+    (_set(["grounded", "combiner", "mean", 0], "NaN"), ".grounded.combiner.mean[0]: nan is not a finite number"),
+    (_set(["grounded", "combiner", "weights", 0], "Infinity"), ".grounded.combiner.weights[0]: inf is not a finite"),  # intercept
+    (_set(["grounded", "response", "model", "weights", 0], "-1e999"), ".model.weights[0]: -inf is not a finite number"),
+    (_set(["grounded", "combiner", "scale", 2], "0.0"), ".grounded.combiner.scale[2]: 0.0 is out of range for a scale"),
+    (_set(["grounded", "threshold"], "7.5"), ".grounded.threshold: 7.5 is out of range for a threshold (0 to 1)"),
+    (_set(["grounded", "combiner", "weights", 1], "1e300"), "1e+300 is out of range"),
+    (lambda t: t.rstrip().rstrip("}") + ', "deep": ' + "[" * 200_000 + "]" * 200_000 + "}",
+     "JSON nested deeper than 100 levels"),
+]
+
+
+@pytest.mark.parametrize("edit, says", ARTIFACT_PROBES, ids=[
+    "nan-weight", "nan-mean", "inf-intercept", "overflow", "zero-scale", "threshold", "huge", "deep"])
+def test_an_artifact_with_bad_numbers_or_deep_json_is_refused_at_load(tmp_path, edit, says):
+    from halluscope.artifacts.store import ArtifactIntegrityError, load_compiled
+
+    _edited_grounded(tmp_path, edit)
+    with pytest.raises(ArtifactIntegrityError) as err:
+        load_compiled("grounded", lang="en", metric="iou", root=tmp_path)
+    message = str(err.value)
+    assert says in message and "refusing to load" in message and "\n" not in message, message
+
+
+def test_tree_leaves_and_every_committed_artifact(tmp_path):
+    from halluscope.artifacts.checks import number_problem
+
+    trees = {"combiner": {"kind": "trees", "baseline": 0.1, "trees": [
+        {"feature": [0, -1, -1], "threshold": [0.5, 0.0, 0.0], "leaf": [False, True, True],
+         "value": [0.0, 0.3, float("nan")]}]}}
+    assert number_problem(trees) == ".combiner.trees[0].value[2]: nan is not a finite number"
+    trees["combiner"]["trees"][0]["value"][2] = float("inf")
+    assert "inf is not a finite number" in number_problem(trees)
+    trees["combiner"]["trees"][0]["value"][2] = -0.2
+    trees["combiner"]["trees"][0]["threshold"][0] = 42.0  # a tree's feature threshold is no probability
+    assert number_problem(trees) is None
+    committed = list((PROJECT_ROOT / "compiled").rglob("*.json"))
+    assert committed and all(number_problem(json.loads(p.read_text())) is None for p in committed)
+
+
+def test_detect_with_a_nan_artifact_is_one_line_and_exit_2(tmp_path):
+    _edited_grounded(tmp_path, _set(["grounded", "combiner", "weights", 3], "NaN"))
+    done = subprocess.run([sys.executable, "-m", "halluscope", "detect", "--program", "grounded", "--lang", "en",
+                           "--compiled-dir", str(tmp_path), "--answer", "Paris is in France."],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "HALLUSCOPE_HOME": str(tmp_path / "home")})
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "weights[3]: nan is not a finite number" in lines[0], done.stderr
