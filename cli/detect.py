@@ -42,6 +42,7 @@ from halluscope.tracking.traces import lm_tracing
 from halluscope.tracking.runs import experiment_name
 from halluscope.artifacts.compiled import detect, detect_jsonl
 from halluscope.core.fileio import create_unique_dir, write_text_atomic
+from halluscope.core.safejson import check_regular_file
 from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
@@ -139,6 +140,11 @@ def cmd_detect(args) -> int:
     if args.engine == "ray" and args.input is None:
         raise SystemExit("halluscope detect: --engine ray needs --input FILE.{jsonl,parquet}")
     check_output(args)  # before any work: an unusable --output fails now, not after every answer was detected
+    if args.input is not None:  # a FIFO would hang, /dev/zero never ends: regular files only (#35)
+        try:
+            check_regular_file(args.input, "--input")
+        except (OSError, ValueError) as e:
+            usage_error(args, str(e) if isinstance(e, ValueError) else f"--input: {e.strerror}: {args.input}")
     check_tracking(args, "detect")  # with --trace: a store that cannot take the traces fails now
     load_options = _load_options(args)
     if args.answer is not None and not args.output and sys.stdout is None:

@@ -60,6 +60,7 @@ import dspy
 
 from halluscope.loaders.halluclean import INPUT_FIELDS
 from halluscope.core.fileio import iter_jsonl
+from halluscope.core.safejson import check_regular_file
 from halluscope.core.literals import parse_text_value
 from halluscope.loaders.mushroom import check_gold, gold_from_record
 from halluscope.loaders.dataset_registry import DatasetArgumentError
@@ -308,6 +309,8 @@ def open_rows(source: str | os.PathLike, *, split: str | None = None,
         elif p.is_dir():
             where = str(p)
             data = datasets.load_dataset(str(p), cache_dir=cache)
+        elif p.exists():  # a FIFO, a device, a socket: reading it would hang or never end
+            check_regular_file(p, "data file")
         elif not _is_hub_name(text):
             raise FileNotFoundError(f"no such data file or folder: {p}")
         else:

@@ -327,3 +327,69 @@ def test_detect_with_a_nan_artifact_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "weights[3]: nan is not a finite number" in lines[0], done.stderr
+
+
+# -- item 11: detect --input on a FIFO, a link to /dev/zero, deep JSON; generic data files ------------------------
+
+_DETECT_CHILD = """
+import io, json, resource, signal, sys
+from contextlib import redirect_stderr, redirect_stdout
+from halluscope.cli import main
+vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + 1_500_000_000, vm + 1_500_000_000))  # /dev/zero: MemoryError, not swap
+def hung(*_):
+    raise TimeoutError("still reading after 20 s")
+signal.signal(signal.SIGALRM, hung)
+root, out = sys.argv[1], sys.argv[2]
+for inp in sys.argv[3:]:
+    err = io.StringIO()
+    signal.alarm(20)
+    try:
+        with redirect_stderr(err), redirect_stdout(io.StringIO()):
+            rc = main(["detect", "--program", "mark-all", "--lang", "en", "--metric", "iou", "--compiled-dir", root,
+                       "--input", inp, "--output", out, "--no-progress"])
+    except SystemExit as e:
+        rc = e.code
+    except BaseException as e:
+        rc = type(e).__name__
+    signal.alarm(0)
+    print(json.dumps([inp, rc, err.getvalue().strip().splitlines()]), flush=True)
+"""
+
+
+def test_detect_input_that_is_no_regular_file_or_nests_too_deep_is_one_line(tmp_path):
+    """Before: a FIFO hung in open(), a symlink to /dev/zero read one endless line until MemoryError, a 100k-deep
+    JSON line raised RecursionError (tracebacks). Now each is one line naming the file, exit 2."""
+    from halluscope.artifacts.store import write_artifact
+    from halluscope.programs import registry
+
+    root = tmp_path / "compiled"
+    write_artifact(registry.get("mark-all").make(), {"source": "test"}, program_name="mark-all", lang="en",
+                   metric="iou", root=root)
+    fifo, zero, deep = tmp_path / "in.fifo", tmp_path / "zero.jsonl", tmp_path / "deep.jsonl"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    deep.write_text('{"answer": "x", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    done = subprocess.run([sys.executable, "-c", _DETECT_CHILD, str(root), str(tmp_path / "out.jsonl"),
+                           str(fifo), str(zero), str(deep), str(tmp_path)], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "HALLUSCOPE_HOME": str(tmp_path / "home")})
+    results = {Path(p).name: (rc, lines) for p, rc, lines in map(json.loads, done.stdout.splitlines())}
+    assert set(results) == {"in.fifo", "zero.jsonl", "deep.jsonl", tmp_path.name}, done.stderr[-3000:]
+    says = {"in.fifo": "a FIFO (named pipe), not a regular file", "zero.jsonl": "a character device, not a regular",
+            "deep.jsonl": "line 1: JSON nested deeper than 100 levels", tmp_path.name: "a folder, not a regular file"}
+    for name, (rc, lines) in results.items():
+        lines = [x for x in lines if not x.startswith("loaded ")]  # the artifact line (deep JSON is found later)
+        assert rc == 2 and len(lines) == 1 and says[name] in lines[0], (name, rc, lines)
+
+
+def test_deep_json_in_generic_data_files_is_one_line(tmp_path):
+    from halluscope.loaders.generic import load_generic
+
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"answer": "fine"}\n{"answer": "x", "meta": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(ValueError, match=r"deep.jsonl: line 2: JSON nested deeper than 100 levels"):
+        load_generic(deep)
+    fifo = tmp_path / "data.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="a FIFO"):
+        load_generic(fifo)
