@@ -393,3 +393,134 @@ def test_deep_json_in_generic_data_files_is_one_line(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="a FIFO"):
         load_generic(fifo)
+
+
+# -- item 10: the reply cache folder is private ----------------------------------------------------------------
+
+def test_the_lm_cache_folder_is_private_and_one_others_can_write_is_refused(tmp_path, monkeypatch, capsys):
+    """DSPy's disk cache unpickles what it reads (a rewritten cache.db row ran os.system): its folder is created
+    0700, and a folder that group or others can write is refused in one line, exit 2, before any LM call."""
+    from halluscope.cli import main
+    from halluscope.lm.models import UnsafeFolderError, configure
+
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(tmp_path / "home"))
+    cache = tmp_path / "cache"
+    configure("openai/x", cache_dir=cache, api_base="http://127.0.0.1:9/v1")
+    server = next(cache.glob("server-*"))
+    assert cache.stat().st_mode & 0o777 == 0o700 and server.stat().st_mode & 0o777 == 0o700
+    os.chmod(cache, 0o777)
+    with pytest.raises(UnsafeFolderError, match=r"is writable by group and others \(mode 0777\)"):
+        configure("openai/x", cache_dir=cache, api_base="http://127.0.0.1:9/v1")
+    os.chmod(cache, 0o700)
+    shard = cache / "000"
+    shard.mkdir(mode=0o700)
+    (shard / "cache.db").touch()
+    os.chmod(shard / "cache.db", 0o666)  # a planted, world-writable database
+    with pytest.raises(UnsafeFolderError, match="000/cache.db is writable by group and others"):
+        configure("openai/x", cache_dir=cache, api_base="http://127.0.0.1:9/v1")
+    data = _jsonl(tmp_path / "d.jsonl", ['{"id": "a", "answer": "x", "label": true}'])
+    rc = main(["evaluate", "--program", "spans", "--dataset", "generic", "--data-dir", str(data), "--lm",
+               "openai/x", "--api-base", "http://127.0.0.1:9/v1", "--cache-dir", str(cache), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "is writable by group and others" in err[0], err
+
+
+# -- item 12: no silent coercion of generic data ------------------------------------------------------------
+
+def _jsonl(path: Path, rows: list[str]) -> Path:
+    path.write_text("".join(r + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("row, says", [
+    ('{"id": "a", "answer": null, "label": true}', "column 'answer': null, not an answer"),
+    ('{"id": "a", "answer": [1, 2], "label": true}', "column 'answer': expected text, got list"),
+    ('{"id": "a", "answer": {"t": "x"}, "label": true}', "column 'answer': expected text, got dict"),
+    ('{"id": "a", "answer": true, "label": true}', "column 'answer': expected text, got bool"),
+    ('{"id": "a", "answer": "x", "question": ["q"], "label": true}', "column 'question': expected text, got list"),
+    ('{"id": "b", "answer": "x", "label": true}', "row 1 (line 2, id 'b'): the id of row 0 again; ids must be"),
+])
+def test_generic_values_that_are_no_text_and_duplicate_ids_are_refused(tmp_path, row, says):
+    from halluscope.loaders.generic import load_generic
+
+    path = _jsonl(tmp_path / "d.jsonl", ['{"id": "b", "answer": "fine", "label": false}', row])
+    with pytest.raises(ValueError, match=r"d.jsonl: row 1 \(line 2, id '[ab]'\)") as err:
+        load_generic(path)
+    assert says in str(err.value), err.value
+
+
+def test_generic_numbers_and_missing_labels_are_counted_and_said(tmp_path, caplog):
+    import logging
+
+    from halluscope.loaders.generic import load_generic
+
+    path = _jsonl(tmp_path / "d.jsonl", ['{"id": "a", "answer": 42, "label": true}',
+                                         '{"id": "b", "answer": "x", "label": NaN}',
+                                         '{"id": "c", "answer": "y", "label": null}',
+                                         '{"id": "d", "answer": "z", "label": false}'])
+    with caplog.at_level(logging.WARNING, logger="halluscope"):
+        examples = load_generic(path)
+    assert [(e.answer, e.label) for e in examples] == [("42", True), ("x", None), ("y", None), ("z", False)]
+    said = [r.getMessage() for r in caplog.records if r.name == "halluscope.loaders.generic"]
+    assert said == [f"{path}: 1 answers that are numbers (read as text); 2 unlabelled rows (null, NaN or empty "
+                    f"label) (counted, not refused)"], said
+
+
+# -- item 4: a hidden-state cache entry whose shape does not fit the item ---------------------------------------
+
+def _npz_bomb(path: Path, rows: int, width: int = 576) -> None:
+    """An .npz whose H.npy declares (rows, width) float16 zeros, streamed into the zip 1 MB at a time (the test
+    never holds the array), with lp/ent/pieces/cut/tokens as a real entry has them."""
+    import io
+    import zipfile
+
+    import numpy as np
+    from numpy.lib import format as npy
+
+    def member(z, name, arr):
+        buf = io.BytesIO()
+        np.save(buf, arr)
+        z.writestr(name, buf.getvalue())
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        with z.open("H.npy", "w", force_zip64=True) as f:
+            npy.write_array_header_1_0(f, {"descr": "<f2", "fortran_order": False, "shape": (rows, width)})
+            zeros, left = bytes(1 << 20), rows * width * 2
+            while left > 0:
+                f.write(zeros[:min(left, len(zeros))])
+                left -= len(zeros)
+        member(z, "lp.npy", np.zeros(rows, np.float32))
+        member(z, "ent.npy", np.zeros(rows, np.float32))
+        member(z, "pieces.npy", np.array("[]"))
+        member(z, "cut.npy", np.array(0))
+        member(z, "tokens.npy", np.array(rows))
+
+
+def test_a_hidden_state_cache_entry_of_the_wrong_shape_is_refused_before_it_is_read(tmp_path, caplog):
+    """The entry for a 5-token answer replaced by one declaring 200,000 x 576 float16 zeros (about 0.5 MB on disk,
+    230 MB inflated, 460 MB as float32): before, it was inflated and used (its rows did not even fit the item);
+    now its headers are checked against the item and it is ignored and recomputed, with a warning."""
+    import tracemalloc
+
+    from halluscope.programs.grounded.hidden import HiddenScorer
+    from tests.test_grounded_hidden import FakeBackend
+
+    be = FakeBackend()
+    answer = "The tower is tall."
+    first = HiddenScorer(backend=be, cache_dir=tmp_path).token_outputs("Where?", answer, "The tower is in Paris.")
+    (entry,) = tmp_path.rglob("*.npz")
+    _npz_bomb(entry, 200_000)
+    assert entry.stat().st_size < 2_000_000
+    scorer = HiddenScorer(backend=be, cache_dir=tmp_path)
+    tracemalloc.start()
+    try:
+        assert scorer.token_outputs("Where?", answer, "The tower is in Paris.", cached_only=True) is None
+        again = scorer.token_outputs("Where?", answer, "The tower is in Paris.")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20_000_000, f"{peak / 1e6:.0f} MB allocated"
+    assert again["H"].shape == first["H"].shape and scorer.calls == 1 and scorer.cache_hits == 0
+    assert "H has shape (200000, 576); this answer has" in caplog.text
+    assert HiddenScorer(backend=be, cache_dir=tmp_path).token_outputs(  # the rewritten entry is a hit again
+        "Where?", answer, "The tower is in Paris.", cached_only=True)["H"].shape == first["H"].shape
