@@ -524,3 +524,17 @@ def test_a_hidden_state_cache_entry_of_the_wrong_shape_is_refused_before_it_is_r
     assert "H has shape (200000, 576); this answer has" in caplog.text
     assert HiddenScorer(backend=be, cache_dir=tmp_path).token_outputs(  # the rewritten entry is a hit again
         "Where?", answer, "The tower is in Paris.", cached_only=True)["H"].shape == first["H"].shape
+
+
+def test_an_answer_over_the_documented_limit_is_refused_in_one_line(tmp_path):
+    from halluscope.artifacts import compiled
+
+    with pytest.raises(ValueError, match="over detect's limit of 1,000,000"):
+        compiled.detect(_Echo(), "x" * (compiled.MAX_ANSWER_CHARS + 1))
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "huge", "answer": "x" * (compiled.MAX_ANSWER_CHARS + 1)}) + "\n"
+                   + json.dumps({"id": "ok", "answer": "fine"}) + "\n")
+    stats = compiled.detect_jsonl(_Echo(), src, tmp_path / "out.jsonl", progress=False)
+    assert stats["failed"] == 1 and stats["ok"] == 1  # a failed row, counted; the file goes on
+    first = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
+    assert first["ok"] is False and "over detect's limit" in first["error"]
