@@ -269,10 +269,13 @@ def _context():
     """``fork`` where there is one (Linux, macOS): the child starts at once, and never re-imports the caller's
     ``__main__`` (``spawn``/``forkserver`` do, which re-runs a script without an ``if __name__ == "__main__"``
     guard). The readers are imported before the fork, so the child takes no import lock another thread might
-    hold. Elsewhere: None, and the document is read in this process (the deadline is checked between pages)."""
+    hold. Elsewhere, and inside a daemonic worker process: None, and the document is read in this process (the
+    deadline is checked between pages)."""
     import multiprocessing as mp
 
-    return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:  # a daemon may have no children
+        return None
+    return mp.get_context("fork")
 
 
 def _extract_in_worker(suffix: str, path: Path, limits: ExtractionLimits) -> str:
@@ -288,7 +291,12 @@ def _extract_in_worker(suffix: str, path: Path, limits: ExtractionLimits) -> str
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_worker, args=(send, suffix, str(path), limits), daemon=True,
                         name="halluscope-extract")
-    child.start()
+    try:
+        child.start()
+    except OSError:  # no process to spare (EAGAIN, ENOMEM): read it here, as without fork
+        send.close()
+        receive.close()
+        return (_read_pdf if suffix == ".pdf" else _read_docx)(path, limits)
     send.close()
     try:
         if not receive.poll(limits.max_seconds):

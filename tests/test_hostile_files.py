@@ -538,3 +538,16 @@ def test_an_answer_over_the_documented_limit_is_refused_in_one_line(tmp_path):
     assert stats["failed"] == 1 and stats["ok"] == 1  # a failed row, counted; the file goes on
     first = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
     assert first["ok"] is False and "over detect's limit" in first["error"]
+
+
+def test_documents_are_read_in_process_where_no_child_may_be_forked(tmp_path, monkeypatch):
+    """Inside a daemonic worker (a multiprocessing pool) a process may not have children: the reader falls back
+    to reading in this process, with the deadline checked between pages, instead of failing."""
+    import multiprocessing as mp
+
+    from halluscope.retrievers import files
+    from tests.test_reliability_inputs import _docx
+
+    monkeypatch.setattr(mp.current_process(), "daemon", True, raising=False)
+    assert files._context() is None
+    assert files.read_document(_docx(tmp_path / "ok.docx", paragraphs=2)).count("The Moon") == 2
