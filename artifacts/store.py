@@ -47,6 +47,7 @@ from dspy.utils.saving import get_dependency_versions
 from halluscope.core import paths
 from halluscope.core.redact import redact, redact_obj
 from halluscope.artifacts.compiled import CompiledDetector
+from halluscope.artifacts.checks import checked_json, checked_state
 from halluscope.programs.registry import get
 from halluscope.core.tasks import HALLUCLEAN_TASKS
 
@@ -460,7 +461,7 @@ def _fsync_dir(path: Path) -> None:
 def _read_manifest(path: Path) -> dict | None:
     try:
         m = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return m if isinstance(m, dict) else None
 
@@ -654,10 +655,7 @@ def verify_artifact(path: str | os.PathLike) -> tuple[dict, bytes]:
     man_file, prog_file = path / MANIFEST_FILE, path / PROGRAM_FILE
     if not man_file.is_file() or not prog_file.is_file():
         raise ArtifactIntegrityError(f"{path} is not a complete artifact (needs {MANIFEST_FILE} and {PROGRAM_FILE})")
-    try:
-        manifest = json.loads(man_file.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ArtifactIntegrityError(f"{man_file} is not valid JSON ({e}); refusing to load") from None
+    manifest = checked_json(man_file.read_text(encoding="utf-8"), man_file, error=ArtifactIntegrityError)
     if not isinstance(manifest, dict) or manifest.get("format") != ARTIFACT_FORMAT:
         raise ArtifactIntegrityError(
             f"{man_file}: unknown artifact format {manifest.get('format') if isinstance(manifest, dict) else None!r}"
@@ -829,12 +827,7 @@ def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
     except (TypeError, ValueError) as e:  # ValueError: includes UnknownOptionError naming the valid options
         raise ArtifactMismatchError(
             f"{chosen.path}: the code no longer accepts the build options {options}: {e}") from None
-    try:
-        state = json.loads(data)
-    except ValueError as e:
-        raise ArtifactIntegrityError(f"{chosen.path / PROGRAM_FILE} is not valid JSON: {e}") from None
-    if not isinstance(state, dict):
-        raise ArtifactIntegrityError(f"{chosen.path / PROGRAM_FILE} is not a JSON object")
+    state = checked_state(data, chosen.path / PROGRAM_FILE, error=ArtifactIntegrityError)  # finite, in range
     check_compatible(module, manifest, state, chosen.path)
     _warn_versions(state, chosen.path)
     module.load_state({k: v for k, v in state.items() if k != "metadata"})

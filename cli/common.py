@@ -15,7 +15,7 @@ from halluscope.core.paths import set_offline_defaults
 set_offline_defaults()  # before anything imports litellm (through dspy) or MLflow
 
 from halluscope.lm.llamacpp import ModelFileError  # noqa: E402
-from halluscope.lm.models import LMCheckError, check_lm, configure  # noqa: E402
+from halluscope.lm.models import LMCheckError, UnsafeFolderError, check_lm, configure  # noqa: E402
 from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_specs, get_dataset
 from halluscope.loaders.generic import FIELDS, parse_column_mapping
 from halluscope.loaders.mushroom import CONTEXT_VARIANTS
@@ -229,9 +229,12 @@ def setup_lm(args, *, needed: bool = True):
     schema = {"auto": None, "on": True, "off": False}[getattr(args, "response_schema", "auto")]
     server = {k: v for k, v in (("timeout", getattr(args, "lm_timeout", None)),
                                 ("num_retries", getattr(args, "lm_retries", None))) if v is not None}
-    lm = configure(args.lm, cache_dir=args.cache_dir, adapter=args.adapter, api_base=args.api_base,
-                   api_key=args.api_key, max_tokens=args.max_tokens, temperature=args.temperature,
-                   response_schema=schema, **server)
+    try:
+        lm = configure(args.lm, cache_dir=args.cache_dir, adapter=args.adapter, api_base=args.api_base,
+                       api_key=args.api_key, max_tokens=args.max_tokens, temperature=args.temperature,
+                       response_schema=schema, **server)
+    except UnsafeFolderError as e:  # a cache others can write: one line, exit 2 (#35)
+        raise InputError(str(e)) from e
     try:  # once, before any item: a run where every item would fail stops here
         check_lm(lm, timeout=getattr(args, "lm_timeout", None) or 60.0)
     except LMCheckError as e:

@@ -43,6 +43,7 @@ from halluscope.tracking.traces import lm_tracing
 from halluscope.tracking.runs import experiment_name
 from halluscope.artifacts.compiled import detect, detect_jsonl
 from halluscope.core.fileio import create_unique_dir, write_text_atomic
+from halluscope.core.safejson import check_regular_file
 from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
@@ -146,6 +147,11 @@ def cmd_detect(args) -> int:
     if args.engine == "ray" and args.input is None:
         raise SystemExit("halluscope detect: --engine ray needs --input FILE.{jsonl,parquet}")
     check_output(args)  # before any work: an unusable --output fails now, not after every answer was detected
+    if args.input is not None:  # a FIFO would hang, /dev/zero never ends: regular files only (#35)
+        try:
+            check_regular_file(args.input, "--input")
+        except (OSError, ValueError) as e:
+            usage_error(args, str(e) if isinstance(e, ValueError) else f"--input: {e.strerror}: {args.input}")
     check_tracking(args, "detect")  # with --trace: a store that cannot take the traces fails now
     load_options = _load_options(args)
     if args.answer is not None and not args.output and sys.stdout is None:
@@ -211,6 +217,10 @@ def cmd_detect(args) -> int:
                 write_row(sys.stdout, r, "text", header=f"— {r.get('id')} —")
         print(f"{stats['items']} answers: {stats['ok']} ok ({stats['with_spans']} with spans), "
               f"{stats['failed']} failed, {stats['seconds']:.1f} s -> {stats['output']}")
+        if stats.get("duplicate_ids"):
+            print(f"warning: {stats['duplicate_ids']} rows of {args.input} repeat an id an earlier row has (counted, "
+                  f"not refused: every row is detected and written, so ids in the output are not unique)",
+                  file=sys.stderr)
         truncated = getattr(getattr(lm, "engine", None), "stats", None)
         if truncated is not None and truncated.truncated:
             print(f"warning: {truncated.truncated} prompts were longer than the model's context and were cut in the "
@@ -234,10 +244,12 @@ def _load_options(args) -> dict:
         usage_error(args, f"argument --option/-O: {e}")
 
 
-def read_rows(path) -> list[dict]:
-    """The rows of a detections JSONL file just written."""
+def read_rows(path):
+    """The rows of a detections JSONL file just written, one at a time."""
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
 
 
 def check_output(args) -> Path | None:

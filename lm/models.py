@@ -45,6 +45,7 @@ from dspy.lm15 import Message, Response, Usage, response_to_events
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.core import paths
+from halluscope.core.fileio import UnsafeFolderError, private_dir  # noqa: F401 - UnsafeFolderError: re-exported
 from halluscope.lm.openai_client import (SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials,
                                   token_logprobs)
 from halluscope.core.redact import redact, redact_url, register_secret
@@ -811,12 +812,14 @@ def configure(
     (:class:`SchemaJSONAdapter`).
     """
     cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
+    # DSPy's disk cache unpickles what it reads: its folder is created 0700, and refused if others can write it
+    private_dir(cache_dir, "LM cache folder")  # (#35, item 10)
     if isinstance(lm, str):
         lm = make_lm(lm, **lm_kwargs)
     api_base = server_base(lm)  # without credentials
     if api_base:  # DSPy's cache key ignores api_base: one folder per server
-        cache_dir = cache_dir / f"server-{hashlib.sha256(api_base.encode()).hexdigest()[:12]}"
-    cache_dir.mkdir(parents=True, exist_ok=True)
+        cache_dir = private_dir(cache_dir / f"server-{hashlib.sha256(api_base.encode()).hexdigest()[:12]}",
+                                "LM cache folder")
     cache = ReplyCache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(cache_dir),
                        disk_size_limit_bytes=int(os.environ.get("DSPY_CACHE_LIMIT", 3e10)))
     with dspy._cache_lock:  # what dspy.configure_cache does, with a cache that can evict a garbage reply

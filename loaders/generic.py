@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import re
@@ -60,9 +61,12 @@ import dspy
 
 from halluscope.loaders.halluclean import INPUT_FIELDS
 from halluscope.core.fileio import iter_jsonl
+from halluscope.core.safejson import check_regular_file
 from halluscope.core.literals import parse_text_value
 from halluscope.loaders.mushroom import check_gold, gold_from_record
 from halluscope.loaders.dataset_registry import DatasetArgumentError
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "FIELDS",
@@ -308,6 +312,8 @@ def open_rows(source: str | os.PathLike, *, split: str | None = None,
         elif p.is_dir():
             where = str(p)
             data = datasets.load_dataset(str(p), cache_dir=cache)
+        elif p.exists():  # a FIFO, a device, a socket: reading it would hang or never end
+            check_regular_file(p, "data file")
         elif not _is_hub_name(text):
             raise FileNotFoundError(f"no such data file or folder: {p}")
         else:
@@ -356,17 +362,37 @@ def _resolve_columns(columns: Mapping[str, str], have: list[str], where: str) ->
     return out
 
 
+def _field_text(value: Any, field: str, cols: dict[str, str], at: str, notes: dict, *, required: bool = False) -> str:
+    """A text field's value: a string as it is; null/NaN "" (refused for the answer, which is the text to check);
+    a number as its text, counted in ``notes`` (said in one warning line); a list, mapping or boolean refused
+    (before #35 all of these became text silently: ``null`` -> "", ``[1, 2]`` -> "[1, 2]")."""
+    if isinstance(value, str):
+        return value
+    if _missing(value):
+        if required:
+            raise ValueError(f"{at}: column {cols[field]!r}: {'null' if value is None else 'NaN'}, not an answer: "
+                             f"every row needs the text to check")
+        return ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        key = f"{field}s that are numbers (read as text)"
+        notes[key] = notes.get(key, 0) + 1
+        return str(value)
+    raise ValueError(f"{at}: column {cols[field]!r}: expected text, got {type(value).__name__} "
+                     f"{str(_plain(value))[:60]!r}")
+
+
 def _case(row: dict, index: int, cols: dict[str, str], *, stem: str, where: str, lang: str | None,
-          task: str | None, context: str | None, line: int | None = None) -> dict:
+          task: str | None, context: str | None, line: int | None = None, notes: dict | None = None) -> dict:
     used = set(cols.values())
+    notes = {} if notes is None else notes
     get = lambda f: row.get(cols[f]) if f in cols else None  # noqa: E731
     item_id = _text(get("id")) or f"{stem}-{index}"
     at = f"{where}: row {index} ({f'line {line}, ' if line else ''}id {item_id!r})"
     case: dict[str, Any] = {
         "id": item_id,
-        "question": _text(get("question")),
-        "answer": _text(get("answer")),
-        "context": "" if context == "none" else _text(get("context")),
+        "question": _field_text(get("question"), "question", cols, at, notes),
+        "answer": _field_text(get("answer"), "answer", cols, at, notes, required=True),
+        "context": "" if context == "none" else _field_text(get("context"), "context", cols, at, notes),
         "lang": _text(get("lang")).strip().lower() if "lang" in cols else (lang or ""),
         "task": _text(get("task")).strip() if "task" in cols else (task or ""),
     }
@@ -376,6 +402,9 @@ def _case(row: dict, index: int, cols: dict[str, str], *, stem: str, where: str,
             label = decode_label(get("label"))
         except ValueError as e:
             raise ValueError(f"{at}: column {cols['label']!r}: {e}") from None
+        if label is None:  # null, NaN or "": unlabelled (scored by no label metric), counted and said
+            notes["unlabelled rows (null, NaN or empty label)"] = notes.get(
+                "unlabelled rows (null, NaN or empty label)", 0) + 1
     if "hard_labels" in cols or "soft_labels" in cols:
         which = " / ".join(repr(cols[f]) for f in ("hard_labels", "soft_labels") if f in cols)
         try:
@@ -431,17 +460,28 @@ def load_generic(
     stem = Path(str(source)).stem if Path(str(source)).expanduser().exists() else str(source).rsplit("/", 1)[-1]
     want_lang = lang.strip().lower() if lang else None
     want_task = task.strip().lower() if task else None
-    cases = []
+    cases, notes, first_row = [], {}, {}
     for i, row in enumerate(rows):
         if limit is not None and len(cases) >= int(limit):
             break
+        line = lines[i] if lines is not None and i < len(lines) else None
+        row_notes: dict = {}
         case = _case(row, i, cols, stem=stem, where=where, lang=want_lang, task=task, context=context,
-                     line=lines[i] if lines is not None and i < len(lines) else None)
+                     line=line, notes=row_notes)
         if want_lang and "lang" in cols and case["lang"] != want_lang:
             continue
         if want_task and "task" in cols and case["task"].lower() != want_task:
             continue
+        if case["id"] in first_row:  # two items with one id: scores, predictions and traces would mix them
+            raise ValueError(f"{where}: row {i} ({f'line {line}, ' if line else ''}id {case['id']!r}): the id of "
+                             f"row {first_row[case['id']]} again; ids must be unique")
+        first_row[case["id"]] = i
+        for k, n in row_notes.items():
+            notes[k] = notes.get(k, 0) + n
         cases.append(case)
+    if notes:  # converted or unlabelled, not refused: said once
+        logger.warning("%s: %s", where, "; ".join(
+            f"{n} {k}" for k, n in sorted(notes.items())) + " (counted, not refused)")
     return [dspy.Example(**c).with_inputs(*INPUT_FIELDS) for c in cases]
 
 

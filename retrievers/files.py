@@ -13,18 +13,20 @@ raise :class:`NoUsableFilesError` (naming every file and why).
 Extraction is bounded (:class:`ExtractionLimits`), because a small file can expand hugely: a DOCX is a zip, and a
 146 KB one whose members inflate to gigabytes cost 75 s of CPU and 1.2 GB of memory before these bounds (issue
 #24). A DOCX is refused before anything is decompressed when its members' uncompressed sizes add up to more than
-``max_uncompressed_bytes`` or it has more than ``max_zip_members`` members (Python's ``zipfile``, which
-python-docx reads through, never inflates a member past its declared size, so the declared sizes bound the
-memory); a PDF's streams are decoded under pypdf's output limits set to the same byte bound, and a PDF with more
-than ``max_pages`` pages is refused before any page is read. Both stop when ``max_seconds`` have passed (checked
-between pages, paragraphs and tables). Over a size bound: :class:`DocumentTooLarge`; over the time bound:
-:class:`DocumentTooSlow` (both :class:`FileSkipped`).
+``max_uncompressed_bytes`` or it has more than ``max_zip_members`` members; then its members are inflated here
+1 MB at a time, counting the bytes that actually come out (a header may lie: #35), into an uncompressed copy that
+python-docx reads. A PDF's streams are decoded under pypdf's output limits set to the same byte bound, and a PDF
+with more than ``max_pages`` pages is refused before any page is read. Each PDF/DOCX is read in a forked child
+process that is killed when ``max_seconds`` have passed, so one heavy page cannot run past the deadline. Over a
+size bound: :class:`DocumentTooLarge`; over the time bound: :class:`DocumentTooSlow` (both :class:`FileSkipped`).
 """
 
 from __future__ import annotations
 
+import io
 import time
 import zipfile
+import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -75,10 +77,13 @@ class _Deadline:
     def __init__(self, seconds: float, what: str):
         self.seconds, self.what, self.end = seconds, what, time.monotonic() + seconds
 
+    def expired(self) -> DocumentTooSlow:
+        return DocumentTooSlow(f"{self.what}: text extraction took over {self.seconds:g} s (the limit); "
+                               f"upload a shorter excerpt")
+
     def check(self) -> None:
         if time.monotonic() > self.end:
-            raise DocumentTooSlow(f"{self.what}: text extraction took over {self.seconds:g} s (the limit); "
-                                  f"upload a shorter excerpt")
+            raise self.expired()
 
 
 class NoUsableFilesError(ValueError):
@@ -170,13 +175,54 @@ def _check_docx_zip(path: Path, limits: ExtractionLimits) -> None:
                                f"uncompressed content")
 
 
+_READ_CHUNK = 1 << 20
+
+
+def _docx_package(path: Path, limits: ExtractionLimits) -> io.BytesIO:
+    """The DOCX re-packed in memory, uncompressed, from members *we* inflated 1 MB at a time, counting the bytes
+    that actually come out (not the sizes the zip declares): python-docx then reads only those bytes.
+
+    ``zipfile`` bounds a member by its *declared* size, but reads a whole member with a single ``decompress``
+    call without an output bound: a 3.6 MB DOCX declaring 10 KB for a 1.5 GB ``document.xml`` was inflated whole
+    (2.27 GB peak RSS) before "Bad CRC-32" refused it (issue #35, item 1). Read here in bounded chunks, such a
+    member stops at its declared size and fails its checksum, in a few MB; a member compressed with anything but
+    deflate (DOCX writers use nothing else; ``zipfile``'s bzip2/LZMA readers have no output bound) is refused."""
+    out = io.BytesIO()
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as zf, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+            for info in zf.infolist():
+                if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                    raise FileSkipped(f"unreadable DOCX (member {info.filename!r} uses zip compression method "
+                                      f"{info.compress_type}; DOCX members are deflated or stored)")
+                if info.is_dir():
+                    continue
+                with zf.open(info) as src, dst.open(info.filename, "w", force_zip64=True) as sink:
+                    while chunk := src.read(_READ_CHUNK):
+                        total += len(chunk)
+                        if total > limits.max_uncompressed_bytes:
+                            raise DocumentTooLarge(
+                                f"DOCX that inflates to more than {limits.max_uncompressed_bytes} bytes, over the "
+                                f"{limits.max_uncompressed_bytes}-byte limit on uncompressed content")
+                        sink.write(chunk)
+    except zipfile.BadZipFile as e:  # "Bad CRC-32 for file ...": the data is not what the header declares
+        raise FileSkipped(f"unreadable DOCX ({str(e)[:120]}: a member's data does not match the size and checksum "
+                          f"its zip header declares)") from None
+    except (OSError, EOFError, ValueError, NotImplementedError, zlib.error) as e:
+        raise FileSkipped(f"unreadable DOCX ({type(e).__name__}: {str(e)[:120]})") from None
+    out.seek(0)
+    return out
+
+
 def _read_docx(path: Path, limits: ExtractionLimits = DEFAULT_LIMITS) -> str:
     import docx  # python-docx: only when a .docx file is read (it pulls in lxml)
 
     deadline = _Deadline(limits.max_seconds, "DOCX")
     _check_docx_zip(path, limits)
+    package = _docx_package(path, limits)
+    deadline.check()
     try:
-        document = docx.Document(str(path))
+        document = docx.Document(package)
     except Exception as e:  # noqa: BLE001 - a broken zip, a .doc renamed, ...
         raise FileSkipped(f"unreadable DOCX ({type(e).__name__}: {str(e)[:120]})") from None
     deadline.check()
@@ -196,6 +242,81 @@ def _read_docx(path: Path, limits: ExtractionLimits = DEFAULT_LIMITS) -> str:
     return "\n\n".join(parts)
 
 
+# -- PDF/DOCX text in a worker process with a hard deadline ------------------------------------------------------
+#
+# pypdf checks nothing while it parses one page: a 51 KB one-page PDF whose content stream inflates to 15 MB kept
+# ``page.extract_text()`` busy for 218 s (CLI, limit 60 s) and 178 s behind ``/v1/evidence`` (limit 20 s), since
+# the time bound was checked between pages only (issue #35, item 2). A thread cannot be stopped; a process can:
+# each PDF/DOCX is read in a forked child process that is killed at ``max_seconds`` (a fork costs milliseconds).
+
+_KINDS = {".pdf": "PDF", ".docx": "DOCX"}
+_ERRORS = {"FileSkipped": FileSkipped, "DocumentTooLarge": DocumentTooLarge, "DocumentTooSlow": DocumentTooSlow}
+
+
+def _worker(conn, suffix: str, path: str, limits: ExtractionLimits) -> None:
+    try:
+        text = (_read_pdf if suffix == ".pdf" else _read_docx)(Path(path), limits)
+        conn.send(("ok", text))
+    except FileSkipped as e:
+        conn.send((type(e).__name__ if type(e).__name__ in _ERRORS else "FileSkipped", str(e)))
+    except BaseException as e:  # noqa: BLE001 - MemoryError, a parser bug: an unreadable file, said in one line
+        conn.send(("FileSkipped", f"unreadable {_KINDS[suffix]} ({type(e).__name__}: {str(e)[:120]})"))
+    finally:
+        conn.close()
+
+
+def _context():
+    """``fork`` where there is one (Linux, macOS): the child starts at once, and never re-imports the caller's
+    ``__main__`` (``spawn``/``forkserver`` do, which re-runs a script without an ``if __name__ == "__main__"``
+    guard). The readers are imported before the fork, so the child takes no import lock another thread might
+    hold. Elsewhere, and inside a daemonic worker process: None, and the document is read in this process (the
+    deadline is checked between pages)."""
+    import multiprocessing as mp
+
+    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:  # a daemon may have no children
+        return None
+    return mp.get_context("fork")
+
+
+def _extract_in_worker(suffix: str, path: Path, limits: ExtractionLimits) -> str:
+    """The text of a PDF/DOCX read in a child process that is killed when ``limits.max_seconds`` have passed
+    (:class:`DocumentTooSlow`); the child's own errors come back as the same :class:`FileSkipped` kinds."""
+    ctx = _context()
+    if ctx is None:
+        return (_read_pdf if suffix == ".pdf" else _read_docx)(path, limits)
+    if suffix == ".pdf":
+        import pypdf  # noqa: F401 - imported before the fork (see _context)
+    else:
+        import docx  # noqa: F401 - (idem)
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_worker, args=(send, suffix, str(path), limits), daemon=True,
+                        name="halluscope-extract")
+    try:
+        child.start()
+    except OSError:  # no process to spare (EAGAIN, ENOMEM): read it here, as without fork
+        send.close()
+        receive.close()
+        return (_read_pdf if suffix == ".pdf" else _read_docx)(path, limits)
+    send.close()
+    try:
+        if not receive.poll(limits.max_seconds):
+            raise _Deadline(limits.max_seconds, _KINDS[suffix]).expired()
+        try:
+            kind, payload = receive.recv()
+        except EOFError:
+            child.join(5)
+            raise FileSkipped(f"unreadable {_KINDS[suffix]} (the process reading it ended without a result, exit "
+                              f"code {child.exitcode}: out of memory?)") from None
+    finally:
+        receive.close()
+        if child.is_alive():
+            child.kill()
+        child.join(5)
+    if kind == "ok":
+        return payload
+    raise _ERRORS[kind](payload)
+
+
 def read_document(path: str | Path, max_mb: float = DEFAULT_MAX_MB,
                   limits: ExtractionLimits = DEFAULT_LIMITS) -> str:
     """The text of one TXT/Markdown/PDF/DOCX file; raises :class:`FileSkipped` with the reason otherwise
@@ -212,10 +333,8 @@ def read_document(path: str | Path, max_mb: float = DEFAULT_MAX_MB,
                           f"(raise it with files_max_mb / max_mb)")
     if size == 0:
         raise FileSkipped("empty file")
-    if suffix == ".pdf":
-        text = _read_pdf(path, limits)
-    elif suffix == ".docx":
-        text = _read_docx(path, limits)
+    if suffix in (".pdf", ".docx"):
+        text = _extract_in_worker(suffix, path, limits)
     else:
         text = _read_text_file(path)
     if not text.strip():

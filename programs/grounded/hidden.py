@@ -222,6 +222,46 @@ def unit_hidden(units: list[AnswerUnit], offsets, H: np.ndarray, lp: np.ndarray,
     return ItemHidden(V, L, E, cov)
 
 
+#: The widest hidden state a cached entry may hold (SmolLM2-135M: 576, Gemma 3 270M: 640).
+MAX_HIDDEN_SIZE = 16_384
+
+
+def cached_shape_problem(z, n_tokens: int) -> str | None:
+    """Why a cached ``.npz`` (an open ``np.load`` of it) does not fit an answer of ``n_tokens`` scored tokens, read
+    from the arrays' ``.npy`` headers only (nothing is inflated); None when it fits.
+
+    A 2 MB entry of zeros declaring 1.8M x 576 float16 cost 6.5 GB RSS and 21 s when it was read whole
+    (issue #35, item 4): ``H`` must be ``(n_tokens, d)`` with ``d <= MAX_HIDDEN_SIZE`` (``(0, 0)`` for no
+    tokens), ``lp`` and ``ent`` ``(n_tokens,)``, all float16/float32, and ``pieces`` a short text."""
+    from numpy.lib import format as npy
+
+    want = {"H": 2, "lp": 1, "ent": 1, "pieces": 0, "cut": 0, "tokens": 0}
+    found = {}
+    for name in want:
+        try:
+            with z.zip.open(f"{name}.npy") as f:
+                version = npy.read_magic(f)
+                read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                shape, _, dtype = read(f)
+        except (KeyError, ValueError, OSError) as e:
+            return f"{name}: unreadable header ({type(e).__name__})"
+        if len(shape) != want[name]:
+            return f"{name} has shape {shape}"
+        found[name] = (shape, dtype)
+    (h_shape, h_type), (lp_shape, lp_type), (ent_shape, ent_type) = found["H"], found["lp"], found["ent"]
+    fits = (h_shape == (0, 0) if n_tokens == 0 else h_shape[0] == n_tokens and 0 < h_shape[1] <= MAX_HIDDEN_SIZE)
+    if not fits:
+        return f"H has shape {h_shape}; this answer has {n_tokens} scored tokens"
+    if lp_shape != (n_tokens,) or ent_shape != (n_tokens,):
+        return f"lp/ent have shapes {lp_shape}/{ent_shape}; this answer has {n_tokens} scored tokens"
+    if any(t.kind != "f" or t.itemsize not in (2, 4) for t in (h_type, lp_type, ent_type)):
+        return f"dtypes {h_type}/{lp_type}/{ent_type} are not float16/float32"
+    pieces_type = found["pieces"][1]
+    if pieces_type.kind != "U" or pieces_type.itemsize > 4 * (64 * n_tokens + 64):
+        return f"pieces is {pieces_type}, not the text of {n_tokens} token pieces"
+    return None
+
+
 class HiddenScorer:
     """Per-token hidden states, log-probabilities and entropies of an answer under the evidence-conditioned
     prompt, cached on disk; :meth:`units` maps them to units."""
@@ -266,6 +306,10 @@ class HiddenScorer:
         path = self.cache_dir / key[:2] / f"{key}.npz"
         try:
             with np.load(path, allow_pickle=False) as z:
+                problem = cached_shape_problem(z, len(ans))  # from the headers, before any array is read
+                if problem:
+                    logger.warning("grounded: ignoring the hidden-state cache entry %s: %s", path, problem)
+                    raise ValueError(problem)
                 out = {"H": z["H"].astype(np.float32), "lp": z["lp"], "ent": z["ent"],
                        "pieces": [bytes.fromhex(p) for p in json.loads(str(z["pieces"]))], "cut": int(z["cut"]),
                        "tokens": int(z["tokens"])}

@@ -21,6 +21,7 @@ Values are compared as canonical strings (``"1000"``, ``"1000.5"``, ``"m3"`` for
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from halluscope.programs.grounded.units import AnswerUnit, normalize
@@ -313,8 +314,16 @@ def mentions(text: str, lang: str = "") -> list[Mention]:
             vals += [f"m{x}" for x in nums[:2] if 1 <= x <= 12]
         out.append(Mention(m.start(), m.end(), kind, vals, parts))
         taken.append((m.start(), m.end()))
+    # `taken` comes from one finditer: sorted and disjoint, so a position is looked up by bisection (a scan of
+    # every compound per match, and a copy of the text before every word, made long answers quadratic: #35)
+    taken_starts = [a for a, _ in taken]
+
+    def in_taken(pos: int) -> bool:
+        k = bisect_right(taken_starts, pos) - 1
+        return k >= 0 and pos < taken[k][1]
+
     for m in _NUMBER.finditer(text):
-        if any(a <= m.start() < b for a, b in taken):
+        if in_taken(m.start()):
             continue
         vals = parse_number(m.group(0), lang)
         if not vals:  # e.g. 1.2.3: its digit groups
@@ -336,7 +345,7 @@ def mentions(text: str, lang: str = "") -> list[Mention]:
     nums_end = {mm.end for mm in out}
     for m in _WORDISH.finditer(text):
         w = m.group(0)
-        if w[0].isdigit() or any(a <= m.start() < b for a, b in taken):
+        if w[0].isdigit() or in_taken(m.start()):
             continue
         w_end = m.end()
         if text[w_end:w_end + 1].isdigit():  # "km2", "km²" are units; "C7H6O4" holds none
@@ -344,14 +353,18 @@ def mentions(text: str, lang: str = "") -> list[Mention]:
                 continue
             w, w_end = w + text[w_end], w_end + 1
         nw = normalize(w)
-        prev = text[:m.start()].rstrip()
-        after_num = bool(prev) and (prev[-1].isdigit() or any(abs(e - m.start()) <= 1 for e in nums_end))
+        p = m.start()  # the last character before the word that is no space (text[:p].rstrip()[-1], without a copy)
+        while p > 0 and text[p - 1].isspace():
+            p -= 1
+        prev_char = text[p - 1] if p > 0 else ""
+        after_num = bool(prev_char) and (prev_char.isdigit() or any(e in nums_end for e in
+                                                                    (m.start() - 1, m.start(), m.start() + 1)))
         val = written_number(w, lang)
         if val is not None:
             out.append(Mention(m.start(), w_end, "written", [canon(val)], [canon(val)]))
             continue
         mo = month_of(w)
-        if mo is not None and (nw not in _AMBIGUOUS_MONTHS or re.search(r"\d\s*$", prev) or
+        if mo is not None and (nw not in _AMBIGUOUS_MONTHS or prev_char.isdigit() or
                                re.match(r"\s*\d", text[m.end():])):
             out.append(Mention(m.start(), w_end, "month", [f"m{mo}"], []))
             continue
@@ -391,16 +404,24 @@ class ValueIndex:
 
 
 def unit_mentions(units: list[AnswerUnit], ments: list[Mention]) -> list[Mention | None]:
-    """For each unit, the mention that covers it (or None)."""
+    """For each unit, the first mention (in list order) that overlaps it, or None.
+
+    Mentions sorted by start (as :func:`mentions` returns them) are looked up by bisection, O(log n) a unit:
+    those starting before the unit ends are a prefix of the list, and the first of them that ends after the unit
+    starts is where the running maximum of their ends first passes the unit's start. (Scanning every mention for
+    every unit made a 50,000-character answer take a second, and grew quadratically: #35.)"""
+    if any(ments[k].start > ments[k + 1].start for k in range(len(ments) - 1)):  # unsorted: the plain scan
+        return [next((m for m in ments if m.start < u.end and u.start < m.end), None) for u in units]
+    starts = [m.start for m in ments]
+    max_end, running = [], float("-inf")
+    for m in ments:
+        running = max(running, m.end)
+        max_end.append(running)
     out: list[Mention | None] = []
-    j = 0
     for u in units:
-        found = None
-        for m in ments:
-            if m.start < u.end and u.start < m.end:
-                found = m
-                break
-        out.append(found)
+        hi = bisect_left(starts, u.end)  # ments[:hi] start before the unit ends
+        k = bisect_right(max_end, u.start)  # the first mention ending after the unit starts (max_end is sorted)
+        out.append(ments[k] if k < hi else None)
     return out
 
 
