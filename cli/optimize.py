@@ -217,14 +217,13 @@ def check_output_folders(args, parser: argparse.ArgumentParser) -> None:
                "--report-dir": Path(args.report_dir) if args.report_dir else paths.outputs_dir() / "optimize"}
     if not args.no_mlflow and not args.tracking_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
         folders["--tracking-uri"] = paths.tracking_dir()
-    for flag, folder in folders.items():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
+    for flag, folder in folders.items():  # checked, not made: a refused run leaves nothing behind
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        why = ("not a folder" if existing is not None and not existing.is_dir() else
+               "not writable" if existing is None or not os.access(existing, os.W_OK | os.X_OK) else None)
+        if why:
             parser.exit(2, f"{parser.prog}: error: cannot write {folder} ({flag}, under {paths.home()}: the working "
-                           f"folder or $HALLUSCOPE_HOME): {e.strerror or e}; nothing was run\n")
-        if not os.access(folder, os.W_OK | os.X_OK):
-            parser.exit(2, f"{parser.prog}: error: {folder} is not writable ({flag}); nothing was run\n")
+                           f"folder or $HALLUSCOPE_HOME): {existing} is {why}; nothing was run\n")
 
 
 def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, prompt_lm=None) -> int:
