@@ -615,7 +615,8 @@ def test_optimize_test_file_errors_are_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     root = _mushroom_root(tmp_path, [_mushroom_line(f"val-de-{i}") for i in range(4)])
     bad = _write(tmp_path / "test" / "mushroom.de-tst.v1.extra.jsonl", _mushroom_line() + "\n{oops\n")
-    base = ["--program", "grounded", "--no-mlflow", "--context", "none", "--lang", "de", "--data-dir", str(root)]
+    base = ["--program", "grounded", "--no-mlflow", "--context", "none", "--lang", "de", "--data-dir", str(root),
+            "--folds", "2"]
     for test, says in [(bad, "argument --test: " + str(bad) + ": line 2: malformed JSON"),
                        (tmp_path / "nope.jsonl", "argument --test: no such Mu-SHROOM file or directory")]:
         assert main([*base, "--test", str(test)]) == 2
