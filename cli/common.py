@@ -49,12 +49,20 @@ def parse_options(pairs: list[str] | None, spec=None) -> dict:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-#: The command-line numbers every command shares, with their ranges.
-POSITIVE_INT = ranged(whole(1))
-COUNT = ranged(whole(0))
-SECONDS = ranged(number(0, lo_open=True))
+#: The command-line numbers every command shares, with their ranges. Every number has one (a bound left out is
+#: ``programs.registry.MAX_WHOLE``/``MAX_NUMBER``): ``--lm-retries 10^30`` is "argument --lm-retries: expected
+#: a whole number in [0, 100], got ...", exit 2.
+POSITIVE_INT = ranged(whole(1))  # [1, 1000000]
+COUNT = ranged(whole(0))  # [0, 1000000]
+SECONDS = ranged(number(0, 7 * 86400, lo_open=True))  # (0 s, a week]
 SHARE = ranged(number(0, 1))
 PORT = ranged(whole(0, 65535))
+THREADS = ranged(whole(1, 1024))  # parallel calls, workers
+RETRIES = ranged(whole(0, 100))
+SEED = ranged(whole(0, 2**32 - 1))  # what numpy and Python's random take alike
+ITEMS = ranged(whole(1, 10**9))  # --limit
+TOKENS = ranged(whole(1, 10**7))  # a generation or context budget
+BYTES = ranged(whole(1, 2**40))  # a size limit (1 TiB)
 
 
 def add_max_failed_share(p, default: float, what: str) -> None:
@@ -98,8 +106,8 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-base", default=os.environ.get("HALLUSCOPE_API_BASE"),
                    help="base URL of an OpenAI-compatible server (vLLM, Ollama, llama.cpp server)")
     g.add_argument("--api-key", default=None, help="API key (default: the provider's usual environment variable)")
-    g.add_argument("--max-tokens", type=POSITIVE_INT, default=512, help="max tokens per LM call (default 512)")
-    g.add_argument("--temperature", type=ranged(number(0)), default=0.0,
+    g.add_argument("--max-tokens", type=TOKENS, default=512, help="max tokens per LM call (default 512)")
+    g.add_argument("--temperature", type=ranged(number(0, 2)), default=0.0,
                    help="sampling temperature of the LM (default 0: the same answer every time)")
     g.add_argument("--adapter", choices=["json", "chat"], default=None,
                    help="DSPy adapter (default: json for the embedded model, chat otherwise)")
@@ -108,7 +116,7 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
                    help="send each stage's JSON schema and output budget to the server (response_format, max_tokens); "
                         "auto: on with --api-base unless --adapter chat")
     g.add_argument("--lm-timeout", type=SECONDS, default=None, help="seconds per LM request to a server")
-    g.add_argument("--lm-retries", type=COUNT, default=None, help="retries of a failed LM request (DSPy's default: 3)")
+    g.add_argument("--lm-retries", type=RETRIES, default=None, help="retries of a failed LM request (DSPy's default: 3)")
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -141,7 +149,7 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context", choices=list(CONTEXT_VARIANTS), default="native",
                    help="retrieved context given to the detector (mushroom); none drops the context column "
                         "(generic)")
-    g.add_argument("--limit", type=POSITIVE_INT, default=None, help="only the first N items (cases)")
+    g.add_argument("--limit", type=ITEMS, default=None, help="only the first N items (cases)")
 
 
 class InputError(ValueError):

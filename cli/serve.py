@@ -30,8 +30,8 @@ import sys
 import time
 
 from halluscope.artifacts.store import MODEL_URI_PREFIX, ArtifactError, load_compiled
-from halluscope.cli.common import (PORT, POSITIVE_INT, SECONDS, add_lm_args, add_max_failed_share, failed_share_line,
-                                   parse_options, setup_lm)
+from halluscope.cli.common import (BYTES, PORT, POSITIVE_INT, SECONDS, THREADS, add_lm_args, add_max_failed_share,
+                                   failed_share_line, parse_options, setup_lm)
 from halluscope.core.contract import describe_failed, failed_kinds, failure_reason
 from halluscope.artifacts.compiled import detect
 from halluscope.core.redact import error_text, redact
@@ -74,17 +74,17 @@ def add_parser(subparsers) -> None:
     n.add_argument("--require-key", default=os.environ.get(KEY_ENV), metavar="KEY",
                    help=f"API key clients must send as X-API-Key (default ${KEY_ENV}); required off loopback")
     n.add_argument("--timeout", type=SECONDS, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
-    n.add_argument("--max-body-bytes", type=POSITIVE_INT, default=Limits.max_body_bytes,
+    n.add_argument("--max-body-bytes", type=BYTES, default=Limits.max_body_bytes,
                    help="largest request body; larger ones are refused with 413 (default %(default)s)")
     n.add_argument("--max-batch", type=POSITIVE_INT, default=Limits.max_batch,
                    help="most answers in one /v1/detect/batch request (default %(default)s)")
-    n.add_argument("--max-upload-bytes", type=POSITIVE_INT, default=Limits.max_upload_bytes,
+    n.add_argument("--max-upload-bytes", type=BYTES, default=Limits.max_upload_bytes,
                    help="largest evidence file the page may upload to /v1/evidence (default %(default)s)")
-    n.add_argument("--workers", type=POSITIVE_INT, default=1,
+    n.add_argument("--workers", type=THREADS, default=1,
                    help="server processes sharing the port (uvicorn workers); each loads the detectors (and the "
                         "LM: N times its memory) and uses a core, for CPU-bound detectors such as grounded "
                         "without an LM scorer (default 1)")
-    n.add_argument("--lm-concurrency", type=POSITIVE_INT, default=1,
+    n.add_argument("--lm-concurrency", type=THREADS, default=1,
                    help="requests inside LM programs at once (1 for the embedded model)")
     n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="the server's log level (default info: one line per request)")
