@@ -1,0 +1,38 @@
+"""Rough edges a user meets (issue #35, items 14 and 15): register twice, the missing-key hint, optimize's output,
+Ray progress, serve's start-up line, and the plots of ``halluscope compare``."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from halluscope.optimize.run import run_optimize
+from tests.test_optimize_stages import PROGRAM, _config, _examples, fit_program  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_register_twice_makes_one_version_and_prints_one_line_each(tmp_path, store, fit_program, capfd):  # noqa: F811
+    from halluscope import cli
+
+    run_optimize(_config(tmp_path), _examples(8))
+    argv = ["register", "--program", PROGRAM, "--lang", "de", "--metric", "f1",
+            "--compiled-dir", str(tmp_path / "compiled"), "--tracking-uri", store]
+    outs = []
+    for _ in range(2):
+        assert cli.main(argv) == 0
+        out, err = capfd.readouterr()
+        outs.append(out + err)
+    first, second = ([ln for ln in o.splitlines() if "registered" in ln] for o in outs)
+    assert len(first) == 1 and first[0].startswith("registered ") and "version 1 @champion" in first[0], outs[0]
+    assert len(second) == 1 and second[0].startswith("already registered: ") and "version 1 @" in second[0], outs[1]
+    client = MlflowClient(store, registry_uri=store)
+    versions = client.search_model_versions(f"name='halluscope-{PROGRAM}-de'")
+    assert [str(v.version) for v in versions] == ["1"]
+    assert len(client.search_runs([r.experiment_id for r in client.search_experiments()],
+                                  "tags.`halluscope.kind` = 'register'")) == 1
