@@ -47,7 +47,7 @@ from dspy.utils.exceptions import AdapterParseError
 from halluscope.core import paths
 from halluscope.lm.openai_client import (SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials,
                                   token_logprobs)
-from halluscope.core.redact import redact, redact_url, register_secret
+from halluscope.core.redact import error_text, redact, redact_url, register_secret
 from halluscope.lm.usage import LMUsage  # re-exported: it lived here before #21
 
 logger = logging.getLogger(__name__)
@@ -890,7 +890,7 @@ def check_lm(lm: dspy.BaseLM, *, timeout: float = 60.0) -> None:
         probe = lm.copy(cache=False, num_retries=0, timeout=timeout)
         probe("Reply with OK.")
     except Exception as e:  # noqa: BLE001 - any failure means no item could run
-        raise LMCheckError(redact(f"{getattr(lm, 'model', lm)}: {type(e).__name__}: {str(e)[:300]}")) from None
+        raise LMCheckError(redact(f"{getattr(lm, 'model', lm)}: {error_text(e, 600)}")) from None
 
 
 def describe(lm: dspy.LM) -> str:

@@ -36,3 +36,43 @@ def test_register_twice_makes_one_version_and_prints_one_line_each(tmp_path, sto
     assert [str(v.version) for v in versions] == ["1"]
     assert len(client.search_runs([r.experiment_id for r in client.search_experiments()],
                                   "tags.`halluscope.kind` = 'register'")) == 1
+
+
+# -- the missing-key hint -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", [
+    'or pass api_key="..." to dspy.LM(...).',
+    "Pass the key explicitly (api_key= on dspy.LM), or on a host with an environment set OPENAI_API_KEY=...",
+    "Configure credentials for openai-chat",
+])
+def test_redaction_keeps_placeholders_and_prose_in_hints(text):
+    from halluscope.core.redact import redact
+
+    assert redact(text) == text
+
+
+@pytest.mark.parametrize("text,hidden", [
+    ("api_key=abcd1234efgh", "abcd1234efgh"), ('{"token": "tok-12345678"}', "tok-12345678"),
+    ("OPENAI_API_KEY=sk-live-0123456789", "sk-live-0123456789"), ("password=hunter22", "hunter22"),
+    ("authorization: Bearer-xyz987", "Bearer-xyz987"),
+])
+def test_redaction_still_hides_assigned_values(text, hidden):
+    from halluscope.core.redact import redact
+
+    assert hidden not in redact(text) and "***" in redact(text)
+
+
+def test_the_missing_key_hint_is_one_whole_line(monkeypatch, capsys, tmp_path):
+    from halluscope import cli
+
+    monkeypatch.chdir(tmp_path)
+    for k in ("OPENAI_API_KEY", "HALLUSCOPE_API_BASE", "OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["evaluate", "--program", "spans", "--lm", "openai/gpt-4o-mini", "--limit", "1", "--no-mlflow"])
+    assert e.value.code == 1
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "LM check failed" in ln]
+    assert 'pass api_key="..." to dspy.LM' in line and "(api_key= on dspy.LM)" in line, line
+    assert line.rstrip().endswith("Configure credentials for openai-chat"), line
+    assert "***" not in line
