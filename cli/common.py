@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -96,6 +97,56 @@ def check_tracking(args, command: str) -> None:
         hint = " (--no-mlflow runs without tracking)" if hasattr(args, "no_mlflow") else ""
         print(f"halluscope {command}: error: argument --tracking-uri: {e}; nothing was run{hint}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+class _WithoutDSPy:
+    """A text stream that passes writes on to ``stream``, except those made by DSPy's code (its ``print`` calls,
+    its tqdm bars, its log handler): the frames above the write are walked past tqdm, logging and contextlib to
+    the code that wrote."""
+
+    _PASS = ("tqdm", "logging", "contextlib", "io", "codecs")
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _from_dspy(self) -> bool:
+        frame = sys._getframe(2)
+        for _ in range(16):
+            if frame is None:
+                return False
+            module = frame.f_globals.get("__name__", "")
+            if module == "dspy" or module.startswith("dspy."):
+                return True
+            if module.split(".", 1)[0] not in self._PASS:
+                return False
+            frame = frame.f_back
+        return False
+
+    def write(self, text: str) -> int:
+        return len(text) if self._from_dspy() else self._stream.write(text)
+
+    def __getattr__(self, name):  # flush, isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def without_dspy_output(show: bool = False):
+    """Hide what DSPy itself writes while the block runs (unless ``show``): its optimizers' ``print`` calls
+    ("Bootstrapping set 1/6", the program's source, proposed instructions), its "Processed N / M examples" and
+    other progress bars, and its INFO/WARNING log lines, which fill a terminal with hundreds of lines per fold.
+    halluscope's own lines, and DSPy's errors, still show."""
+    if show:
+        yield
+        return
+    dspy_logger = logging.getLogger("dspy")
+    level, out, err = dspy_logger.level, sys.stdout, sys.stderr
+    dspy_logger.setLevel(logging.ERROR)
+    sys.stdout, sys.stderr = _WithoutDSPy(out), _WithoutDSPy(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+        dspy_logger.setLevel(level)
 
 
 def add_lm_args(p: argparse.ArgumentParser) -> None:

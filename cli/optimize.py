@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import sys
 from pathlib import Path
 
@@ -23,7 +22,8 @@ from halluscope.optimize.changes import format_changes, unsupported_changes
 from halluscope.cli import wall_time
 from halluscope.cli.common import (COUNT, POSITIVE_INT, SEED, SHARE, THREADS, TOKENS, InputError, add_data_args,
                                    add_debug_arg, add_lm_args, check_data_args, check_tracking, load_examples, one_line,
-                                   parse_options, ranged, run_command, setup_lm, setup_logging)
+                                   parse_options, ranged, run_command, setup_lm, setup_logging,
+                                   without_dspy_output)
 from halluscope.lm.models import make_lm
 from halluscope.loaders import get_dataset
 from halluscope.metrics.adapters import METRIC_LEVEL, METRICS, SPAN_METRICS
@@ -133,7 +133,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--trace", action="store_true",
                    help="record every LM call of the program (compile included) as an MLflow trace (prompts "
                         "and outputs, credentials redacted; see halluscope ui)")
-    r.add_argument("--quiet", action="store_true", help="hide DSPy's optimizer log")
+    r.add_argument("--dspy-log", action="store_true",
+                   help="show DSPy's own output during the compiles (its optimizer log, printed progress and "
+                        "'Processed N / M' bars), hidden by default")
+    r.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
     add_debug_arg(r)
 
 
@@ -211,8 +214,6 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     parser = parser or build_parser()
     spec, dataset, opt = validate_args(parser, args, injected_lm=task_lm is not None)
     check_tracking(args, "optimize")  # before any work: a bad --tracking-uri is reported now, not after the compile
-    if args.quiet:
-        logging.getLogger("dspy").setLevel(logging.WARNING)
     try:
         options = parse_options(args.option, spec)  # defaults + -O, checked: unknown names exit 2
     except argparse.ArgumentTypeError as e:
@@ -256,7 +257,8 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
             print(format_summary(res, compiled_dir=args.compiled_dir))
 
     with lm_tracing(getattr(args, "trace", False), experiment=experiment_name(config.program, config.lang),
-                    tracking_uri=args.tracking_uri, kind="optimize", during_compile=True):
+                    tracking_uri=args.tracking_uri, kind="optimize", during_compile=True), \
+            without_dspy_output(show=getattr(args, "dspy_log", False)):
         try:
             res = run_optimize(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=_stderr,
                                on_stage=on_stage, plan=plan)

@@ -76,3 +76,30 @@ def test_the_missing_key_hint_is_one_whole_line(monkeypatch, capsys, tmp_path):
     assert 'pass api_key="..." to dspy.LM' in line and "(api_key= on dspy.LM)" in line, line
     assert line.rstrip().endswith("Configure credentials for openai-chat"), line
     assert "***" not in line
+
+
+# -- optimize's output ------------------------------------------------------------------------------------------
+
+
+def test_optimize_shows_its_own_lines_not_dspys_bars_prints_and_info_log(tmp_path, monkeypatch, capfd):
+    from halluscope.cli import main as cli_main
+    from halluscope.serve.openai_compat import SchemaBackend, create_openai_app
+    from tests.test_openai_client_path import first_word_of_answer, running
+
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(tmp_path))
+    monkeypatch.delenv("HALLUSCOPE_CACHE_DIR", raising=False)
+    monkeypatch.delenv("HALLUSCOPE_COMPILED_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    noise = ("Processed ", "INFO dspy", "Bootstrapping set", "it/s]", "Average Metric", "PROPOSED INSTRUCTION",
+             "class ExtractSpans", "WARNING dspy")
+    with running(create_openai_app(SchemaBackend(first_word_of_answer))) as base:
+        argv = ["optimize", "--program", "spans", "--lang", "en", "--limit", "8", "--folds", "2",
+                "--lm", "openai/stand-in", "--api-base", base, "--no-mlflow"]
+        assert cli_main(argv) == 0
+        out, err = capfd.readouterr()
+        assert "-- fold 1/2" in err and "fold 2: zero-shot iou=" in err and "artifact:" in out
+        assert not [ln for ln in (out + err).splitlines() if any(n in ln for n in noise)], err
+        assert len(err.splitlines()) < 20, err
+        assert cli_main([*argv, "--dspy-log"]) == 0  # DSPy's own output on demand
+        out, err = capfd.readouterr()
+        assert "INFO dspy" in err and "Bootstrapping set" in err and len(err.splitlines()) > 50
