@@ -30,6 +30,7 @@ import sys
 import time
 
 from halluscope.artifacts.store import MODEL_URI_PREFIX, ArtifactError, load_compiled
+from halluscope.cli import STARTED
 from halluscope.cli.common import (BYTES, PORT, POSITIVE_INT, SECONDS, THREADS, add_lm_args, add_max_failed_share,
                                    failed_share_line, parse_options, setup_lm)
 from halluscope.core.contract import describe_failed, failed_kinds, failure_reason
@@ -217,10 +218,23 @@ def startup_check(detectors: list[CompiledDetector], max_share: float) -> str | 
     return None
 
 
+def ready_server(config, line: str):
+    """A ``uvicorn.Server`` that prints ``line`` (its ``{}`` the seconds since the command started, imports
+    included) once it listens: the line a user reads means the server answers now."""
+    import uvicorn
+
+    class ReadyServer(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            if not self.should_exit:
+                print(line.format(time.perf_counter() - STARTED), file=sys.stderr, flush=True)
+
+    return ReadyServer(config)
+
+
 def cmd_serve(args) -> int:
     import uvicorn  # the server itself; imported here so other commands do not pay for it
 
-    t0 = time.perf_counter()
     if not is_loopback(args.host) and not args.require_key:
         print(f"halluscope serve: refusing to listen on {args.host} without an API key: set ${KEY_ENV} or pass "
               f"--require-key (clients then send X-API-Key)", file=sys.stderr)
@@ -249,14 +263,15 @@ def cmd_serve(args) -> int:
             "the OpenAPI schema at /openapi.json; no /docs page: no Swagger UI is installed")
     workers = f"; {args.workers} worker processes" if args.workers > 1 else ""
     if args.workers == 1:
-        app = build_app(args, detectors=detectors, started=t0, lm_ready=True)
-        print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers}; started in "
-              f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-        return 0
+        app = build_app(args, detectors=detectors, started=STARTED, lm_ready=True)
+        line = f"serving on http://{args.host}:{args.port}/ ({docs}{workers}; ready in {{:.1f}} s)"
+        server = ready_server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level), line)
+        server.run()
+        return 0 if server.started else 1  # uvicorn said why (the port is taken, ...)
     # several processes share the port (uvicorn's supervisor); each loads the detectors (and the LM) itself
     os.environ[WORKER_ENV] = json.dumps({k: v for k, v in vars(args).items() if k != "func"})
-    print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers})", file=sys.stderr)
+    print(f"starting on http://{args.host}:{args.port}/ ({docs}{workers}; each answers once it has loaded the "
+          f"detectors, {time.perf_counter() - STARTED:.1f} s in)", file=sys.stderr)
     uvicorn.run("halluscope.cli.serve:worker_app", factory=True, workers=args.workers, host=args.host,
                 port=args.port, log_level=args.log_level)
     return 0

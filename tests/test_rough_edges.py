@@ -103,3 +103,43 @@ def test_optimize_shows_its_own_lines_not_dspys_bars_prints_and_info_log(tmp_pat
         assert cli_main([*argv, "--dspy-log"]) == 0  # DSPy's own output on demand
         out, err = capfd.readouterr()
         assert "INFO dspy" in err and "Bootstrapping set" in err and len(err.splitlines()) > 50
+
+
+# -- serve's start-up line ------------------------------------------------------------------------------------------
+
+
+def test_serve_says_it_is_serving_when_it_answers_and_counts_the_whole_start_up(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.test_serve import _free_port, write
+
+    write(tmp_path, "mark-all", "de")
+    port = _free_port()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "halluscope", "serve", "--program", "mark-all", "--lang", "de",
+                             "--compiled-dir", str(tmp_path), "--port", str(port), "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "HALLUSCOPE_HOME": str(tmp_path / "home")})
+    try:
+        lines = []
+        for line in proc.stderr:  # up to the line that says the server is up
+            lines.append(line)
+            if "serving on" in line:
+                break
+        seen = time.perf_counter() - t0
+        assert lines and "serving on" in lines[-1], "".join(lines)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/detect", json={"answer": "Eins zwei.", "lang": "de"}, timeout=10)
+        assert r.status_code == 200  # answered at once: the line is printed once the server listens
+        m = re.search(r"(?:ready|started) in ([0-9.]+) s", lines[-1])
+        assert m, lines[-1]
+        # the time printed is the start-up a user waits for (imports included), not the last step of it
+        assert float(m.group(1)) >= 0.5 * seen, (lines[-1], seen)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
