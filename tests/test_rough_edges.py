@@ -143,3 +143,100 @@ def test_serve_says_it_is_serving_when_it_answers_and_counts_the_whole_start_up(
     finally:
         proc.terminate()
         proc.communicate(timeout=20)
+
+
+# -- compare's plots ------------------------------------------------------------------------------------------------
+
+
+def _plot_rows():
+    from tests.test_compare_views import _row
+
+    rows = [
+        _row("spans", "de", 0.0, 20, n=240, tokens=5000),  # a zero score
+        _row("mark-all", "de", 0.41, 0, n=3, tokens=0),  # three items
+        _row("spans", "de", 0.9, 500, kind="optimize", sd=0.3, optimizer="MIPROv2(auto=light)", zero_shot=0.2, n=40),
+        {**_row("grounded", "de", 0.35, 0, n=240, tokens=0), "content_hash": "cd1f6999abcdef", "artifact_version": 3,
+         "optimizer": "fit (the program's own fit hook: logistic weights over its features)"},
+        {**_row("mark-all", "en", 0.97, 0, n=26, tokens=0), "source": "demo/en/val"},  # demo data
+        _row("logits", "en", 0.3, 0, n=2, tokens=0),
+    ]
+    for i, r in enumerate(rows):
+        r["run_id"] = f"{r['run_id']}-{i}"
+    return rows
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The matplotlib figures the plot functions save, kept for inspection."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    saved, original = [], Figure.savefig
+
+    def keep(self, *a, **k):
+        saved.append(self)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_bar_plot_labels_n_keeps_error_bars_in_range_and_shows_zero(tmp_path, figures):
+    from matplotlib.collections import LineCollection
+
+    from halluscope.tracking.runs import plot_scores
+
+    assert plot_scores(_plot_rows(), "iou", tmp_path / "bars.png").stat().st_size > 5000
+    (fig,) = figures
+    ax = fig.axes[0]
+    texts = _texts(fig)
+    assert any("n=3!" in t for t in texts) and any("n=2!" in t for t in texts) and any("n=240" in t for t in texts)
+    tops = [y for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments() for _, y in seg]
+    assert tops and max(tops) <= 1.0 + 1e-9  # 0.9 ± 0.3 ends at 1.0
+    assert any("0.000" in t for t in texts)
+    zero_marks = [ln for ln in ax.lines if list(ln.get_ydata()) == [0, 0] and ln.get_linewidth() >= 2]
+    assert zero_marks, "a score of 0 has no visible mark"
+    demo_bars = [p for p in ax.patches if p.get_hatch()]
+    assert len(demo_bars) == 1 and abs(demo_bars[0].get_height() - 0.97) < 1e-9
+
+
+def test_grid_keeps_demo_data_off_the_colour_scale_and_labels_n(tmp_path, figures):
+    import numpy as np
+
+    from halluscope.tracking.views import plot_grid
+
+    plot_grid(_plot_rows(), "iou", tmp_path / "grid.png")
+    (fig,) = figures
+    ax = fig.axes[0]
+    (image,) = ax.images
+    values = np.ma.masked_invalid(image.get_array())
+    assert image.get_clim() == (0.0, 1.0)
+    assert abs(values.max() - 0.9) < 1e-9  # the brightest cell is real data; the demo's 0.97 is not on the scale
+    assert [p for p in ax.patches if p.get_hatch()]  # the demo cell: grey, hatched
+    texts = _texts(fig)
+    assert any("DEMO" in t and "0.970" in t for t in texts)
+    assert any("n=3!" in t for t in texts) and any("-0.300/+0.100" in t for t in texts)  # clipped at 1.0
+
+
+def test_frontier_labels_are_whole_and_points_carry_n(tmp_path, figures):
+    from halluscope.tracking.views import plot_frontier, run_setting
+
+    rows = _plot_rows()
+    assert run_setting(rows[3]) == "fit; v0003; #cd1f6999"  # the optimizer's name, not its cut description
+    long_options = {**rows[3], "options": {f"option_{i}": i for i in range(12)}, "program": "x"}
+    cut = run_setting(long_options)
+    assert " …" in cut and "option_1" in cut and not cut.split(" …")[0].endswith(("option_", "="))  # between two
+    plot_frontier(rows, "iou", tmp_path / "frontier.png", cost="tokens")
+    (fig,) = figures
+    legend = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert "grounded [fit; v0003; #cd1f6999] (m)" in legend and not any("…" in t for t in legend)
+    texts = _texts(fig)
+    assert any(t == "n=3!" for t in texts) and any(t == "n=240" for t in texts)
+    for ax in fig.axes:
+        assert ax.get_ylim()[0] < 0  # a score of 0 is above the axis line
