@@ -136,7 +136,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--dspy-log", action="store_true",
                    help="show DSPy's own output during the compiles (its optimizer log, printed progress and "
                         "'Processed N / M' bars), hidden by default")
-    r.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old scripts
+    r.add_argument("--quiet", action="store_true",
+                   help="hide DSPy's own output (the default now; kept for old scripts)")
     add_debug_arg(r)
 
 
