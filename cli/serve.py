@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 from halluscope.artifacts.store import MODEL_URI_PREFIX, ArtifactError, load_compiled
@@ -218,18 +219,39 @@ def startup_check(detectors: list[CompiledDetector], max_share: float) -> str | 
     return None
 
 
-def ready_server(config, line: str):
-    """A ``uvicorn.Server`` that prints ``line`` (its ``{}`` the seconds since the command started, imports
-    included) once it listens: the line a user reads means the server answers now."""
-    import uvicorn
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections on ``host:port`` (a wildcard host is asked on loopback)."""
+    import socket
 
-    class ReadyServer(uvicorn.Server):
-        async def startup(self, sockets=None):
-            await super().startup(sockets=sockets)
-            if not self.should_exit:
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    try:
+        with socket.create_connection((target, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def announce_when_listening(host: str, port: int, line: str) -> threading.Event:
+    """Print ``line`` (its ``{}``: the seconds since the command started, imports included) once the server
+    accepts connections on ``host:port``, from a thread polling every 50 ms, so that the line a user reads means
+    the server answers now. Set the returned event to stop it (the server ended, or never started)."""
+    stop = threading.Event()
+    if port == 0:  # any free port: uvicorn's own log line names the one it got
+        print(line.format(time.perf_counter() - STARTED), file=sys.stderr, flush=True)
+        stop.set()
+        return stop
+    if _listening(host, port):  # something else has the port: uvicorn will say so, and nothing is announced
+        stop.set()
+        return stop
+
+    def poll() -> None:
+        while not stop.wait(0.05):
+            if _listening(host, port):
                 print(line.format(time.perf_counter() - STARTED), file=sys.stderr, flush=True)
+                return
 
-    return ReadyServer(config)
+    threading.Thread(target=poll, name="halluscope-serve-ready", daemon=True).start()
+    return stop
 
 
 def cmd_serve(args) -> int:
@@ -265,9 +287,12 @@ def cmd_serve(args) -> int:
     if args.workers == 1:
         app = build_app(args, detectors=detectors, started=STARTED, lm_ready=True)
         line = f"serving on http://{args.host}:{args.port}/ ({docs}{workers}; ready in {{:.1f}} s)"
-        server = ready_server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level), line)
-        server.run()
-        return 0 if server.started else 1  # uvicorn said why (the port is taken, ...)
+        announced = announce_when_listening(args.host, args.port, line)
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        finally:
+            announced.set()
+        return 0
     # several processes share the port (uvicorn's supervisor); each loads the detectors (and the LM) itself
     os.environ[WORKER_ENV] = json.dumps({k: v for k, v in vars(args).items() if k != "func"})
     print(f"starting on http://{args.host}:{args.port}/ ({docs}{workers}; each answers once it has loaded the "
