@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -50,12 +51,20 @@ def parse_options(pairs: list[str] | None, spec=None) -> dict:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-#: The command-line numbers every command shares, with their ranges.
-POSITIVE_INT = ranged(whole(1))
-COUNT = ranged(whole(0))
-SECONDS = ranged(number(0, lo_open=True))
+#: The command-line numbers every command shares, with their ranges. Every number has one (a bound left out is
+#: ``programs.registry.MAX_WHOLE``/``MAX_NUMBER``): ``--lm-retries 10^30`` is "argument --lm-retries: expected
+#: a whole number in [0, 100], got ...", exit 2.
+POSITIVE_INT = ranged(whole(1))  # [1, 1000000]
+COUNT = ranged(whole(0))  # [0, 1000000]
+SECONDS = ranged(number(0, 7 * 86400, lo_open=True))  # (0 s, a week]
 SHARE = ranged(number(0, 1))
 PORT = ranged(whole(0, 65535))
+THREADS = ranged(whole(1, 1024))  # parallel calls, workers
+RETRIES = ranged(whole(0, 100))
+SEED = ranged(whole(0, 2**32 - 1))  # what numpy and Python's random take alike
+ITEMS = ranged(whole(1, 10**9))  # --limit
+TOKENS = ranged(whole(1, 10**7))  # a generation or context budget
+BYTES = ranged(whole(1, 2**40))  # a size limit (1 TiB)
 
 
 def add_max_failed_share(p, default: float, what: str) -> None:
@@ -91,6 +100,56 @@ def check_tracking(args, command: str) -> None:
         raise SystemExit(2) from None
 
 
+class _WithoutDSPy:
+    """A text stream that passes writes on to ``stream``, except those made by DSPy's code (its ``print`` calls,
+    its tqdm bars, its log handler): the frames above the write are walked past tqdm, logging and contextlib to
+    the code that wrote."""
+
+    _PASS = ("tqdm", "logging", "contextlib", "io", "codecs")
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _from_dspy(self) -> bool:
+        frame = sys._getframe(2)
+        for _ in range(16):
+            if frame is None:
+                return False
+            module = frame.f_globals.get("__name__", "")
+            if module == "dspy" or module.startswith("dspy."):
+                return True
+            if module.split(".", 1)[0] not in self._PASS:
+                return False
+            frame = frame.f_back
+        return False
+
+    def write(self, text: str) -> int:
+        return len(text) if self._from_dspy() else self._stream.write(text)
+
+    def __getattr__(self, name):  # flush, isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def without_dspy_output(show: bool = False):
+    """Hide what DSPy itself writes while the block runs (unless ``show``): its optimizers' ``print`` calls
+    ("Bootstrapping set 1/6", the program's source, proposed instructions), its "Processed N / M examples" and
+    other progress bars, and its INFO/WARNING log lines, which fill a terminal with hundreds of lines per fold.
+    halluscope's own lines, and DSPy's errors, still show."""
+    if show:
+        yield
+        return
+    dspy_logger = logging.getLogger("dspy")
+    level, out, err = dspy_logger.level, sys.stdout, sys.stderr
+    dspy_logger.setLevel(logging.ERROR)
+    sys.stdout, sys.stderr = _WithoutDSPy(out), _WithoutDSPy(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+        dspy_logger.setLevel(level)
+
+
 def add_lm_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("language model")
     g.add_argument("--lm", default=os.environ.get("HALLUSCOPE_LM", "local"),
@@ -99,8 +158,8 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-base", default=os.environ.get("HALLUSCOPE_API_BASE"),
                    help="base URL of an OpenAI-compatible server (vLLM, Ollama, llama.cpp server)")
     g.add_argument("--api-key", default=None, help="API key (default: the provider's usual environment variable)")
-    g.add_argument("--max-tokens", type=POSITIVE_INT, default=512, help="max tokens per LM call (default 512)")
-    g.add_argument("--temperature", type=ranged(number(0)), default=0.0,
+    g.add_argument("--max-tokens", type=TOKENS, default=512, help="max tokens per LM call (default 512)")
+    g.add_argument("--temperature", type=ranged(number(0, 2)), default=0.0,
                    help="sampling temperature of the LM (default 0: the same answer every time)")
     g.add_argument("--adapter", choices=["json", "chat"], default=None,
                    help="DSPy adapter (default: json for the embedded model, chat otherwise)")
@@ -109,7 +168,7 @@ def add_lm_args(p: argparse.ArgumentParser) -> None:
                    help="send each stage's JSON schema and output budget to the server (response_format, max_tokens); "
                         "auto: on with --api-base unless --adapter chat")
     g.add_argument("--lm-timeout", type=SECONDS, default=None, help="seconds per LM request to a server")
-    g.add_argument("--lm-retries", type=COUNT, default=None, help="retries of a failed LM request (DSPy's default: 3)")
+    g.add_argument("--lm-retries", type=RETRIES, default=None, help="retries of a failed LM request (DSPy's default: 3)")
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -142,7 +201,7 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context", choices=list(CONTEXT_VARIANTS), default="native",
                    help="retrieved context given to the detector (mushroom); none drops the context column "
                         "(generic)")
-    g.add_argument("--limit", type=POSITIVE_INT, default=None, help="only the first N items (cases)")
+    g.add_argument("--limit", type=ITEMS, default=None, help="only the first N items (cases)")
 
 
 class InputError(ValueError):

@@ -34,7 +34,7 @@ from typing import Any
 from halluscope.core import paths
 from halluscope.artifacts.policy import choose, load_detector
 from halluscope.artifacts.store import ArtifactError, list_versions, rank_versions, zero_shot_score
-from halluscope.cli.common import (POSITIVE_INT, add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
+from halluscope.cli.common import (THREADS, add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
                                    parse_options, resolve_dataset, setup_lm, usage_error)
 from halluscope.core.contract import failure_reason
 from halluscope.cli.engine import add_engine_args, detect_with_ray
@@ -87,7 +87,7 @@ def add_parser(subparsers) -> None:
                         "units, signals; the default on a terminal), json (the contract row as one JSON line; "
                         "the default when stdout is a pipe or file) or jsonl (the same, one line per answer). "
                         "With --input the rows go to --output as JSONL; text also shows each one")
-    d.add_argument("--threads", type=POSITIVE_INT, default=1,
+    d.add_argument("--threads", type=THREADS, default=1,
                    help="--input: answers run at once in this process (default 1)")
     add_max_failed_share(d, 0.0, "the run")
     d.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

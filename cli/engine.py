@@ -13,7 +13,7 @@ from pathlib import Path
 
 from halluscope.core import paths
 from halluscope.artifacts.store import ArtifactError
-from halluscope.cli.common import POSITIVE_INT, failed_share_line, ranged
+from halluscope.cli.common import POSITIVE_INT, THREADS, failed_share_line, ranged
 from halluscope.core.contract import describe_failed
 from halluscope.programs.registry import get, number
 from halluscope.evaluation.scale import LMConfig, RayOptions, detect_ray, evaluate_ray, parts_dir
@@ -26,12 +26,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         'pip install -e ".[ray]")')
     g.add_argument("--address", default=None,
                    help="Ray cluster to join ('auto', 'ray://host:10001'); default: a local Ray on this machine")
-    g.add_argument("--workers", type=POSITIVE_INT, default=2, help="Ray actors, each with its own program and LM (default 2)")
+    g.add_argument("--workers", type=THREADS, default=2, help="Ray actors, each with its own program and LM (default 2)")
     g.add_argument("--batch-size", type=POSITIVE_INT, default=256,
                    help="rows per Ray batch: the unit written at once, and at most lost when a job is killed")
-    g.add_argument("--cpus-per-worker", type=ranged(number(0, lo_open=True)), default=1.0,
+    g.add_argument("--cpus-per-worker", type=ranged(number(0, 1024, lo_open=True)), default=1.0,
                    help="CPUs Ray reserves per actor (the embedded model's threads); a fraction for a hosted LM")
-    g.add_argument("--lm-concurrency", type=POSITIVE_INT, default=None,
+    g.add_argument("--lm-concurrency", type=THREADS, default=None,
                    help="at most this many LM calls in flight across all Ray actors (a hosted LM's limit)")
     g.add_argument("--lm-per-minute", type=ranged(number(0, lo_open=True)), default=None,
                    help="at most this many LM calls started per minute across all Ray actors")

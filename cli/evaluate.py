@@ -18,8 +18,8 @@ from pathlib import Path
 from halluscope.core import paths
 from halluscope.cli import wall_time
 from halluscope.artifacts.store import ArtifactError, load_artifact_dir, load_compiled
-from halluscope.cli.common import (POSITIVE_INT, SHARE, add_data_args, add_lm_args, check_data_args, check_tracking,
-                                   load_examples, parse_options, setup_lm, usage_error)
+from halluscope.cli.common import (SHARE, THREADS, add_data_args, add_lm_args, check_data_args,
+                                   check_tracking, load_examples, parse_options, setup_lm, usage_error)
 from halluscope.cli.engine import add_engine_args, evaluate_with_ray
 from halluscope.core.fileio import create_unique_dir, write_text_atomic
 from halluscope.loaders import DatasetSpec, get_dataset
@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
                         "your API keys; only for artifacts you trust")
     add_data_args(ev)
     add_lm_args(ev)
-    ev.add_argument("--threads", type=POSITIVE_INT, default=1,
+    ev.add_argument("--threads", type=THREADS, default=1,
                     help="items run at once in this process (default 1; the embedded model runs one at a time)")
     add_engine_args(ev)
     ev.add_argument("--out-dir", default=None, help="where predictions are written (default ./outputs)")

@@ -25,7 +25,7 @@ def add_parser(subparsers) -> None:
     b.add_argument("source", help="a folder (.txt/.md/.pdf/.docx, recursively) or a .jsonl file of {id, text}")
     b.add_argument("--out", required=True, help="index folder to write (reused when the corpus is unchanged)")
     b.add_argument("--max-tokens", type=POSITIVE_INT, default=256, help="passage length in tokens (default 256)")
-    b.add_argument("--max-mb", type=ranged(number(0, lo_open=True)), default=20.0, help="size limit per file in MB (default 20)")
+    b.add_argument("--max-mb", type=ranged(number(0, 10**6, lo_open=True)), default=20.0, help="size limit per file in MB (default 20)")
     b.add_argument("--force", action="store_true", help="rebuild even when the corpus is unchanged")
     b.set_defaults(func=cmd_index_build)
 

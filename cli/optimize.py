@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import sys
 from pathlib import Path
@@ -22,9 +21,10 @@ from halluscope.artifacts.store import (below_zero_shot, list_versions, rank_ver
                                        zero_shot_score)
 from halluscope.optimize.changes import format_changes, unsupported_changes
 from halluscope.cli import wall_time
-from halluscope.cli.common import (COUNT, POSITIVE_INT, SHARE, InputError, add_data_args, add_debug_arg,
-                                   add_lm_args, check_data_args, check_tracking, load_examples, one_line,
-                                   parse_options, ranged, run_command, setup_lm, setup_logging)
+from halluscope.cli.common import (COUNT, POSITIVE_INT, SEED, SHARE, THREADS, TOKENS, InputError, add_data_args,
+                                   add_debug_arg, add_lm_args, check_data_args, check_tracking, load_examples, one_line,
+                                   parse_options, ranged, run_command, setup_lm, setup_logging,
+                                   without_dspy_output)
 from halluscope.lm.models import make_lm
 from halluscope.loaders import get_dataset
 from halluscope.metrics.adapters import METRIC_LEVEL, METRICS, SPAN_METRICS
@@ -32,7 +32,7 @@ from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.run import OptimizeConfig, plan_run, run_optimize
 from halluscope.tracking.traces import lm_tracing
 from halluscope.tracking.runs import experiment_name
-from halluscope.programs.registry import get, names, number
+from halluscope.programs.registry import get, names, number, whole
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-lm", default=None, help="LM spec for proposals (default: the task LM)")
     g.add_argument("--prompt-api-base", default=None, help="server of the prompt LM (default: --api-base when "
                                                            "--prompt-lm is not given)")
-    g.add_argument("--prompt-max-tokens", type=POSITIVE_INT, default=None,
+    g.add_argument("--prompt-max-tokens", type=TOKENS, default=None,
                    help="max tokens per proposal call (default: 256 for the embedded model, whose proposals "
                         "otherwise ramble to the limit at temperature 1; --max-tokens for other LMs)")
     o = p.add_argument_group("optimizer")
@@ -92,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--auto", choices=["light", "medium", "heavy"], default="light",
                    help="MIPROv2/GEPA budget preset (ignored when --candidates/--trials or --max-metric-calls "
                         "are given)")
-    o.add_argument("--max-metric-calls", type=int, default=None,
+    o.add_argument("--max-metric-calls", type=ranged(whole(1, 10**9)), default=None,
                    help="GEPA's budget in metric calls (replaces --auto)")
     o.add_argument("--decision-probs", choices=["logprobs", "verbal"], default="logprobs",
                    help="where ReAnchor reads decision probabilities: the backend's token log-probabilities "
@@ -111,13 +111,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="share of the compile set MIPROv2 validates candidates on (never the held-out fold)")
     o.add_argument("--max-errors", type=COUNT, default=None,
                    help="LM/program errors tolerated inside one compile before it stops (default: DSPy's 10)")
-    o.add_argument("--folds", type=POSITIVE_INT, default=5,
+    o.add_argument("--folds", type=ranged(whole(1, 100)), default=5,
                    help="cross-validation folds (default 5, as the bundled artifacts: versions compete only with "
                         "versions under the same folds); 1 = no cross-validation")
     o.add_argument("--fold-groups", default=None, metavar="FIELD",
                    help="keep items sharing this field in one fold (e.g. source_id: a HalluClean answer and its twin)")
-    o.add_argument("--seed", type=COUNT, default=0, help="seeds folds, splits and the optimizer")
-    o.add_argument("--threads", type=POSITIVE_INT, default=1, help="parallel program calls (the embedded model runs one "
+    o.add_argument("--seed", type=SEED, default=0, help="seeds folds, splits and the optimizer")
+    o.add_argument("--threads", type=THREADS, default=1, help="parallel program calls (the embedded model runs one "
                                                           "call at a time anyway)")
     r = p.add_argument_group("outputs")
     r.add_argument("--test", default=None, metavar="PATH",
@@ -138,7 +138,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--trace", action="store_true",
                    help="record every LM call of the program (compile included) as an MLflow trace (prompts "
                         "and outputs, credentials redacted; see halluscope ui)")
-    r.add_argument("--quiet", action="store_true", help="hide DSPy's optimizer log")
+    r.add_argument("--dspy-log", action="store_true",
+                   help="show DSPy's own output during the compiles (its optimizer log, printed progress and "
+                        "'Processed N / M' bars), hidden by default")
+    r.add_argument("--quiet", action="store_true",
+                   help="hide DSPy's own output (the default now; kept for old scripts)")
     add_debug_arg(r)
 
 
@@ -235,8 +239,6 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
     spec, dataset, opt = validate_args(parser, args, injected_lm=task_lm is not None)
     check_output_folders(args, parser)  # before any work: an unusable home is one line, not a traceback at the end
     check_tracking(args, "optimize")  # before any work: a bad --tracking-uri is reported now, not after the compile
-    if args.quiet:
-        logging.getLogger("dspy").setLevel(logging.WARNING)
     try:
         options = parse_options(args.option, spec)  # defaults + -O, checked: unknown names exit 2
     except argparse.ArgumentTypeError as e:
@@ -278,7 +280,8 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
             print(format_test_table(res.test, args.metric))
 
     with lm_tracing(getattr(args, "trace", False), experiment=experiment_name(config.program, config.lang),
-                    tracking_uri=args.tracking_uri, kind="optimize", during_compile=True):
+                    tracking_uri=args.tracking_uri, kind="optimize", during_compile=True), \
+            without_dspy_output(show=getattr(args, "dspy_log", False)):
         try:
             res = run_optimize(config, examples, task_lm=task_lm, prompt_lm=prompt_lm, log=_stderr,
                                on_stage=on_stage, plan=plan)

@@ -52,7 +52,9 @@ def cmd_register(args) -> int:
     except ArtifactError as e:
         print(f"halluscope register: {e}", file=sys.stderr)
         return 2
-    print(f"registered {chosen.path} as {reg.name} version {reg.version} (content hash {reg.content_hash[:12]})")
+    what = "registered" if reg.created else "already registered:"
+    alias = f" @{reg.alias}" if reg.alias else ""
+    print(f"{what} {chosen.path} as {reg.name} version {reg.version}{alias} (content hash {reg.content_hash[:12]})")
     print(f"load it with load_compiled({reg.uri!r}); serve it with: "
           f"mlflow models serve -m {reg.uri} --env-manager local")
     return 0

@@ -27,11 +27,13 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 
 from halluscope.artifacts.store import MODEL_URI_PREFIX, ArtifactError, load_compiled
-from halluscope.cli.common import (PORT, POSITIVE_INT, SECONDS, add_lm_args, add_max_failed_share, failed_share_line,
-                                   parse_options, setup_lm)
+from halluscope.cli import STARTED
+from halluscope.cli.common import (BYTES, PORT, POSITIVE_INT, SECONDS, THREADS, add_lm_args, add_max_failed_share,
+                                   failed_share_line, parse_options, setup_lm)
 from halluscope.core.contract import describe_failed, failed_kinds, failure_reason
 from halluscope.artifacts.compiled import detect
 from halluscope.core.redact import error_text, redact
@@ -76,17 +78,17 @@ def add_parser(subparsers) -> None:
     n.add_argument("--require-key", default=os.environ.get(KEY_ENV), metavar="KEY",
                    help=f"API key clients must send as X-API-Key (default ${KEY_ENV}); required off loopback")
     n.add_argument("--timeout", type=SECONDS, default=Limits.timeout_s, help="seconds per request (default %(default)s)")
-    n.add_argument("--max-body-bytes", type=POSITIVE_INT, default=Limits.max_body_bytes,
+    n.add_argument("--max-body-bytes", type=BYTES, default=Limits.max_body_bytes,
                    help="largest request body; larger ones are refused with 413 (default %(default)s)")
     n.add_argument("--max-batch", type=POSITIVE_INT, default=Limits.max_batch,
                    help="most answers in one /v1/detect/batch request (default %(default)s)")
-    n.add_argument("--max-upload-bytes", type=POSITIVE_INT, default=Limits.max_upload_bytes,
+    n.add_argument("--max-upload-bytes", type=BYTES, default=Limits.max_upload_bytes,
                    help="largest evidence file the page may upload to /v1/evidence (default %(default)s)")
-    n.add_argument("--workers", type=POSITIVE_INT, default=1,
+    n.add_argument("--workers", type=THREADS, default=1,
                    help="server processes sharing the port (uvicorn workers); each loads the detectors (and the "
                         "LM: N times its memory) and uses a core, for CPU-bound detectors such as grounded "
                         "without an LM scorer (default 1)")
-    n.add_argument("--lm-concurrency", type=POSITIVE_INT, default=1,
+    n.add_argument("--lm-concurrency", type=THREADS, default=1,
                    help="requests inside LM programs at once (1 for the embedded model)")
     n.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="the server's log level (default info: one line per request)")
@@ -212,10 +214,44 @@ def startup_check(detectors: list[CompiledDetector], max_share: float) -> str | 
     return None
 
 
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections on ``host:port`` (a wildcard host is asked on loopback)."""
+    import socket
+
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    try:
+        with socket.create_connection((target, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def announce_when_listening(host: str, port: int, line: str) -> threading.Event:
+    """Print ``line`` (its ``{}``: the seconds since the command started, imports included) once the server
+    accepts connections on ``host:port``, from a thread polling every 50 ms, so that the line a user reads means
+    the server answers now. Set the returned event to stop it (the server ended, or never started)."""
+    stop = threading.Event()
+    if port == 0:  # any free port: uvicorn's own log line names the one it got
+        print(line.format(time.perf_counter() - STARTED), file=sys.stderr, flush=True)
+        stop.set()
+        return stop
+    if _listening(host, port):  # something else has the port: uvicorn will say so, and nothing is announced
+        stop.set()
+        return stop
+
+    def poll() -> None:
+        while not stop.wait(0.05):
+            if _listening(host, port):
+                print(line.format(time.perf_counter() - STARTED), file=sys.stderr, flush=True)
+                return
+
+    threading.Thread(target=poll, name="halluscope-serve-ready", daemon=True).start()
+    return stop
+
+
 def cmd_serve(args) -> int:
     import uvicorn  # the server itself; imported here so other commands do not pay for it
 
-    t0 = time.perf_counter()
     if not is_loopback(args.host) and not args.require_key:
         print(f"halluscope serve: refusing to listen on {args.host} without an API key: set ${KEY_ENV} or pass "
               f"--require-key (clients then send X-API-Key)", file=sys.stderr)
@@ -244,14 +280,18 @@ def cmd_serve(args) -> int:
             "the OpenAPI schema at /openapi.json; no /docs page: no Swagger UI is installed")
     workers = f"; {args.workers} worker processes" if args.workers > 1 else ""
     if args.workers == 1:
-        app = build_app(args, detectors=detectors, started=t0, lm_ready=True)
-        print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers}; started in "
-              f"{time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        app = build_app(args, detectors=detectors, started=STARTED, lm_ready=True)
+        line = f"serving on http://{args.host}:{args.port}/ ({docs}{workers}; ready in {{:.1f}} s)"
+        announced = announce_when_listening(args.host, args.port, line)
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        finally:
+            announced.set()
         return 0
     # several processes share the port (uvicorn's supervisor); each loads the detectors (and the LM) itself
     os.environ[WORKER_ENV] = json.dumps({k: v for k, v in vars(args).items() if k != "func"})
-    print(f"serving on http://{args.host}:{args.port}/ ({docs}{workers})", file=sys.stderr)
+    print(f"starting on http://{args.host}:{args.port}/ ({docs}{workers}; each answers once it has loaded the "
+          f"detectors, {time.perf_counter() - STARTED:.1f} s in)", file=sys.stderr)
     uvicorn.run("halluscope.cli.serve:worker_app", factory=True, workers=args.workers, host=args.host,
                 port=args.port, log_level=args.log_level)
     return 0

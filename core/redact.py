@@ -43,8 +43,11 @@ _SECRET_VALUE = re.compile(
     r"|AIza[0-9A-Za-z_\-]{30,}"  # Google
     r"|gsk_[A-Za-z0-9]{20,})"  # Groq
 )
+# ``api_key=VALUE``, ``"token": "VALUE"``: a value right after ``=`` (``api_key= on dspy.LM`` is prose) with a letter
+# or digit in it (``api_key="..."``, ``OPENAI_API_KEY=...`` are placeholders in a hint, kept as written)
 _SECRET_ASSIGN = re.compile(
-    r"""(["']?(?:api[_-]?key|apikey|token|secret|password|authorization)["']?\s*[:=]\s*["']?)([^"',\s}&]+)""", re.I)
+    r"""(["']?(?:api[_-]?key|apikey|token|secret|password|authorization)["']?(?:\s*:\s*|=)["']?)"""
+    r"""((?=[^"',\s}&]*[A-Za-z0-9])[^"',\s}&]+)""", re.I)
 # scheme://user:pass@host or scheme://token@host
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/@\s\"'<>]+)@")
 # ?api_key=..., &key=..., &token=..., &access_token=..., &sig=..., &password=...
@@ -142,6 +145,11 @@ def redact_argv(argv: Iterable[str] | None) -> list[str] | None:
     return out
 
 
-def error_text(e: BaseException) -> str:
-    """One line naming an exception for a report: ``"<Type>: <message>"``, the message cut to 300 characters."""
-    return f"{type(e).__name__}: {str(e)[:300]}"
+def error_text(e: BaseException, limit: int = 300) -> str:
+    """One line naming an exception for a report: ``"<Type>: <message>"``, the message's lines joined (a library's
+    "To fix:" hint under its message included) and cut to ``limit`` characters at a word, ``…`` marking the cut."""
+    message = " ".join(str(e).split())
+    if len(message) > limit:
+        cut = message[: limit - 1]
+        message = (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut) + "…"
+    return f"{type(e).__name__}: {message}"

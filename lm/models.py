@@ -48,7 +48,7 @@ from halluscope.core import paths
 from halluscope.core.fileio import UnsafeFolderError, private_dir  # noqa: F401 - UnsafeFolderError: re-exported
 from halluscope.lm.openai_client import (SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials,
                                   token_logprobs)
-from halluscope.core.redact import redact, redact_url, register_secret
+from halluscope.core.redact import error_text, redact, redact_url, register_secret
 from halluscope.lm.llamacpp import ModelFileError, ModelFileNotFound, load_llama
 from halluscope.lm.usage import LMUsage  # re-exported: it lived here before #21
 
@@ -887,7 +887,7 @@ def check_lm(lm: dspy.BaseLM, *, timeout: float = 60.0) -> None:
     except ModelFileError:  # a file llama.cpp cannot load as a model: the caller's usage error, as it is
         raise
     except Exception as e:  # noqa: BLE001 - any failure means no item could run
-        raise LMCheckError(redact(f"{getattr(lm, 'model', lm)}: {type(e).__name__}: {str(e)[:300]}")) from None
+        raise LMCheckError(redact(f"{getattr(lm, 'model', lm)}: {error_text(e, 600)}")) from None
 
 
 def describe(lm: dspy.LM) -> str:

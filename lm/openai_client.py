@@ -215,7 +215,8 @@ class OpenAICompatEngine:
         base_url: the server's base URL (``http://host:port/v1``); credentials in it move to a header.
         model: the model name sent in each request (the model string without its ``openai/`` prefix).
         api_key: sent as ``Authorization: Bearer`` (not when the URL already carries credentials).
-        timeout: seconds per request (connect and read).
+        timeout: seconds per request in all: connect, headers and the whole body (a server trickling its answer
+            byte by byte fails at this bound, not per byte).
         retries: retries of a failed request (connection, timeout, 429, 5xx); 0 = one attempt.
         backoff: seconds before the first retry, doubled each time (capped at ``max_backoff``).
         transport: an ``httpx`` transport (tests: ``httpx.MockTransport``).
@@ -384,12 +385,13 @@ class OpenAICompatEngine:
             self.stats.errors += 1
 
     def _post(self, body: dict) -> dict:
-        url = f"{self.base_url}/chat/completions"
+        url = self.endpoint("chat/completions")
         where = self.base_url
         try:
-            r = self._client.post(url, json=body)
-        except httpx.TimeoutException:
-            raise _Retryable(lm15.TimeoutError, f"timed out: no answer from {where} within {self.timeout:g} s") from None
+            r = self._send(url, body)
+        except (httpx.TimeoutException, _Deadline):
+            raise _Retryable(lm15.TimeoutError, f"timed out: no complete answer from {where} within "
+                                                f"{self.timeout:g} s") from None
         except httpx.HTTPError as e:
             reason = clean_error_text(str(e) or type(e).__name__, 120)
             raise _Retryable(lm15.TransportError, f"cannot reach {where}: {reason}") from None
@@ -409,8 +411,7 @@ class OpenAICompatEngine:
                 raise lm15.AuthError(msg + " (check --api-key or the credentials in --api-base)",
                                      status=r.status_code)
             if r.status_code == 404:
-                raise lm15.InvalidRequestError(msg + f" (is --api-base the server's /v1 URL? it POSTs {where}"
-                                                     "/chat/completions)", status=404)
+                raise lm15.InvalidRequestError(msg + f" (is --api-base the server's /v1 URL? it POSTs {url})", status=404)
             raise lm15.InvalidRequestError(msg, status=r.status_code)
         if "text/event-stream" in ctype or text.lstrip().startswith("data:"):
             raise lm15.ProviderError(f"{where} streamed its answer (text/event-stream) although stream=false was "
@@ -431,6 +432,47 @@ class OpenAICompatEngine:
         if not isinstance(msg, dict) or not isinstance(msg.get("content", ""), (str, type(None))):
             raise lm15.ProviderError(f"{where} answered a choice without a message")
         return out
+
+    def _send(self, url: str, body: dict) -> httpx.Response:
+        """POST ``body`` and read the whole answer within ``self.timeout`` seconds **in all** (connect, headers and
+        body together). httpx's timeouts bound each socket operation only, so a server that sends its headers and
+        then one byte every few seconds would hold a request forever; here the request runs in a worker thread
+        that the caller waits for at most ``timeout`` seconds (:class:`_Deadline` then). The abandoned worker stops
+        at its next chunk or socket timeout and closes its connection."""
+        box: dict[str, Any] = {}
+        cancelled = threading.Event()
+
+        def work() -> None:
+            try:
+                with self._client.stream("POST", url, json=body) as r:
+                    chunks = []
+                    for chunk in r.iter_bytes():
+                        if cancelled.is_set():
+                            return
+                        chunks.append(chunk)
+                    headers = [(k, v) for k, v in r.headers.multi_items()
+                               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+                    box["response"] = httpx.Response(r.status_code, headers=headers, content=b"".join(chunks))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = e
+
+        worker = threading.Thread(target=work, name="halluscope-lm-request", daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():
+            cancelled.set()
+            raise _Deadline()
+        if "error" in box:
+            raise box["error"]
+        return box["response"]
+
+    def endpoint(self, path: str) -> str:
+        """The URL of ``path`` under the base URL: joined to the base's path, the base's query (what remains after
+        the credentials moved to a header) kept after it: ``http://h/v1?x=1`` + ``chat/completions`` ->
+        ``http://h/v1/chat/completions?x=1``."""
+        parts = urlsplit(self.base_url)
+        return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + "/" + path.lstrip("/"),
+                           parts.query, ""))
 
     def _response(self, out: dict, max_tokens: int, logprobs: bool) -> Response:
         choice = out["choices"][0]
@@ -513,6 +555,10 @@ class _Retryable(Exception):
         if issubclass(self.kind, lm15.ProviderError):
             return self.kind(self.message + suffix, status=self.status)
         return self.kind(self.message + suffix)
+
+
+class _Deadline(Exception):
+    """A request that did not complete within the engine's timeout (headers and body together)."""
 
 
 class _FormatRefused(Exception):

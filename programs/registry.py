@@ -51,6 +51,8 @@ __all__ = [
     "free",
     "undeclared_ranges",
     "ranged",
+    "MAX_WHOLE",
+    "MAX_NUMBER",
     "OptionError",
     "UnknownOptionError",
     "InvalidOptionError",
@@ -139,10 +141,18 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+#: The range of a number option or argument declared without one (``whole(0)`` is ``[0, MAX_WHOLE]``): counts of
+#: tokens, characters, items, threads and samples, and weights, never need more, and a larger value (a typo, an
+#: attack) would otherwise run with it.
+MAX_WHOLE = 1_000_000
+MAX_NUMBER = 1e6
+
 _TRUE, _FALSE = frozenset({"true", "yes", "on", "1"}), frozenset({"false", "no", "off", "0"})
 
 
 def _fmt(x: float) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e16:
+        return str(int(x))  # 1000000, not 1e+06
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
@@ -155,6 +165,8 @@ def _as_number(value: Any) -> float | int | None:
             x = int(word) if word.lstrip("+-").isdigit() else float(word)
         except ValueError:
             return None
+    if isinstance(x, int) and not isinstance(x, bool):
+        return x  # any size: the range check refuses a huge one (math.isfinite would overflow)
     return x if _is_number(x) and math.isfinite(x) else None
 
 
@@ -171,7 +183,7 @@ class OptionType:
     only when another option is on)."""
 
     kind: str
-    lo: float | None = None
+    lo: float | None = None  # a number left unbounded gets +-MAX_WHOLE / +-MAX_NUMBER (__post_init__)
     hi: float | None = None
     lo_open: bool = False
     hi_open: bool = False
@@ -179,6 +191,16 @@ class OptionType:
     nullable: bool = False
     what: str = ""
     check: Callable[[Any, dict], str | None] | None = None
+
+    def __post_init__(self):
+        # Every number has a range: a bound left out is the sane ceiling (or floor) of its kind, so that
+        # ``-O window=10^15`` or ``--limit 10^40`` is refused naming the range instead of running with it.
+        if self.kind in ("int", "float"):
+            cap = MAX_WHOLE if self.kind == "int" else MAX_NUMBER
+            if self.hi is None:
+                object.__setattr__(self, "hi", cap)
+            if self.lo is None:
+                object.__setattr__(self, "lo", -cap)
 
     def describe(self) -> str:
         """What the option takes, in words: ``a whole number >= 1``, ``a finite number in [0, 1]``, ``true or false``."""
@@ -213,8 +235,8 @@ class OptionType:
                 return word in _TRUE
         elif self.kind in ("int", "float"):
             x = _as_number(value)
-            if x is not None and (self.kind == "float" or x == int(x)):
-                x = int(x) if self.kind == "int" else float(x)
+            if x is not None and self.lo <= x <= self.hi and (self.kind == "float" or x == int(x)):
+                x = int(x) if self.kind == "int" else float(x)  # in range: no float overflow
                 below = self.lo is not None and (x < self.lo or (self.lo_open and x == self.lo))
                 above = self.hi is not None and (x > self.hi or (self.hi_open and x == self.hi))
                 if not (below or above):
@@ -227,6 +249,8 @@ class OptionType:
         else:
             return value
         shown = "null" if value is None else repr(value)
+        if len(shown) > 40:  # a 400-digit number: its start, end and length
+            shown = f"{shown[:20]}…{shown[-8:]} ({len(shown)} characters)"
         raise ValueError(f"expected {self.describe()}, got {shown}")
 
 
@@ -236,13 +260,14 @@ def flag() -> OptionType:
 
 
 def whole(lo: int | None = None, hi: int | None = None, *, nullable: bool = False) -> OptionType:
-    """A whole number in ``[lo, hi]`` (either bound may be None)."""
+    """A whole number in ``[lo, hi]`` (a bound left None is ``-MAX_WHOLE``/``MAX_WHOLE``)."""
     return OptionType("int", lo=lo, hi=hi, nullable=nullable)
 
 
 def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
            nullable: bool = False) -> OptionType:
-    """A finite number in ``[lo, hi]`` (``lo_open``/``hi_open``: that bound excluded; either may be None)."""
+    """A finite number in ``[lo, hi]`` (``lo_open``/``hi_open``: that bound excluded; a bound left None is
+    ``-MAX_NUMBER``/``MAX_NUMBER``)."""
     return OptionType("float", lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open, nullable=nullable)
 
 
@@ -260,7 +285,7 @@ def free(what: str, *, nullable: bool = False, check: Callable[[Any, dict], str 
 def ranged(kind: OptionType):
     """An argparse ``type=`` for a command-line number declared with its type and range as program options are
     (:func:`whole`, :func:`number`): ``--threads 0`` is a usage error, "argument --threads: expected a whole
-    number >= 1, got '0'" (exit status 2)."""
+    number in [1, 1024], got '0'" (exit status 2)."""
 
     def parse(text: str):
         try:
@@ -269,6 +294,7 @@ def ranged(kind: OptionType):
             raise argparse.ArgumentTypeError(str(e)) from None
 
     parse.__name__ = kind.describe()
+    parse.option_type = kind  # what the range check of every argument reads (tests/test_faults.py)
     return parse
 
 

@@ -669,7 +669,7 @@ def test_lm_scorer_item_budget_cuts_a_long_answer_and_counts_it(tmp_path):
     assert unbounded.calls == 1 and info["answer_tokens_cut"] == 0  # another key: evaluated, not a cache hit
     assert all(r["lm_missing"] == 0.0 for r in rows)
 
-    with pytest.raises(ValueError, match="option 'lm_item_tokens' of program 'grounded': expected a whole number >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"option 'lm_item_tokens' of program 'grounded': expected a whole number in \[0, 1000000\], got -1"):
         get("grounded").make(lm=True, lm_item_tokens=-1)
     prog = get("grounded").make(lm=True, lm_item_tokens=400)
     prog._scorer = LMScorer(cache_dir=tmp_path / "p", backend=StubBackend(), max_item_tokens=400)

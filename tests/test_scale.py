@@ -215,6 +215,24 @@ def test_jsonl_to_parquet_keeps_order_and_ids_and_writes_failed_rows(ray_session
     assert pq.read_table(out).column_names == list(OUTPUT_COLUMNS)
 
 
+def test_ray_jobs_draw_a_progress_bar_of_items(ray_session, tmp_path, capfd):
+    """Issue #35: a Ray job showed no progress; the driver draws one bar in items as batches arrive (stderr),
+    for detect and evaluate, and none with progress=False."""
+    from halluscope.evaluation.scale import evaluate_ray
+    from tests.test_optimize_stages import _examples
+
+    det = _artifact(tmp_path / "compiled")
+    src = _jsonl(tmp_path / "in.jsonl", _rows(10))
+    detect_ray(det, src, tmp_path / "out.parquet", opts=RayOptions(**{**OPTS, "progress": True}))
+    err = capfd.readouterr().err
+    assert "detect (ray, 2 workers)" in err and "10/10" in err and "item" in err, err[-2000:]
+    res = evaluate_ray("mark-all", {}, _examples(6), opts=RayOptions(**{**OPTS, "progress": True}))
+    err = capfd.readouterr().err
+    assert res.n == 6 and "evaluate (ray, 2 workers)" in err and "6/6" in err, err[-2000:]
+    detect_ray(det, src, tmp_path / "quiet.parquet", opts=RayOptions(**OPTS))
+    assert "(ray, 2 workers)" not in capfd.readouterr().err
+
+
 def _in_process(det, tmp_path: Path, rows: list[dict], extra=()) -> list[dict]:
     src = _jsonl(tmp_path / "ref.jsonl", rows)
     detect_jsonl(det, src, tmp_path / "ref.out.jsonl", progress=False, extra_inputs=extra)

@@ -9,7 +9,8 @@
 :func:`register_artifact` verifies the version folder (content hash), logs it as an MLflow *model from code*
 — the model's code is :mod:`halluscope.tracking.mlflow_model` (a source file MLflow stores as is), its artifact the
 folder's ``program.json`` + ``manifest.json`` — in a run of the experiment ``halluscope/<program>/<lang>``,
-registers it as a new version of ``halluscope-<program>-<lang>`` (or ``name``), tags the version with the
+registers it as a new version of ``halluscope-<program>-<lang>`` (or ``name``) unless a version with the same
+content hash is registered already (that one is reused: registering twice makes no second version), tags the version with the
 artifact's content hash, program, language, metric and version, and points ``alias`` at it (an alias moves:
 ``@champion`` is what production serves). No cloudpickle file is written: requirements are given, not
 inferred (inference would load the model and its LM), and the model is never run while logging.
@@ -21,6 +22,7 @@ import importlib.metadata
 import logging
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,7 @@ class RegisteredArtifact:
     alias: str | None
     run_id: str
     content_hash: str
+    created: bool = True  # False: this artifact (same content hash) was registered already; that version is reused
 
     @property
     def uri(self) -> str:
@@ -98,6 +101,13 @@ def register_artifact(
     tags = {"halluscope.content_hash": manifest["content_hash"], "halluscope.program": program,
             "halluscope.lang": lang, "halluscope.metric": metric, "halluscope.version": str(version),
             "halluscope.artifact": str(path)}
+    existing = _registered_version(client, name, manifest["content_hash"])
+    if existing is not None:  # registering the same artifact again is a no-op (the alias still moves)
+        if alias:
+            client.set_registered_model_alias(name, alias, str(existing.version))
+        logger.debug("%s is %s version %s already", path, name, existing.version)
+        return RegisteredArtifact(name=name, version=int(existing.version), alias=alias, run_id=existing.run_id,
+                                  content_hash=manifest["content_hash"], created=False)
     # The model is saved locally and logged with the client: MLflow's fluent API would need the global tracking
     # and registry URIs changed (and MLflow keeps them in environment variables that subprocesses inherit).
     run = client.create_run(exp_id, run_name=f"register {program}/{lang}/{metric} v{version:04d}",
@@ -105,9 +115,11 @@ def register_artifact(
     try:
         with tempfile.TemporaryDirectory(prefix="halluscope-register-") as tmp:
             local = Path(tmp) / "model"
-            mlflow.pyfunc.save_model(path=str(local), python_model=str(MODEL_CODE),
-                                     artifacts={ARTIFACT_KEY: str(path)}, signature=signature,
-                                     pip_requirements=_requirements())
+            with warnings.catch_warnings():  # MLflow's advice on type hints and input examples: not for users
+                warnings.filterwarnings("ignore", category=UserWarning, module=r"mlflow\..*")
+                mlflow.pyfunc.save_model(path=str(local), python_model=str(MODEL_CODE),
+                                         artifacts={ARTIFACT_KEY: str(path)}, signature=signature,
+                                         pip_requirements=_requirements())
             client.log_artifacts(run.info.run_id, str(local), artifact_path="model")
         try:
             client.create_registered_model(name, tags={"halluscope.program": program, "halluscope.lang": lang})
@@ -123,9 +135,22 @@ def register_artifact(
         client.set_terminated(run.info.run_id, "FAILED")
         raise
     client.set_terminated(run.info.run_id, "FINISHED")
-    logger.info("registered %s as %s version %d%s", path, name, mv_version, f" @{alias}" if alias else "")
+    logger.debug("registered %s as %s version %d%s", path, name, mv_version, f" @{alias}" if alias else "")
     return RegisteredArtifact(name=name, version=mv_version, alias=alias, run_id=run.info.run_id,
                               content_hash=manifest["content_hash"])
+
+
+def _registered_version(client, name: str, content_hash: str):
+    """The newest version of registered model ``name`` tagged with ``content_hash`` (None: none, or no such model)."""
+    from mlflow.exceptions import MlflowException
+
+    quoted = name.replace("'", "\\'")
+    try:
+        versions = client.search_model_versions(f"name='{quoted}'")
+    except MlflowException:
+        return None
+    same = [v for v in versions if (v.tags or {}).get("halluscope.content_hash") == content_hash]
+    return max(same, key=lambda v: int(v.version), default=None)
 
 
 def set_alias(name: str, alias: str, version: int, *, tracking_uri: str | None = None) -> None:

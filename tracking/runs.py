@@ -537,52 +537,105 @@ def _short_opt(desc: str) -> str:
     return desc if len(desc) <= 48 else desc[:45] + "..."
 
 
+#: Below this many items a score is marked as resting on few items (``n=3!``) in the plots.
+FEW_ITEMS = 10
+
+
+def metric_range(metric: str) -> tuple[float, float]:
+    """The values ``metric`` can take: [-1, 1] for a correlation, [-1, 2] for ``iou+corr``, else [0, 1]."""
+    return {"corr": (-1.0, 1.0), "iou+corr": (-1.0, 2.0)}.get(metric, (0.0, 1.0))
+
+
+def error_bar(value: float, sd: float | None, metric: str) -> tuple[float, float]:
+    """(below, above): the sd over folds either side of ``value``, clipped to the metric's range (an IoU of 0.9
+    ± 0.3 is drawn from 0.6 to 1.0, never past 1.0)."""
+    if sd is None or not math.isfinite(sd) or sd <= 0:
+        return 0.0, 0.0
+    lo, hi = metric_range(metric)
+    return max(0.0, min(sd, value - lo)), max(0.0, min(sd, hi - value))
+
+
+def is_demo(row: dict) -> bool:
+    """A run on the built-in demo set (its scores mean nothing: the plots draw it grey and hatched)."""
+    return str(row.get("source", "")).startswith("demo")
+
+
+def n_text(n) -> str:
+    """``n=240``, or ``n=3!`` below :data:`FEW_ITEMS` items; ``n=?`` when the run logged none."""
+    if n is None or not isinstance(n, (int, float)) or not math.isfinite(n):
+        return "n=?"
+    return f"n={int(n)}" + ("!" if n < FEW_ITEMS else "")
+
+
+def wrap_label(label: str, width: int = 60) -> str:
+    """A legend or axis label over several lines instead of cut (``fit (the program's own fit hook …``)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width, break_long_words=False, break_on_hyphens=False)) or label
+
+
 def plot_scores(rows: list[dict], metric: str, path: str | os.PathLike) -> Path | None:
     """A grouped bar chart of ``metric`` by language (latest run per series and language) saved as PNG.
 
     Series: each evaluated program+LM, and for optimize runs the zero-shot and compiled CV means (error bars:
-    the sd over folds). Returns the path, or None when no run has a score.
+    the sd over folds, clipped to the metric's range). Each bar is labelled with its score and its number of
+    items (``n=3!`` below :data:`FEW_ITEMS`); a score of 0 is drawn as a mark on the axis, not an invisible bar;
+    demo-data runs are grey and hatched. Returns the path, or None when no run has a score.
     """
     import matplotlib  # only for the optional plot (about 1 s to import)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # after choosing the non-interactive backend
 
-    points: dict[tuple[str, str], tuple[float, float | None]] = {}
+    points: dict[tuple[str, str], tuple[float, float | None, float | None, bool]] = {}
     for r in rows:  # newest first: keep the first seen
         if r["status"] != "FINISHED":
             continue
-        demo = " DEMO DATA" if str(r.get("source", "")).startswith("demo") else ""
+        demo = " DEMO DATA" if is_demo(r) else ""
         if r["kind"] == "optimize":
             if r["score"] is not None:
                 label = f"{r['program']} {_opt_name(r['optimizer'])} [{r['opt_metric']}] ({r['lm']}){demo}"
-                points.setdefault((label, r["lang"]), (r["score"], r["sd"]))
+                points.setdefault((label, r["lang"]), (r["score"], r["sd"], r.get("n"), bool(demo)))
             if r["zero_shot"] is not None:
                 points.setdefault((f"{r['program']} zero-shot, CV ({r['lm']}){demo}", r["lang"]),
-                                  (r["zero_shot"], r.get("zero_shot_sd")))
+                                  (r["zero_shot"], r.get("zero_shot_sd"), r.get("n"), bool(demo)))
         elif r["score"] is not None:
-            points.setdefault((f"{r['program']} evaluate ({r['lm']}){demo}", r["lang"]), (r["score"], None))
+            points.setdefault((f"{r['program']} evaluate ({r['lm']}){demo}", r["lang"]),
+                              (r["score"], None, r.get("n"), bool(demo)))
     if not points:
         return None
+    lo, hi = metric_range(metric)
     langs = sorted({lang for _, lang in points})
     series = sorted({label for label, _ in points})
     fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(langs) * len(series) + 2.0), 4.5 + 0.22 * len(series)))
     width = 0.8 / len(series)
+    span = hi - lo
+    labelled: set[str] = set()  # one legend entry per series
     for i, s in enumerate(series):
-        xs, ys, errs = [], [], []
+        color = plt.cm.tab10(i % 10)
         for j, lang in enumerate(langs):
-            if (s, lang) in points:
-                v, sd = points[(s, lang)]
-                xs.append(j + (i - (len(series) - 1) / 2) * width)
-                ys.append(v)
-                errs.append(sd or 0.0)
-        ax.bar(xs, ys, width=width, yerr=errs, capsize=3, label=s)
+            if (s, lang) not in points:
+                continue
+            v, sd, n, demo = points[(s, lang)]
+            x = j + (i - (len(series) - 1) / 2) * width
+            below, above = error_bar(v, sd, metric)
+            style = dict(color="0.75", hatch="//", edgecolor="0.45") if demo else dict(color=color)
+            ax.bar([x], [v], width=width, yerr=[[below], [above]], capsize=3,
+                   label=None if s in labelled else wrap_label(s), **style)
+            labelled.add(s)
+            if v == 0:  # a bar of height 0 is invisible: a mark on the axis says the run is there
+                ax.plot([x - width * 0.4, x + width * 0.4], [0, 0], color="0.45" if demo else color, linewidth=3,
+                        solid_capstyle="butt", zorder=4)
+            ax.text(x, max(v, 0) + above + 0.015 * span, f"{v:.3f}\n{n_text(n)}", ha="center", va="bottom",
+                    fontsize=6, color="firebrick" if n_text(n).endswith("!") else "black")
     ax.set_xticks(range(len(langs)))
     ax.set_xticklabels(langs)
     ax.set_ylabel(metric)
     ax.set_xlabel("language")
-    ax.set_title(f"{metric} by language (latest run per series; error bars: sd over CV folds)", fontsize=10)
-    ax.set_ylim(bottom=0)
+    ax.set_title(f"{metric} by language (latest run per series; error bars: sd over CV folds, within the metric's "
+                 f"range; n: items, ! under {FEW_ITEMS})", fontsize=9)
+    ax.set_ylim(min(0.0, lo) if any(v < 0 for v, *_ in points.values()) else 0.0, hi + 0.15 * span)
+    ax.axhline(hi, color="0.6", linewidth=0.6, linestyle=":")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from halluscope.tracking.runs import open_client, get_experiment_id
+from halluscope.tracking.runs import (FEW_ITEMS, error_bar, get_experiment_id, is_demo, metric_range, n_text,
+                                      open_client, wrap_label)
 
 __all__ = ["COMPARE_EXPERIMENT", "SETTING_PARAMS", "add_run_settings", "run_setting", "grid_cells",
            "frontier_points", "pareto_front", "plot_grid", "plot_frontier", "log_views"]
@@ -35,7 +36,8 @@ COMPARE_EXPERIMENT = "halluscope-compare"  # not halluscope/...: compare's own r
 
 # run parameters that say how an evaluated program was made, copied into its row by add_run_settings
 SETTING_PARAMS = ("options", "optimizer", "optimizer_desc", "artifact_version", "content_hash")
-_MAX_SETTING_CHARS = 48
+_MAX_SETTING_CHARS = 90  # longer: cut at a "; " or "," and a hash of the whole added (labels wrap, not cut)
+_MAX_OPTIMIZER_CHARS = 24  # a longer optimizer description in prose ("fit (the program's own ...)"): its name
 
 
 def add_run_settings(rows: Sequence[dict], tracking_uri: str | None = None) -> list[dict]:
@@ -85,15 +87,20 @@ def run_setting(r: dict) -> str:
         parts.append(",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in changed.items()))
     opt = r.get("optimizer_desc") or r.get("optimizer")
     if opt not in (None, "", "-", "?"):
-        parts.append(str(opt))
+        opt = str(opt)
+        if len(opt) > _MAX_OPTIMIZER_CHARS and " (" in opt:  # "fit (prose ...)": its name; the prose is in the run
+            opt = opt.split(" (", 1)[0].strip() or opt
+        parts.append(opt)
     version = r.get("artifact_version")
     if version not in (None, "", "-"):
         parts.append(f"v{int(version):04d}" if str(version).isdigit() else str(version))
     if r.get("content_hash"):
         parts.append(f"#{str(r['content_hash'])[:8]}")
     text = "; ".join(parts)
-    if len(text) > _MAX_SETTING_CHARS:  # long option lists: cut, with a hash of the whole to keep them apart
-        text = text[: _MAX_SETTING_CHARS - 9] + "…" + hashlib.sha1(text.encode()).hexdigest()[:8]
+    if len(text) > _MAX_SETTING_CHARS:  # long option lists: cut between two of them, with a hash of the whole
+        head = text[: _MAX_SETTING_CHARS - 10]
+        cut = max(head.rfind("; "), head.rfind(","))
+        text = (head[:cut] if cut > 0 else head) + " …" + hashlib.sha1(text.encode()).hexdigest()[:8]
     return text
 
 
@@ -108,15 +115,17 @@ def _series(r: dict) -> list[tuple[str, float | None, float | None]]:
     return [(f"{r['program']} ({r['lm']}){demo}", r["score"], None)]
 
 
-def grid_cells(rows: Sequence[dict]) -> dict[tuple[str, str], tuple[float, float | None]]:
-    """``{(series, lang): (score, sd or None)}`` from the latest finished run of each series and language."""
-    cells: dict[tuple[str, str], tuple[float, float | None]] = {}
+def grid_cells(rows: Sequence[dict], *, meta: bool = False) -> dict[tuple[str, str], tuple]:
+    """``{(series, lang): (score, sd or None)}`` from the latest finished run of each series and language;
+    ``meta=True``: ``(score, sd, n items, demo data?)``."""
+    cells: dict[tuple[str, str], tuple] = {}
     for r in rows:
         if r["status"] != "FINISHED":
             continue
         for label, score, sd in _series(r):
             if score is not None:
-                cells.setdefault((label, r["lang"]), (float(score), sd))
+                cell = (float(score), sd) + ((r.get("n"), is_demo(r)) if meta else ())
+                cells.setdefault((label, r["lang"]), cell)
     return cells
 
 
@@ -143,7 +152,8 @@ def frontier_points(rows: Sequence[dict], cost: str = "calls") -> dict[str, list
         seen.add((label, r["lang"]))
         out.setdefault(r["lang"], []).append({"label": label, "setting": setting,
                                               "cost": float(used) / float(r["n"]),
-                                              "score": float(r["score"]), "run_id": r["run_id"]})
+                                              "score": float(r["score"]), "run_id": r["run_id"],
+                                              "n": r["n"], "demo": is_demo(r)})
     return out
 
 
@@ -169,30 +179,44 @@ def _plt():
 
 
 def plot_grid(rows: Sequence[dict], metric: str, path: str | os.PathLike) -> Path | None:
-    """A heat-map grid, series × language, each cell the score (± the sd over CV folds where there is one)."""
-    cells = grid_cells(rows)
+    """A heat-map grid, series × language, each cell the score (± the sd over CV folds where there is one, clipped
+    to the metric's range) and its number of items (``n=3!`` below :data:`FEW_ITEMS`). The colour scale is
+    the metric's whole range and real data only: demo-data cells are grey and hatched, never the brightest."""
+    cells = grid_cells(rows, meta=True)
     if not cells:
         return None
     plt = _plt()
     langs = sorted({lang for _, lang in cells})
     series = sorted({label for label, _ in cells})
     import numpy as np
+    from matplotlib.patches import Rectangle
 
+    lo, hi = metric_range(metric)
     values = np.full((len(series), len(langs)), np.nan)
-    for (label, lang), (v, _) in cells.items():
-        values[series.index(label), langs.index(lang)] = v
-    fig, ax = plt.subplots(figsize=(1.5 + 1.1 * len(langs) + 0.06 * max(len(s) for s in series),
-                                    1.2 + 0.55 * len(series)))
-    im = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", aspect="auto")
-    for (label, lang), (v, sd) in cells.items():
+    for (label, lang), (v, _, _, demo) in cells.items():
+        if not demo:
+            values[series.index(label), langs.index(lang)] = v
+    labels = [wrap_label(s, 50) for s in series]
+    longest = max(len(line) for t in labels for line in t.split("\n"))
+    fig, ax = plt.subplots(figsize=(1.5 + 1.1 * len(langs) + 0.06 * longest, 1.2 + 0.62 * len(series)))
+    im = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", aspect="auto", vmin=lo, vmax=hi)
+    for (label, lang), (v, sd, n, demo) in cells.items():
         i, j = series.index(label), langs.index(lang)
-        text = f"{v:.3f}" + (f"\n±{sd:.3f}" if sd is not None else "")
-        finite = values[np.isfinite(values)]
-        dark = v < (finite.min() + finite.max()) / 2 if finite.size else True
-        ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+        below, above = error_bar(v, sd, metric)
+        spread = "" if sd is None else (f"\n±{sd:.3f}" if below == above else f"\n-{below:.3f}/+{above:.3f}")
+        text = f"{v:.3f}{spread}\n{n_text(n)}" + ("\nDEMO" if demo else "")
+        if demo:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.85", hatch="//", edgecolor="0.6",
+                                   linewidth=0))
+        dark = not demo and v < (lo + hi) / 2
+        color = "white" if dark else "black"
+        if n_text(n).endswith("!") and not dark:
+            color = "firebrick"
+        ax.text(j, i, text, ha="center", va="center", fontsize=6.5, color=color)
     ax.set_xticks(range(len(langs)), labels=langs)
-    ax.set_yticks(range(len(series)), labels=series, fontsize=7)
-    ax.set_title(f"{metric}: latest run per program and language (± sd over CV folds)", fontsize=9)
+    ax.set_yticks(range(len(series)), labels=labels, fontsize=7)
+    ax.set_title(f"{metric}: latest run per program and language (± sd over CV folds; n: items, ! under "
+                 f"{FEW_ITEMS}; demo data grey, off the scale)", fontsize=8)
     fig.colorbar(im, ax=ax, label=metric)
     return _save(fig, path)
 
@@ -207,10 +231,16 @@ def plot_frontier(rows: Sequence[dict], metric: str, path: str | os.PathLike, co
     fig, axes = plt.subplots(1, len(langs), figsize=(4.2 * len(langs), 4.0), squeeze=False)
     labels = sorted({p["label"] for pts in points.values() for p in pts})
     colors = {label: plt.cm.tab10(i % 10) for i, label in enumerate(labels)}
+    lo, hi = metric_range(metric)
     for ax, lang in zip(axes[0], langs):
         pts = points[lang]
         for p in pts:
-            ax.scatter(p["cost"], p["score"], color=colors[p["label"]], s=40, zorder=3)
+            demo = p.get("demo")
+            ax.scatter(p["cost"], p["score"], s=40, zorder=3, color="none" if demo else colors[p["label"]],
+                       edgecolors=colors[p["label"]], hatch="////" if demo else None, clip_on=False)
+            few = n_text(p.get("n")).endswith("!")
+            ax.annotate(n_text(p.get("n")), (p["cost"], p["score"]), textcoords="offset points", xytext=(5, 4),
+                        fontsize=6, color="firebrick" if few else "0.3")
         front = pareto_front(pts)
         ax.plot([p["cost"] for p in front], [p["score"] for p in front], "--", color="grey", zorder=2,
                 drawstyle="steps-post", label="Pareto front")
@@ -219,8 +249,10 @@ def plot_frontier(rows: Sequence[dict], metric: str, path: str | os.PathLike, co
         ax.set_title(lang)
         ax.set_xlabel("LM calls per item" if cost == "calls" else "LM tokens per item (in + out)")
         ax.set_ylabel(metric)
+        ax.set_ylim(lo - 0.03 * (hi - lo), hi + 0.05 * (hi - lo))  # a score of 0 sits above the axis, visible
         ax.grid(alpha=0.3)
-    handles = [plt.Line2D([], [], marker="o", linestyle="", color=colors[label], label=label) for label in labels]
+    handles = [plt.Line2D([], [], marker="o", linestyle="", color=colors[label], label=wrap_label(label, 70))
+               for label in labels]
     handles.append(plt.Line2D([], [], marker="o", linestyle="--", color="grey", markerfacecolor="none",
                               markeredgecolor="black", markersize=10, label="Pareto front"))
     fig.legend(handles=handles, loc="lower center", ncol=min(3, len(handles)), fontsize=7, frameon=False,
