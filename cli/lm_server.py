@@ -18,20 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from halluscope.cli.common import THREADS, ranged, whole
+
 __all__ = ["add_parser", "cmd_lm_server"]
-
-
-def _count(low: int, high: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high if high is not None else '∞'}")
-        return value
-
-    return parse
 
 
 def add_parser(subparsers) -> None:
@@ -40,9 +29,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", default=None, metavar="PATH.gguf", help="GGUF file (default: the embedded model)")
     p.add_argument("--name", default=None, help="model id it reports in /v1/models (default: the file's stem)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=_count(1, 65535), default=8080, help="port (default 8080)")
-    p.add_argument("--n-ctx", type=_count(64), default=8192, help="context size in tokens (default 8192)")
-    p.add_argument("--n-threads", type=_count(1), default=None, help="llama.cpp threads (default: its choice)")
+    p.add_argument("--port", type=ranged(whole(1, 65535)), default=8080, help="port (default 8080)")
+    p.add_argument("--n-ctx", type=ranged(whole(64, 1 << 20)), default=8192, help="context size in tokens (default 8192)")
+    p.add_argument("--n-threads", type=THREADS, default=None, help="llama.cpp threads (default: its choice)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (default warning)")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
