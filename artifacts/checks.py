@@ -9,8 +9,9 @@ that any of these is one line naming the file and the JSON path of the first bad
 
 * every number is finite (``NaN``, ``Infinity``, ``1e999`` refused) and at most :data:`MAX_MAGNITUDE` in size;
 * a ``scale`` list (a standardiser's divisors) holds numbers > 0;
-* a number under a key named ``threshold``, ``floor`` or ``prob`` (a probability cut) is in [0, 1] (tree
-  nodes keep their feature thresholds in lists, which this rule leaves alone);
+* in ``program.json`` (``probabilities=True``), a number under a key named ``threshold``, ``floor`` or ``prob``
+  (a probability cut) is in [0, 1] (tree nodes keep their feature thresholds in lists, which this rule leaves
+  alone; the manifest's build options may hold other thresholds, e.g. a length);
 * nesting is at most :data:`halluscope.core.safejson.MAX_JSON_DEPTH` levels.
 
 ``error`` is the exception class to raise (the store passes its ``ArtifactIntegrityError``: this module
@@ -33,8 +34,9 @@ MAX_MAGNITUDE = 1e12
 PROBABILITY_KEYS = ("threshold", "floor", "prob")
 
 
-def number_problem(value: Any) -> str | None:
-    """``"<json path>: <why>"`` for the first number of ``value`` out of range (module docstring), else None."""
+def number_problem(value: Any, *, probabilities: bool = True) -> str | None:
+    """``"<json path>: <why>"`` for the first number of ``value`` out of range (module docstring), else None;
+    ``probabilities=False`` leaves out the [0, 1] rule for probability keys."""
     stack: list[tuple[Any, str, str]] = [(value, "", "")]
     while stack:
         v, path, key = stack.pop()
@@ -45,7 +47,7 @@ def number_problem(value: Any) -> str | None:
                 return f"{path or '(top)'}: {v!r} is not a finite number"
             if abs(v) > MAX_MAGNITUDE:
                 return f"{path or '(top)'}: {v!r} is out of range (|x| <= {MAX_MAGNITUDE:g})"
-            if key in PROBABILITY_KEYS and not 0.0 <= v <= 1.0:
+            if probabilities and key in PROBABILITY_KEYS and not 0.0 <= v <= 1.0:
                 return f"{path}: {v!r} is out of range for a {key} (0 to 1)"
             continue
         if isinstance(v, dict):
@@ -60,15 +62,17 @@ def number_problem(value: Any) -> str | None:
     return None
 
 
-def checked_json(text: str | bytes, where: str | Path, *, error: type[Exception] = ValueError) -> Any:
-    """The JSON ``text`` of the artifact file ``where``, every number checked; ``error`` (one line) otherwise."""
+def checked_json(text: str | bytes, where: str | Path, *, error: type[Exception] = ValueError,
+                 probabilities: bool = False) -> Any:
+    """The JSON ``text`` of the artifact file ``where``, every number checked (:func:`number_problem`); ``error``
+    (one line) otherwise."""
     try:
         value = loads(text, where=str(where))
     except JSONLimitError as e:
         raise error(f"{e}; refusing to load") from None
     except ValueError as e:
         raise error(f"{where} is not valid JSON ({e}); refusing to load") from None
-    problem = number_problem(value)
+    problem = number_problem(value, probabilities=probabilities)
     if problem:
         raise error(f"{where}: {problem}; refusing to load (an edited or corrupt artifact: recompile, or load "
                     f"another version)")
@@ -77,7 +81,7 @@ def checked_json(text: str | bytes, where: str | Path, *, error: type[Exception]
 
 def checked_state(data: bytes, where: str | Path, *, error: type[Exception] = ValueError) -> dict:
     """``program.json``'s state (a JSON object), every number checked by :func:`checked_json`."""
-    state = checked_json(data, where, error=error)
+    state = checked_json(data, where, error=error, probabilities=True)
     if not isinstance(state, dict):
         raise error(f"{where} is not a JSON object; refusing to load")
     return state

@@ -157,8 +157,9 @@ def _read_pdf(path: Path, limits: ExtractionLimits = DEFAULT_LIMITS) -> str:
 
 
 def _check_docx_zip(path: Path, limits: ExtractionLimits) -> None:
-    """Refuse a DOCX whose zip would inflate past the bounds, before anything is decompressed: the members'
-    declared uncompressed sizes (``zipfile`` never inflates a member past its declared size) and their count."""
+    """Refuse a DOCX whose zip declares more than the bounds, before anything is decompressed: the members'
+    declared uncompressed sizes and their count. (Declared sizes can lie: :func:`_docx_package` then counts the
+    bytes that actually come out.)"""
     try:
         with zipfile.ZipFile(path) as zf:
             members = zf.infolist()
