@@ -68,6 +68,9 @@ __all__ = [
     "display_marks",
 ]
 
+#: unit labels that say the unit is supported: :func:`display_marks` never shows such a unit as doubtful
+SUPPORTED_UNIT_LABELS = frozenset({"supported", "accurate", "correct", "entailment"})
+
 #: the three verdicts a detection can carry (:attr:`Detection.verdict`)
 VERDICTS = ("hallucinated", "correct", "unverifiable")
 
@@ -236,32 +239,37 @@ def settle_verdict(spans: list[Span], label: bool, score: float) -> tuple[bool, 
 def display_marks(d: dict | Detection) -> list[dict]:
     """What a reader highlights, decided in one place for the CLI's text view and the web page: runs of the answer
     ``{"start", "end", "prob", "kind"}`` with ``kind`` ``"hallucinated"`` (a hard span, p > 0.5) or ``"possibly"``
-    (a marked run with 0 < p <= 0.5 that no unit calls supported: a unit whose ``label`` is ``"supported"`` is never
-    shown as doubtful). Nothing is marked when the verdict is ``"unverifiable"``."""
+    (a marked run with 0 < p <= 0.5). When the detection has units, only a unit the detector doubts is "possibly":
+    a unit whose ``label`` says it is supported (``supported``, ``accurate``, ``correct``) and the characters
+    between units (spaces, punctuation) never are. Nothing is marked when the verdict is ``"unverifiable"``."""
     d = d.to_dict() if isinstance(d, Detection) else d
     if d.get("verdict") == "unverifiable":
         return []
     n = len(d.get("answer") or "")
-    supported = [0] * n
-    for u in d.get("units") or []:
-        if str(u.get("label", "")).lower() in ("supported", "accurate", "entailment", "correct"):
+    units = d.get("units") or []
+    doubted = [not units] * n  # without units every marked character may be shown as possibly
+    for u in units:
+        if str(u.get("label", "")).lower() not in SUPPORTED_UNIT_LABELS:
             for i in range(max(0, int(u.get("start", 0))), min(n, int(u.get("end", 0)))):
-                supported[i] = 1
-    hard = [0] * n
+                doubted[i] = True
+    hard = [False] * n
     for a, b in d.get("hard_labels") or []:
         for i in range(max(0, int(a)), min(n, int(b))):
-            hard[i] = 1
+            hard[i] = True
+
+    def kind(i: int) -> str:
+        return "hallucinated" if hard[i] else "possibly" if doubted[i] else ""
+
     out = []
     for run in sorted(d.get("soft_labels") or [], key=lambda r: r["start"]):
         a, b, p = max(0, int(run["start"])), min(n, int(run["end"])), float(run["prob"])
         i = a
-        while i < b:  # split the run where the class changes
-            cls = "hallucinated" if hard[i] else ("possibly" if not supported[i] else "")
+        while i < b:  # split the run where what is shown changes
             j = i + 1
-            while j < b and ("hallucinated" if hard[j] else ("possibly" if not supported[j] else "")) == cls:
+            while j < b and kind(j) == kind(i):
                 j += 1
-            if cls:
-                out.append({"start": i, "end": j, "prob": p, "kind": cls})
+            if kind(i):
+                out.append({"start": i, "end": j, "prob": p, "kind": kind(i)})
             i = j
     return out
 

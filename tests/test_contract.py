@@ -524,9 +524,14 @@ def test_display_marks_never_show_a_supported_unit_as_doubtful():
     a = "Built in 1937 in Rome."
     i, r = a.index("1937"), a.index("Rome")
     d = Detection(answer=a, spans=[Span(i, i + 4, 0.45), Span(r, r + 4, 0.9), Span(0, 5, 0.3)],
-                  units=[Unit("num", i, i + 4, "1937", "supported", 0.45), Unit("word", r, r + 4, "Rome",
-                                                                                "unsupported", 0.9)])
+                  units=[Unit("word", 0, 5, "Built", "neutral", 0.3), Unit("num", i, i + 4, "1937", "supported", 0.45),
+                         Unit("word", r, r + 4, "Rome", "unsupported", 0.9)])
     marks = display_marks(d)
     assert {(m["start"], m["end"], m["kind"]) for m in marks} == {(r, r + 4, "hallucinated"), (0, 5, "possibly")}
+    # a space between units with a probability of its own is not shown either
+    d = Detection(answer=a, spans=[Span(5, 6, 0.4)], units=[Unit("word", 0, 5, "Built", "supported", 0.1)])
+    assert display_marks(d) == []
+    # without units, the soft runs are what there is to show
+    assert [m["kind"] for m in display_marks(Detection(answer=a, spans=[Span(0, 5, 0.3)]))] == ["possibly"]
     unverifiable = Detection(answer=a, spans=[Span(0, 5, 0.3)], notes={"no_evidence": 1}).to_dict()
     assert display_marks(unverifiable) == []

@@ -178,7 +178,16 @@ class GroundedDetector(dspy.Module):
             units of the response level.
         head_frame_weight: the fit weight of one framed answer of ``head_frames`` (0.15: heavier frames clear more
             correct sentences and cost more summarization recall, BENCHMARKS.md "Correct long answers").
+        evidence_free: score the words of an answer that comes without evidence (no context, no retrieved passage),
+            as Mu-SHROOM's ``--context none`` protocol does. Off (the default), such an answer is reported as
+            unverifiable (#34): no word is painted, the label is "not hallucinated", the score 0.5 and the note
+            ``no_evidence`` says why. A program fitted on items that all lack evidence turns it on (its state
+            records it).
     """
+
+    #: #34: with no content unit above the threshold, the other units are held at 0.5 (no hard span); off only to
+    #: measure what that costs (scripts/bench_verdicts.py)
+    hold_non_content = True
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
@@ -192,7 +201,7 @@ class GroundedDetector(dspy.Module):
                  hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0, fit_units: bool = True,
                  resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
                  resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
-                 head_frame_weight: float = 0.15):
+                 head_frame_weight: float = 0.15, evidence_free: bool = False):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -244,6 +253,7 @@ class GroundedDetector(dspy.Module):
             raise ValueError(f"head_frame_weight must be > 0, not {head_frame_weight!r}")
         self.head_features, self.head_frames, self.head_frame_weight = head_features, bool(head_frames), float(head_frame_weight)
         self.use_resp_hs = bool(resp_hs)
+        self.evidence_free = bool(evidence_free)
         self._resp_scorer = self._resp_hidden = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
         self.combiner = hand_set_combiner(self.features)
@@ -431,6 +441,12 @@ class GroundedDetector(dspy.Module):
                                        model_output_tokens=model_output_tokens, model_output_logits=model_output_logits)
         failures, notes = split_notes(feats.failures)
         evidence = [Evidence(text=context, source="context")] if (context or "").strip() else []
+        if not evidence and not self.evidence_free and answer.strip():
+            notes["no_evidence"] = 1
+            return to_prediction(Detection(
+                answer=answer, label=False, score=0.5, failures=failures, notes=notes,
+                rationale="cannot verify: no evidence was given (no context, retriever or files), so no word is "
+                          "scored; give a context or passages, or -O evidence_free=true to score the words anyway"))
         if not feats.units:
             if answer.strip():
                 failures["no_units"] = 1
@@ -443,6 +459,11 @@ class GroundedDetector(dspy.Module):
         scaled = [rescale(float(p), self.threshold, self.floor) for p in probs]
         if self.use_rules:
             scaled = apply_rules(scaled, feats.X, self.features, sentences=self.rules_mode != "numbers")
+        content = self.content(feats)
+        if self.hold_non_content and content.any() and not any(s > 0.5 for s, c in zip(scaled, content) if c):
+            # a function word alone is no claim the detector stands behind (#34): with every content unit at or
+            # below the threshold, no other unit is a hard span either (it would contradict the label)
+            scaled = [s if c else min(s, 0.5) for s, c in zip(scaled, content)]
         spans_u = [(u.start, u.end) for u in feats.units]
         cp = char_probs(len(answer), spans_u, scaled)
         spans, i, n = [], 0, len(cp)
@@ -453,27 +474,34 @@ class GroundedDetector(dspy.Module):
             if cp[i] > 0:
                 spans.append(Span(i, j, round(float(cp[i]), 6)))
             i = j
-        content = self.content(feats)
         if self.head is not None:
             row = self.response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
                                     notes=notes)
             p = float(self.head.predict(row)[0])
             score = rescale(p, self.head.threshold)
-            why = (f"; response head: p={p:.3f} vs its threshold {self.head.threshold:.3f} "
-                   f"(fitted on {self.head.info.get('data', 'response labels')})")
+            why = (f"response head {score:.3f} (p={p:.3f} against its threshold {self.head.threshold:.3f}, rescaled "
+                   f"to 0.5; fitted on {self.head.info.get('data', 'response labels')})")
         elif self.aggregate == "max":
-            score, why = units_decision(scaled, content), f"; response = the highest of {int(content.sum())} content units"
+            score = units_decision(scaled, content)
+            why = f"response = the highest of {int(content.sum())} content units ({score:.3f})"
         else:
             top = sorted(np.asarray(scaled)[content] if content.any() else scaled, reverse=True)
-            score, why = float(np.mean(top[:3])), "; response = the mean of the 3 highest content units"
+            score = float(np.mean(top[:3]))
+            why = f"response = the mean of the 3 highest content units ({score:.3f})"
+        # one number decides a unit, its span and its label: the probability as the span carries it
+        unit_p = [round(float(s), 6) for s in scaled]
         units = [Unit(kind=u.kind, start=u.start, end=u.end, text=u.text,
-                      label="unsupported" if s > 0.5 else "supported", score=round(s, 6))
-                 for u, s in zip(feats.units, scaled)]
+                      label="unsupported" if s > 0.5 else "supported", score=s)
+                 for u, s in zip(feats.units, unit_p)]
+        flagged = sum(s > 0.5 for s in unit_p)
         det = Detection(answer=answer, spans=spans, label=score > 0.5, score=score, units=units, failures=failures,
-                        notes=notes, evidence=evidence,
-                        rationale=f"{sum(s > 0.5 for s in scaled)} of {len(scaled)} units above the threshold "
-                                  f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'}){why}; "
-                                  f"signals used: {', '.join(feats.signals + self.resp_signals_used(notes)) or 'none'}")
+                        notes=notes, evidence=evidence)
+        if det.label and score <= 0.5:  # the contract's invariant: a unit the detector stands behind decides
+            why += f"; {len(det.hard_labels)} flagged span(s) decide the label, so the score is {det.score:.3f}"
+        det.rationale = (f"{flagged} of {len(unit_p)} units flagged (p > 0.5; the unit threshold "
+                         f"{self.threshold:.3f} is rescaled to 0.5; {'fitted' if self.fitted else 'hand-set weights'})"
+                         f"; {why}; signals used: "
+                         f"{', '.join(feats.signals + self.resp_signals_used(notes)) or 'none'}")
         return to_prediction(det)
 
     # -- the response level (issue #19) -----------------------------------------------------------------
@@ -565,6 +593,7 @@ class GroundedDetector(dspy.Module):
             "idf": self.idf_table.to_dict(),
             "fitted": json.loads(json.dumps(self.fitted, default=float)),
             "detectors": list(self.detector_names),
+            **({"evidence_free": True} if self.evidence_free else {}),
             **({"hidden": {"model": self.hidden_model, "item_tokens": self.hidden_item_tokens,
                            "evidence_tokens": self.hidden_evidence_tokens, "probe": self.probe.to_dict()}}
                if "hs_missing" in self.features else {}),
@@ -612,6 +641,7 @@ class GroundedDetector(dspy.Module):
         self.combiner, self.threshold, self.floor, self.head = comb, threshold, floor, head
         self.idf_table = IdfTable.from_dict(st.get("idf") or {})
         self.fitted = dict(st.get("fitted") or {})
+        self.evidence_free = self.evidence_free or bool(st.get("evidence_free", False))
         saved = list(st.get("detectors") or [])
         if saved != self.detector_names:
             raise ValueError(f"grounded: the state's detectors {saved} differ from this program's "
@@ -706,6 +736,8 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
                          "n_items": len(responses), "train_hash": training_hash(responses), "response": info}
         return {**module.fitted, "threshold": module.threshold, "floor": module.floor,
                 "fit_seconds": round(time.perf_counter() - t0, 3)}
+    if not any(str(_get(ex, "context", "") or "").strip() for ex in labelled):
+        module.evidence_free = True  # fitted to score words without evidence: it goes on doing so (#34)
     if module.use_idf:  # the hand-set weights were set for the untrained program's empty table: they keep it
         module.idf_table = IdfTable.build(_get(ex, "context", "") for ex in labelled) if module.fit_units else IdfTable()
     rows, ys, items, failures = [], [], [], {}
