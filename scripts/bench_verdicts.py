@@ -109,6 +109,103 @@ def cmd_cv(args):
               f"{l} {a:.3f}->{b:.3f}" for l, a, b in zip(args.langs, res[False], res[True])) + ")")
 
 
+def cmd_halluclean(args):
+    """HalluClean dev (qa, dialogue, summarization): the served default's unit part (``detect --lang en``) with the
+    pooled response head by nested 5-fold CV grouped by item (the protocol of BENCHMARKS "#19 round three"). Each
+    answer is asked with and without its question (the heads are fitted on the answers with their question).
+    Rows: the head as before #34, alone and OR a hard span in a one-sentence answer (the #34 label; a longer answer
+    the head judges correct has its flagged units held at 0.5), beside head OR any hard span (a design not taken);
+    and a question-blind head (its question columns held at the training mean; not taken, see BENCHMARKS)."""
+    import dspy
+
+    from halluscope.artifacts.store import load_compiled
+    from halluscope.loaders.halluclean import load_halluclean
+    from halluscope.programs.grounded.program import response_rows, rule_conflicts
+    from halluscope.programs.grounded.response import QUESTION_COLUMNS, _sentences, binary_scores, cv_head
+
+    det = load_compiled("grounded", lang="en", metric="iou")
+    module = det.program
+    served = module.head
+    module.head = None  # the unit part: the heads below are fitted by CV
+    module.feature_cache = {}
+    feats = module.response_features
+    tasks = ("qa", "dialogue", "summarization")
+
+    def conflict(q, ex):  # a hard span in a one-sentence answer (what decides the #34 label beside the head)
+        pred = module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
+        return bool(pred.hard_labels) and len(_sentences(ex.answer, module.item_features(
+            question=q, answer=ex.answer, context=ex.get("context", ""), lang="en").units)) <= 1
+
+    def hard(q, ex):
+        return bool(module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en").hard_labels)
+
+    cols = {k: [] for k in ("X", "Xn", "y", "g", "h", "hn", "c", "cn")}
+    offs = [0]
+    for task in tasks:
+        t0 = time.perf_counter()
+        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
+        bare = [dspy.Example(**{**ex.toDict(), "question": ""}) for ex in exs]
+        X, y, g, _ = response_rows(module, exs)
+        Xn, _, _, _ = response_rows(module, bare)
+        cols["X"].append(X)
+        cols["Xn"].append(Xn)
+        cols["y"].append(y)
+        cols["g"] += [f"{task}:{k}" for k in g]
+        cols["h"].append([hard(ex.get("question", ""), ex) for ex in exs])
+        cols["hn"].append([hard("", ex) for ex in exs])
+        cols["c"].append([conflict(ex.get("question", ""), ex) for ex in exs])
+        cols["cn"].append([conflict("", ex) for ex in exs])
+        offs.append(offs[-1] + len(y))
+        print(f"{task}: {len(exs)} answers in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    Xa, Xna = np.vstack(cols["X"]), np.vstack(cols["Xn"])
+    ya, ga = np.concatenate(cols["y"]), cols["g"]
+    ha, hna, ca, cna = (np.concatenate([np.asarray(v, dtype=bool) for v in cols[k]]) for k in ("h", "hn", "c", "cn"))
+    n = len(ya)
+    blind = [feats.index(c) for c in QUESTION_COLUMNS if c in feats]
+    Xb, Xnb = Xa.copy(), Xna.copy()
+    Xb[:, blind] = Xa[:, blind].mean(axis=0)
+    Xnb[:, blind] = Xa[:, blind].mean(axis=0)
+    print(f"\nHalluClean dev, unit part {det.path}; pooled head (logreg, threshold for balanced accuracy) by nested "
+          f"5-fold CV grouped by item, fold seeds {args.seeds}; FPR = correct answers labelled hallucinated, TPR = "
+          f"hallucinated answers caught\n")
+    print("| head | label | task | FPR / TPR with the question | FPR / TPR without | label agreement with vs without |")
+    print("|---|---|---|---|---|---|")
+    for name, (P, Pn) in (("reads the question (before #34)", (Xa, Xna)), ("question-blind (not taken)", (Xb, Xnb))):
+        runs = [cv_head(np.vstack([Xa, P, Pn]), np.concatenate([ya, ya, ya]), ga + ga + ga, feats, kind="logreg",
+                        l2=10.0, metric="balanced_accuracy", folds=5, seed=sd,
+                        fit_rows=np.arange(3 * n) < n)[1] for sd in args.seeds]
+        rules = ("head alone", "head OR one-sentence hard span (#34)", "head OR any hard span")
+        for rule in rules:
+            for i, task in enumerate(tasks + ("pooled",)):
+                idx = np.arange(offs[i], offs[i + 1]) if task != "pooled" else np.arange(n)
+                m = {"w": [], "n": [], "a": []}
+                for lab in runs:
+                    lw, ln = lab[n:2 * n].copy(), lab[2 * n:].copy()
+                    if rule == rules[1]:
+                        lw, ln = lw | ca, ln | cna
+                    elif rule == rules[2]:
+                        lw, ln = lw | ha, ln | hna
+                    m["w"].append(binary_scores(ya[idx], lw[idx]))
+                    m["n"].append(binary_scores(ya[idx], ln[idx]))
+                    m["a"].append(float(np.mean(lw[idx] == ln[idx])))
+                f = lambda k, key: 100 * float(np.mean([b[key] for b in m[k]]))  # noqa: E731
+                print(f"| {name} | {rule} | {task} | {f('w', 'fpr'):.0f}% / {f('w', 'tpr'):.0f}% | "
+                      f"{f('n', 'fpr'):.0f}% / {f('n', 'tpr'):.0f}% | {100 * np.mean(m['a']):.1f}% |", flush=True)
+    if served is not None:  # the committed head as it is (in-sample: it was fitted on these answers)
+        module.head = served
+        p, pn = served.predict(Xa) >= served.threshold, served.predict(Xna) >= served.threshold
+        pb = np.array([served.predict(module.head_blind_row(r))[0] for r in Xa]) >= served.threshold
+        pnb = np.array([served.predict(module.head_blind_row(r))[0] for r in Xna]) >= served.threshold
+        print(f"\ncommitted head (in-sample), label agreement with vs without the question: before #34 "
+              f"{100 * np.mean(p == pn):.1f}%; #34 (OR one-sentence hard span) "
+              f"{100 * np.mean((p | ca) == (pn | cna)):.1f}%; question-blind {100 * np.mean(pb == pnb):.1f}%")
+        for i, task in enumerate(tasks):
+            idx = np.arange(offs[i], offs[i + 1])
+            b0, b1 = binary_scores(ya[idx], p[idx]), binary_scores(ya[idx], (p | ca)[idx])
+            print(f"  {task}: FPR / TPR before {100 * b0['fpr']:.0f}% / {100 * b0['tpr']:.0f}%, "
+                  f"#34 {100 * b1['fpr']:.0f}% / {100 * b1['tpr']:.0f}%")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["suite", "mushroom", "fuzz", "cv", "halluclean", "langid"])
@@ -117,6 +214,7 @@ def main(argv=None):
     ap.add_argument("--langs", nargs="+", default=LANGS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--n", type=int, default=10000)
+    ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-O", action="append", default=[])
     args = ap.parse_args(argv)

@@ -195,3 +195,37 @@ def test_grounded_unit_labels_spans_and_rationale_count_come_from_one_number():
 def test_contract_settles_a_program_that_forgets_the_invariant():
     d = Detection(answer=ANSWER, spans=[Span(0, 3, 0.9)], label=False, score=0.1)
     assert d.label is True and d.score == 0.9
+
+
+def _with_head(p_intercept: float):
+    """The untrained program with a response head that says the same for every answer (its intercept)."""
+    from halluscope.programs.grounded.combiner import Combiner
+    from halluscope.programs.grounded.response import ResponseHead
+
+    m = get("grounded").make(**FAST)
+    feats = m.response_features
+    m.head = ResponseHead(Combiner(feats, [p_intercept] + [0.0] * len(feats)), threshold=0.5)
+    return m
+
+
+def test_a_longer_answer_the_head_judges_correct_keeps_no_hard_span_its_flagged_units_are_doubtful():
+    m = _with_head(-6.0)  # the head: correct, always
+    answer = "The bridge opened in 1937. It was painted by Pablo Picasso in Los Angeles."
+    pred = m(question="", answer=answer, context=CONTEXT, lang="en")
+    assert pred.label is False and pred.hard_labels == [] and pred.score <= 0.5
+    doubtful = [u["text"] for u in pred.units if u["label"] == "doubtful"]
+    assert "Picasso" in doubtful and all(u["score"] <= 0.5 for u in pred.units)
+    assert "held at 0.5 (doubtful)" in pred.rationale
+    from halluscope.core.contract import display_marks
+    shown = {answer[x["start"]:x["end"]] for x in display_marks(pred.detection) if x["kind"] == "possibly"}
+    assert "Picasso" in shown and "1937" not in shown
+
+
+def test_a_one_sentence_answer_is_decided_by_its_flagged_words_whatever_the_head_says():
+    m = _with_head(-6.0)
+    pred = m(question="", answer="The Golden Gate Bridge in Los Angeles opened in 1947.", context=CONTEXT, lang="en")
+    assert pred.label is True and pred.hard_labels and pred.score > 0.5
+    assert "decide the label" in pred.rationale
+    # and a head that says hallucinated labels an answer without flagged words hallucinated, no span invented
+    pred = _with_head(6.0)(question="", answer="The Golden Gate Bridge opened in 1937.", context=CONTEXT, lang="en")
+    assert pred.label is True and pred.score > 0.5

@@ -21,8 +21,9 @@ from halluscope.programs.grounded.features import (GEN, HIDDEN, LM, NUMBERS, _wi
 from halluscope.programs.grounded.frames import TRAIN_FRAMES, framed_examples
 from halluscope.programs.grounded.hidden import HiddenScorer, Probe, RidgeStats, oof_probe_scores
 from halluscope.programs.grounded.lmscore import LMScorer
-from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, ResponseHead, content_mask, fit_head,
-                                                   response_feature_names, response_features, units_decision)
+from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, QUESTION_COLUMNS, ResponseHead,
+                                                   _sentences, content_mask, fit_head, response_feature_names,
+                                                   response_features, units_decision)
 from halluscope.programs.grounded.respsig import (RESP_HS, RESP_HS_EVIDENCE_TOKENS, RESP_HS_ITEM_TOKENS,
                                                    RESP_LM_EVIDENCE_TOKENS, RESP_LM_ITEM_TOKENS, RESP_NOTES,
                                                    hs_response_features, resp_feature_names, response_signals)
@@ -188,6 +189,14 @@ class GroundedDetector(dspy.Module):
     #: #34: with no content unit above the threshold, the other units are held at 0.5 (no hard span); off only to
     #: measure what that costs (scripts/bench_verdicts.py)
     hold_non_content = True
+    #: #34: with a response head, the head decides the label of an answer of several sentences: one it judges
+    #: correct keeps no hard span (its units above the unit threshold are held at 0.5 and labelled "doubtful"); in
+    #: a one-sentence answer the flagged units decide (a substituted name, number or date, a flipped negation:
+    #: the head, fitted on HalluClean, misses such answers without a question). Off only to measure the cost.
+    head_decides = True
+    #: #34: the response head reads no column that measures the question (:data:`.response.QUESTION_COLUMNS`):
+    #: they are set to the head's training mean, so the verdict does not swing on whether a question was given
+    question_blind = False
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
@@ -464,6 +473,34 @@ class GroundedDetector(dspy.Module):
             # a function word alone is no claim the detector stands behind (#34): with every content unit at or
             # below the threshold, no other unit is a hard span either (it would contradict the label)
             scaled = [s if c else min(s, 0.5) for s, c in zip(scaled, content)]
+        doubtful: set[int] = set()
+        if self.head is not None:
+            row = self.response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
+                                    notes=notes)
+            if self.question_blind:
+                row = self.head_blind_row(row)
+            p = float(self.head.predict(row)[0])
+            score = rescale(p, self.head.threshold)
+            why = (f"response head {score:.3f} (p={p:.3f} against its threshold {self.head.threshold:.3f}, rescaled "
+                   f"to 0.5; fitted on {self.head.info.get('data', 'response labels')})")
+            above = [k for k, s in enumerate(scaled) if s > 0.5]
+            one_sentence = len(_sentences(answer, feats.units)) <= 1
+            if score <= 0.5 and above and self.head_decides and not one_sentence:
+                # a longer answer the head judged correct: a unit above the unit threshold is doubtful, not a claim
+                # the detector stands behind (#34: no hard span under a "correct" label); it stays marked at 0.5
+                doubtful = set(above)
+                scaled = [min(s, 0.5) for s in scaled]
+                why += f"; {len(doubtful)} unit(s) above the unit threshold held at 0.5 (doubtful)"
+            elif score <= 0.5 and above:
+                why += (f"; a one-sentence answer is checked against its evidence word by word: its {len(above)} "
+                        f"flagged unit(s) decide the label")
+        elif self.aggregate == "max":
+            score = units_decision(scaled, content)
+            why = f"response = the highest of {int(content.sum())} content units ({score:.3f})"
+        else:
+            top = sorted(np.asarray(scaled)[content] if content.any() else scaled, reverse=True)
+            score = float(np.mean(top[:3]))
+            why = f"response = the mean of the 3 highest content units ({score:.3f})"
         spans_u = [(u.start, u.end) for u in feats.units]
         cp = char_probs(len(answer), spans_u, scaled)
         spans, i, n = [], 0, len(cp)
@@ -474,25 +511,11 @@ class GroundedDetector(dspy.Module):
             if cp[i] > 0:
                 spans.append(Span(i, j, round(float(cp[i]), 6)))
             i = j
-        if self.head is not None:
-            row = self.response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
-                                    notes=notes)
-            p = float(self.head.predict(row)[0])
-            score = rescale(p, self.head.threshold)
-            why = (f"response head {score:.3f} (p={p:.3f} against its threshold {self.head.threshold:.3f}, rescaled "
-                   f"to 0.5; fitted on {self.head.info.get('data', 'response labels')})")
-        elif self.aggregate == "max":
-            score = units_decision(scaled, content)
-            why = f"response = the highest of {int(content.sum())} content units ({score:.3f})"
-        else:
-            top = sorted(np.asarray(scaled)[content] if content.any() else scaled, reverse=True)
-            score = float(np.mean(top[:3]))
-            why = f"response = the mean of the 3 highest content units ({score:.3f})"
         # one number decides a unit, its span and its label: the probability as the span carries it
         unit_p = [round(float(s), 6) for s in scaled]
         units = [Unit(kind=u.kind, start=u.start, end=u.end, text=u.text,
-                      label="unsupported" if s > 0.5 else "supported", score=s)
-                 for u, s in zip(feats.units, unit_p)]
+                      label="unsupported" if s > 0.5 else "doubtful" if k in doubtful else "supported", score=s)
+                 for k, (u, s) in enumerate(zip(feats.units, unit_p))]
         flagged = sum(s > 0.5 for s in unit_p)
         det = Detection(answer=answer, spans=spans, label=score > 0.5, score=score, units=units, failures=failures,
                         notes=notes, evidence=evidence)
@@ -518,6 +541,20 @@ class GroundedDetector(dspy.Module):
     def response_features(self) -> list[str]:
         return response_feature_names(self.features, self.head_unit_stats, self.head_features) + resp_feature_names(
             self.use_resp_lm, self.use_resp_sim, self.use_resp_cov, self.use_resp_hs)
+
+    def head_blind_row(self, row: np.ndarray) -> np.ndarray:
+        """``row`` with the head's question columns (:data:`.response.QUESTION_COLUMNS`) set to the head's training
+        means: standardised, they are 0 and add nothing, with a question or without one (#34)."""
+        names = self.response_features
+        cols = [names.index(c) for c in QUESTION_COLUMNS if c in names]
+        mean = getattr(self.head.model, "mean", None) if self.head is not None else None
+        if not cols or mean is None:
+            return row
+        row = np.array(row, dtype=float, copy=True)
+        for j in cols:
+            if j < len(mean):
+                row[j] = float(mean[j])
+        return row
 
     def resp_signals_used(self, notes: dict) -> list[str]:
         """The response-head signals (:mod:`.respsig`) that had data for an answer, for the rationale."""
@@ -652,6 +689,14 @@ class GroundedDetector(dspy.Module):
         if self.detectors:
             super().load_state({k: v for k, v in state.items() if k != STATE_KEY})
         return self
+
+
+def rule_conflicts(X: np.ndarray, features: list[str]) -> np.ndarray:
+    """True for the units that contradict their aligned evidence sentence: a substitution in the same slot
+    (``al_subst``) or a negation cue the aligned sentence lacks (``al_neg``); all False without those features."""
+    if not len(X) or "al_subst" not in features or "al_neg" not in features:
+        return np.zeros(len(X), dtype=bool)
+    return (X[:, features.index("al_subst")] >= 1.0) | (X[:, features.index("al_neg")] >= 1.0)
 
 
 def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin: float = 0.02,
