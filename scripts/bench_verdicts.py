@@ -6,6 +6,7 @@
   python scripts/bench_verdicts.py fuzz [--n 10000]       # label/spans agreement on fuzzed Detection inputs
   python scripts/bench_verdicts.py cv [--seeds 0] [-O k=v ...]   # Mu-SHROOM per-language CV with and without
                                                           # holding non-content units (the #34 change to spans)
+  python scripts/bench_verdicts.py served                # Mu-SHROOM IoU of the served heads, with/without #34
   python scripts/bench_verdicts.py halluclean             # HalluClean dev: the served default's head by nested CV,
                                                           # head alone vs the consistent verdict (head OR hard span)
   python scripts/bench_verdicts.py langid                 # --lang auto on the 10 validation languages' answers
@@ -206,9 +207,33 @@ def cmd_halluclean(args):
                   f"#34 {100 * b1['fpr']:.0f}% / {100 * b1['tpr']:.0f}%")
 
 
+def cmd_served(args):
+    """The served artifacts with a response head (``grounded/en``, ``grounded/all``) on Mu-SHROOM val, IoU with and
+    without the #34 head decision (in-sample for the unit part, fitted on these items: only the difference counts)."""
+    import bench_grounded as bg
+    from halluscope.artifacts.store import load_compiled
+    from halluscope.programs.grounded.program import GroundedDetector
+
+    for key, langs in (("en", ["en"]), ("all", args.langs)):
+        det = load_compiled("grounded", lang=key, metric="iou").program
+        if det.head is None:
+            continue
+        res = {}
+        for hold in (False, True):
+            GroundedDetector.head_decides = hold
+            per = []
+            for lang in langs:
+                exs = bg.load_mushroom(args.data_dir, lang=lang, split="val", context="native")
+                per.append(bg.score(exs, [det(**bg.inputs_of(ex)) for ex in exs])["iou"])
+            res[hold] = float(np.mean(per))
+        GroundedDetector.head_decides = True
+        print(f"grounded/{key} on Mu-SHROOM val {','.join(langs)}: IoU without the #34 head decision "
+              f"{res[False]:.4f}, with it {res[True]:.4f}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["suite", "mushroom", "fuzz", "cv", "halluclean", "langid"])
+    ap.add_argument("command", choices=["suite", "mushroom", "fuzz", "cv", "halluclean", "langid", "served"])
     ap.add_argument("--data-dir", default=MUSHROOM)
     ap.add_argument("--hc-dir", default=HALLUCLEAN)
     ap.add_argument("--langs", nargs="+", default=LANGS)
