@@ -229,3 +229,11 @@ def test_a_one_sentence_answer_is_decided_by_its_flagged_words_whatever_the_head
     # and a head that says hallucinated labels an answer without flagged words hallucinated, no span invented
     pred = _with_head(6.0)(question="", answer="The Golden Gate Bridge opened in 1937.", context=CONTEXT, lang="en")
     assert pred.label is True and pred.score > 0.5
+
+
+def test_outside_the_heads_language_the_flagged_words_decide_a_longer_answer():
+    m = _with_head(-6.0)  # fitted on English answers: it decides English ones only
+    answer = "The bridge opened in 1937. It was painted by Pablo Picasso in Los Angeles."
+    pred = m(question="", answer=answer, context=CONTEXT, lang="de")
+    assert pred.label is True and pred.hard_labels
+    assert "not in English" in pred.rationale

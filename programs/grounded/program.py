@@ -50,6 +50,8 @@ def parse_detectors(spec: str) -> list[str]:
     return names
 
 STATE_KEY = "grounded"
+#: the languages a response head decides a longer answer in (#34): those of its training answers (HalluClean)
+HEAD_LANGS = frozenset({"en"})
 #: what the features record when an optional input is absent or handled by a defined fallback: reported as the
 #: contract's ``notes``, not as failures (plain text without generator logits, an answer without context, evidence
 #: cut to its most related sentences or in another script than the answer, the sentence encoder not installed)
@@ -189,10 +191,11 @@ class GroundedDetector(dspy.Module):
     #: #34: with no content unit above the threshold, the other units are held at 0.5 (no hard span); off only to
     #: measure what that costs (scripts/bench_verdicts.py)
     hold_non_content = True
-    #: #34: with a response head, the head decides the label of an answer of several sentences: one it judges
-    #: correct keeps no hard span (its units above the unit threshold are held at 0.5 and labelled "doubtful"); in
-    #: a one-sentence answer the flagged units decide (a substituted name, number or date, a flipped negation:
-    #: the head, fitted on HalluClean, misses such answers without a question). Off only to measure the cost.
+    #: #34: with a response head, the head decides the label of an English answer of several sentences: one it
+    #: judges correct keeps no hard span (its units above the unit threshold are held at 0.5 and labelled
+    #: "doubtful"); in a one-sentence answer, and in another language than the head's (:data:`HEAD_LANGS`: it was
+    #: fitted on English HalluClean answers), the flagged units decide (a substituted name, number or date, a
+    #: flipped negation: the head misses such answers without a question). Off only to measure the cost.
     head_decides = True
     #: #34: the response head reads no column that measures the question (:data:`.response.QUESTION_COLUMNS`):
     #: they are set to the head's training mean, so the verdict does not swing on whether a question was given
@@ -485,15 +488,16 @@ class GroundedDetector(dspy.Module):
                    f"to 0.5; fitted on {self.head.info.get('data', 'response labels')})")
             above = [k for k, s in enumerate(scaled) if s > 0.5]
             one_sentence = len(_sentences(answer, feats.units)) <= 1
-            if score <= 0.5 and above and self.head_decides and not one_sentence:
+            own_lang = (lang or "en").lower().split("-")[0] in HEAD_LANGS
+            if score <= 0.5 and above and self.head_decides and not one_sentence and own_lang:
                 # a longer answer the head judged correct: a unit above the unit threshold is doubtful, not a claim
                 # the detector stands behind (#34: no hard span under a "correct" label); it stays marked at 0.5
                 doubtful = set(above)
                 scaled = [min(s, 0.5) for s in scaled]
                 why += f"; {len(doubtful)} unit(s) above the unit threshold held at 0.5 (doubtful)"
             elif score <= 0.5 and above:
-                why += (f"; a one-sentence answer is checked against its evidence word by word: its {len(above)} "
-                        f"flagged unit(s) decide the label")
+                why += (f"; {'a one-sentence answer' if one_sentence else 'an answer not in English (the head was fitted on English answers)'}"
+                        f" is checked against its evidence word by word: its {len(above)} flagged unit(s) decide the label")
         elif self.aggregate == "max":
             score = units_decision(scaled, content)
             why = f"response = the highest of {int(content.sum())} content units ({score:.3f})"
