@@ -231,6 +231,45 @@ def cmd_served(args):
               f"{res[False]:.4f}, with it {res[True]:.4f}", flush=True)
 
 
+def cmd_langid(args):
+    """``--lang auto``: core/langid.identify on the 10 Mu-SHROOM validation languages, given the answer alone and
+    the question with the answer (what detect/serve give it): accuracy (unsure counts as wrong), the share left
+    unsure (served by the all artifact), and the cost per item."""
+    import json
+
+    from halluscope.core.langid import identify
+
+    t0 = time.perf_counter()
+    identify("warm up the model: this is an English sentence.")
+    load = time.perf_counter() - t0
+    print("| language | items | answer alone: right / unsure / wrong | question + answer: right / unsure / wrong |")
+    print("|---|---|---|---|")
+    tot = {"a": [0, 0, 0], "qa": [0, 0, 0]}
+    secs, calls = 0.0, 0
+    for lang in args.langs:
+        path = Path(args.data_dir) / "val" / f"mushroom.{lang}-val.v2.extra.jsonl"
+        recs = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
+        cells = []
+        for key, text in (("a", lambda r: r["model_output_text"]),
+                          ("qa", lambda r: r["model_input"] + "\n" + r["model_output_text"])):
+            c = [0, 0, 0]
+            wrong: dict = {}
+            for r in recs:
+                t = time.perf_counter()
+                code, _ = identify(text(r))
+                secs, calls = secs + time.perf_counter() - t, calls + 1
+                c[0 if code == lang else 1 if code is None else 2] += 1
+                if code not in (lang, None):
+                    wrong[code] = wrong.get(code, 0) + 1
+            tot[key] = [x + y for x, y in zip(tot[key], c)]
+            cells.append(f"{c[0]} / {c[1]} / {c[2]}" + (f" {wrong}" if wrong else ""))
+        print(f"| {lang} | {len(recs)} | {cells[0]} | {cells[1]} |")
+    n = sum(tot["a"])
+    print(f"| **all** | {n} | **{100 * tot['a'][0] / n:.1f}%** ({tot['a'][1]} unsure) | "
+          f"**{100 * tot['qa'][0] / n:.1f}%** ({tot['qa'][1]} unsure) |")
+    print(f"\nmodel load {load:.2f} s (once per process); {1000 * secs / calls:.2f} ms per item")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["suite", "mushroom", "fuzz", "cv", "halluclean", "langid", "served"])
