@@ -56,7 +56,9 @@ def add_parser(subparsers) -> None:
     d.add_argument("--dataset", choices=dataset_names(), default=None,
                    help="the dataset the artifact was compiled on: it says what --lang/--task mean "
                         "(default: halluclean when --task is given, else mushroom)")
-    d.add_argument("--lang", default=None, help="the language the artifact was compiled for (e.g. de)")
+    d.add_argument("--lang", default=None, help="the language the artifact was compiled for (e.g. de); auto (the "
+                                                "default without --task): the answer's language, identified "
+                                                "offline, all when unsure")
     d.add_argument("--task", default=None, help="the task the artifact was compiled for (HalluClean: qa, dialogue, "
                                                 "summarization, mwp, self_contradiction)")
     d.add_argument("--metric", choices=list(METRICS), default=None,
@@ -100,6 +102,10 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_detect(args) -> int:
+    if args.lang is None and args.task is None and not args.list and args.dataset in (None, "mushroom"):
+        args.lang = "auto"  # #34: the answer's language, identified offline
+    if args.lang == "auto":
+        args.lang = auto_lang(args)
     dataset = get_dataset(resolve_dataset(args))
     try:
         lang, task, _ = dataset.check_args(lang=args.lang, task=args.task)
@@ -255,6 +261,37 @@ def check_output(args) -> Path | None:
     if not os.access(folder, os.W_OK | os.X_OK):
         bad(f"cannot use {out}: the folder {folder} is not writable")
     return out
+
+
+def auto_lang(args) -> str:
+    """``--lang auto`` (#34, wired minimally here until the artifact policy moves to artifacts/policy.py): the
+    language of ``--question`` + ``--answer`` (or of the ``--input`` rows' question + answer: the one at least 90%
+    of the first 200 rows are in), by :func:`halluscope.core.langid.identify`; ``all`` when it is unsure, the rows
+    are mixed, or no artifact of the program serves that language. Printed on stderr."""
+    from halluscope.core.langid import identify
+
+    if args.input is not None:
+        try:
+            with open(args.input, encoding="utf-8") as f:
+                rows = [json.loads(line) for _, line in zip(range(200), f) if line.strip()]
+        except (OSError, ValueError):
+            rows = []  # not JSONL (parquet) or unreadable: the detection itself says so
+        texts = [f"{r.get('question') or r.get('model_input') or ''}\n{r.get('answer') or r.get('model_output_text') or ''}"
+                 for r in rows if isinstance(r, dict)]
+    else:
+        texts = [f"{args.question or ''}\n{args.answer or ''}"]
+    found = [identify(t) for t in texts]
+    codes = [c for c, _ in found if c]
+    code = max(set(codes), key=codes.count) if codes else None
+    share = codes.count(code) / max(len(texts), 1) if code else 0.0
+    metric = args.metric or "iou"
+    program = args.program or "grounded"
+    served = bool(code) and share >= 0.9 and bool(list_versions(program, code, metric, root=args.compiled_dir))
+    what = (f"{code!r} (confidence {found[0][1]:.2f})" if len(texts) == 1 and code else
+            f"{code!r} in {codes.count(code)} of {len(texts)} rows" if code else "unsure")
+    print(f"halluscope detect: --lang auto: {what}; "
+          f"{'using its artifact' if served else 'using the cross-lingual artifact (all)'}", file=sys.stderr)
+    return code if served else "all"
 
 
 def default_program(args, key: str, *, lang: str | None, task: str | None) -> tuple[str, str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -42,3 +43,36 @@ def test_chooses_among_its_languages_only_and_downloads_nothing(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", refuse)
     assert identify("Kjersti Bøe tok sølvmedaljen i stafett sammen med lagvenninnene.")[0] in LANGUAGES
     assert {"ar", "de", "en", "es", "fi", "fr", "hi", "it", "sv", "zh", "ca", "cs", "eu", "fa"} <= set(LANGUAGES)
+
+
+def _detect(capsys, argv):
+    from halluscope.cli import main
+
+    assert main(["detect", "--format", "json", *argv]) == 0
+    out = capsys.readouterr()
+    return json.loads(out.out.splitlines()[-1]), out.err
+
+
+def test_detect_lang_auto_is_the_default_and_picks_the_artifact_of_the_answers_language(capsys):
+    row, err = _detect(capsys, ["--answer", "Die Gemeinde liegt etwa 56 Kilometer nordöstlich von Segovia.",
+                                "--context", "Die Gemeinde liegt etwa 56 km nordöstlich von Segovia."])
+    assert "--lang auto: 'de' (confidence" in err and "using its artifact" in err
+    assert row["ok"] and row["verdict"] == "correct"
+    row, err = _detect(capsys, ["--lang", "auto", "--answer", "The Golden Gate Bridge in Los Angeles opened in 1947.",
+                                "--question", "When did the Golden Gate Bridge open?", "--context",
+                                "The Golden Gate Bridge in San Francisco opened in 1937."])
+    assert "--lang auto: 'en'" in err and row["label"] is True and row["hard_labels"]
+    row, err = _detect(capsys, ["--answer", "1937", "--context", "It opened in 1937."])
+    assert "--lang auto: unsure; using the cross-lingual artifact (all)" in err and row["ok"]
+
+
+def test_detect_lang_auto_on_a_file_takes_the_rows_language(tmp_path, capsys):
+    from halluscope.cli import main
+
+    rows = [{"id": str(i), "question": "Quels prix Marie Curie a-t-elle reçus ?",
+             "answer": f"Marie Curie a reçu le prix Nobel de chimie en {1900 + i}.",
+             "context": "Marie Curie a reçu le prix Nobel de chimie en 1911."} for i in range(5)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert main(["detect", "--input", str(src), "--output", str(tmp_path / "out.jsonl")]) == 0
+    assert "--lang auto: 'fr' in 5 of 5 rows; using its artifact" in capsys.readouterr().err
