@@ -36,10 +36,24 @@ def consistent(d) -> bool:
     return (d.label or not d.hard_labels) and d.label == (d.score > 0.5)
 
 
+def before_34() -> None:
+    """Switch the #34 changes off in this process: the contract does not settle the verdict, grounded neither holds
+    function words nor lets its head clear a longer answer's flagged units (to measure what was there before)."""
+    from halluscope.core import contract
+    from halluscope.programs.grounded.program import GroundedDetector
+
+    contract.settle_verdict = lambda spans, label, score: (label, score)
+    GroundedDetector.hold_non_content = False
+    GroundedDetector.head_decides = False
+    GroundedDetector.one_sentence_decides = False
+
+
 def cmd_suite(args):
     from halluscope.artifacts.store import load_compiled
     from tests.grounded_cases import CASES
 
+    if args.before:
+        before_34()
     dets, agree, cons, total, n = {}, 0, 0, 0, 0
     print("| case | expected | with question: label / hard spans / score | without: label / hard spans / score |")
     print("|---|---|---|---|")
@@ -61,6 +75,8 @@ def cmd_mushroom(args):
     from halluscope.artifacts.store import load_compiled
     from halluscope.loaders.mushroom import load_mushroom
 
+    if args.before:
+        before_34()
     cons = total = 0
     for lang in args.langs:
         det = load_compiled("grounded", lang=lang, metric="iou").program
@@ -279,6 +295,7 @@ def main(argv=None):
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--n", type=int, default=10000)
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--before", action="store_true", help="suite, mushroom: with the #34 changes switched off")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-O", action="append", default=[])
     args = ap.parse_args(argv)

@@ -197,6 +197,8 @@ class GroundedDetector(dspy.Module):
     #: fitted on English HalluClean answers), the flagged units decide (a substituted name, number or date, a
     #: flipped negation: the head misses such answers without a question). Off only to measure the cost.
     head_decides = True
+    #: #34: in a one-sentence answer the flagged units decide the label (with ``head_decides``); off only to measure
+    one_sentence_decides = True
     #: #34: the response head reads no column that measures the question (:data:`.response.QUESTION_COLUMNS`):
     #: they are set to the head's training mean, so the verdict does not swing on whether a question was given
     question_blind = False
@@ -489,7 +491,8 @@ class GroundedDetector(dspy.Module):
             above = [k for k, s in enumerate(scaled) if s > 0.5]
             one_sentence = len(_sentences(answer, feats.units)) <= 1
             own_lang = (lang or "en").lower().split("-")[0] in HEAD_LANGS
-            if score <= 0.5 and above and self.head_decides and not one_sentence and own_lang:
+            if score <= 0.5 and above and self.head_decides and not (one_sentence and self.one_sentence_decides) \
+                    and own_lang:
                 # a longer answer the head judged correct: a unit above the unit threshold is doubtful, not a claim
                 # the detector stands behind (#34: no hard span under a "correct" label); it stays marked at 0.5
                 doubtful = set(above)
