@@ -113,15 +113,16 @@ def cmd_cv(args):
 
     opts = bg.parse_opts(args.O)
     res = {True: [], False: []}
+    attr = "verbatim_supported" if args.verbatim else "hold_non_content"
     for lang in args.langs:
         exs = bg.load_mushroom(args.data_dir, lang=lang, split="val", context="native")
         for hold in (False, True):
-            GroundedDetector.hold_non_content = hold
+            setattr(GroundedDetector, attr, hold)
             s = [bg.score(exs, bg.cv_predict(exs, opts, 5, "iou", seed=sd)) for sd in args.seeds]
             res[hold].append(float(np.mean([x["iou"] for x in s])))
         print(f"{lang}: IoU before {res[False][-1]:.3f} after {res[True][-1]:.3f}", file=sys.stderr, flush=True)
-    GroundedDetector.hold_non_content = True
-    print(f"5-fold CV IoU, seeds {args.seeds}, options {opts}: before {np.mean(res[False]):.4f}, "
+    GroundedDetector.hold_non_content, GroundedDetector.verbatim_supported = True, False
+    print(f"{attr} off / on: 5-fold CV IoU, seeds {args.seeds}, options {opts}: before {np.mean(res[False]):.4f}, "
           f"after {np.mean(res[True]):.4f} (per language: " + ", ".join(
               f"{l} {a:.3f}->{b:.3f}" for l, a, b in zip(args.langs, res[False], res[True])) + ")")
 
@@ -295,6 +296,7 @@ def main(argv=None):
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--n", type=int, default=10000)
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--verbatim", action="store_true", help="cv: measure verbatim_supported instead")
     ap.add_argument("--before", action="store_true", help="suite, mushroom: with the #34 changes switched off")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-O", action="append", default=[])

@@ -197,6 +197,9 @@ class GroundedDetector(dspy.Module):
     #: fitted on English HalluClean answers), the flagged units decide (a substituted name, number or date, a
     #: flipped negation: the head misses such answers without a question). Off only to measure the cost.
     head_decides = True
+    #: #34 (measured, off): with ``rules``, every unit verbatim in its aligned evidence sentence and in the evidence
+    #: (not only the units of a fully supported sentence) stays below the threshold
+    verbatim_supported = False
     #: #34: in a one-sentence answer the flagged units decide the label (with ``head_decides``); off only to measure
     one_sentence_decides = True
     #: #34: the response head reads no column that measures the question (:data:`.response.QUESTION_COLUMNS`):
@@ -451,16 +454,15 @@ class GroundedDetector(dspy.Module):
     def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "", task: str = "",
                 model_output_tokens=None, model_output_logits=None, **_):
         answer = answer if isinstance(answer, str) else ("" if answer is None else str(answer))
+        evidence = [Evidence(text=context, source="context")] if (context or "").strip() else []
+        if not evidence and not self.evidence_free and answer.strip():  # #34: nothing to check it against
+            return to_prediction(Detection(
+                answer=answer, label=False, score=0.5, notes={"no_evidence": 1},
+                rationale="cannot verify: no evidence was given (no context, retriever or files), so no word is "
+                          "scored; give a context or passages, or -O evidence_free=true to score the words anyway"))
         feats, probs = self.unit_probs(question=question, answer=answer, context=context, lang=lang,
                                        model_output_tokens=model_output_tokens, model_output_logits=model_output_logits)
         failures, notes = split_notes(feats.failures)
-        evidence = [Evidence(text=context, source="context")] if (context or "").strip() else []
-        if not evidence and not self.evidence_free and answer.strip():
-            notes["no_evidence"] = 1
-            return to_prediction(Detection(
-                answer=answer, label=False, score=0.5, failures=failures, notes=notes,
-                rationale="cannot verify: no evidence was given (no context, retriever or files), so no word is "
-                          "scored; give a context or passages, or -O evidence_free=true to score the words anyway"))
         if not feats.units:
             if answer.strip():
                 failures["no_units"] = 1
@@ -472,7 +474,8 @@ class GroundedDetector(dspy.Module):
             probs = np.where(bad, 0.0, probs)
         scaled = [rescale(float(p), self.threshold, self.floor) for p in probs]
         if self.use_rules:
-            scaled = apply_rules(scaled, feats.X, self.features, sentences=self.rules_mode != "numbers")
+            scaled = apply_rules(scaled, feats.X, self.features, sentences=self.rules_mode != "numbers",
+                                 verbatim=self.verbatim_supported and self.rules_mode != "numbers")
         content = self.content(feats)
         if self.hold_non_content and content.any() and not any(s > 0.5 for s, c in zip(scaled, content) if c):
             # a function word alone is no claim the detector stands behind (#34): with every content unit at or
@@ -499,8 +502,10 @@ class GroundedDetector(dspy.Module):
                 scaled = [min(s, 0.5) for s in scaled]
                 why += f"; {len(doubtful)} unit(s) above the unit threshold held at 0.5 (doubtful)"
             elif score <= 0.5 and above:
-                why += (f"; {'a one-sentence answer' if one_sentence else 'an answer not in English (the head was fitted on English answers)'}"
-                        f" is checked against its evidence word by word: its {len(above)} flagged unit(s) decide the label")
+                which = ("a one-sentence answer" if one_sentence
+                         else "an answer not in English (the head was fitted on English answers)")
+                why += (f"; {which} is checked against its evidence word by word: its {len(above)} flagged "
+                        f"unit(s) decide the label")
         elif self.aggregate == "max":
             score = units_decision(scaled, content)
             why = f"response = the highest of {int(content.sum())} content units ({score:.3f})"
@@ -707,7 +712,7 @@ def rule_conflicts(X: np.ndarray, features: list[str]) -> np.ndarray:
 
 
 def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin: float = 0.02,
-                sentences: bool = True) -> list[float]:
+                sentences: bool = True, verbatim: bool = False) -> list[float]:
     """The #19 rules on rescaled unit probabilities (threshold = 0.5). A unit is *supported* when it is in the
     evidence (``unsup`` = 0), verbatim in its aligned evidence sentence (``al_verb`` = 1) and not a substitution;
     supported numbers, every unit of a value mention the evidence holds (``ctx_value`` = 1: the number and its unit
@@ -728,7 +733,8 @@ def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin:
         value_held = value is not None and row[value] >= 1.0 and row[j["al_subst"]] <= 0.0
         if conflict:
             s = max(s, 0.5 + margin)
-        elif value_held or (supported and (row[j["is_num"]] >= 1.0 or (sentences and row[j["sent_unsup"]] <= 0.0))):
+        elif value_held or (supported and (row[j["is_num"]] >= 1.0 or verbatim
+                                           or (sentences and row[j["sent_unsup"]] <= 0.0))):
             s = min(s, 0.5 - margin)
         out.append(s)
     return out
