@@ -16,6 +16,12 @@ options and checks that every predictor's input/output field names equal the man
 fields *by position* and would silently accept a renamed field — refusing a mismatch
 (:class:`ArtifactMismatchError`). State is parsed with ``json`` and applied with ``load_state``: no pickle
 is ever read, and an LM stored inside a predictor's state is refused.
+
+Two stores are read when no ``root`` is given (:func:`store_roots`): the user's own ``<home>/compiled`` and the
+**bundled** one, the served default artifacts that ship inside the package (``halluscope.compiled``, package
+data of the wheel; in a clone it is the repository's ``compiled/``). Their versions compete under one serving rule
+(:func:`rank_versions`), and version numbers are unique across both (a new version is numbered after the highest
+of either), so ``--version N`` names one version. New versions are written only to the user's store.
 """
 
 from __future__ import annotations
@@ -76,6 +82,9 @@ __all__ = [
     "retired_reason",
     "untracked_reason",
     "mark_tracked",
+    "unchanged",
+    "bundled_dir",
+    "store_roots",
 ]
 
 logger = logging.getLogger(__name__)
@@ -186,10 +195,47 @@ class VersionInfo:
     created_at: str | None
     score: float | None  # selection score: cross-validated compiled mean of the artifact's metric
     manifest: dict | None  # None when manifest.json is unreadable
+    origin: str = "home"  # "home": the user's store (or the root asked for); "bundled": shipped in the package
 
     @property
     def name(self) -> str:
         return f"v{self.version:04d}"
+
+
+def bundled_dir() -> Path | None:
+    """The folder of the artifacts that ship inside the package (``halluscope.compiled``'s package data: the served
+    default versions, one per program/language-or-task/metric), or None when the package has none."""
+    import importlib.util  # noqa: PLC0415 - only where the bundled store is looked up
+
+    try:
+        spec = importlib.util.find_spec("halluscope.compiled")
+    except (ImportError, ValueError):
+        return None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        if Path(loc).is_dir():
+            return Path(loc)
+    return None
+
+
+def store_roots(root: str | os.PathLike | None = None) -> list[tuple[Path, str]]:
+    """The stores read, as ``(folder, origin)``: ``root`` alone when given; else the user's
+    (:func:`halluscope.core.paths.compiled_dir`) then the bundled one (:func:`bundled_dir`), once when both are
+    the same folder (a clone run from its root)."""
+    if root is not None:
+        return [(Path(root), "home")]
+    home = paths.compiled_dir()
+    out = [(home, "home")]
+    bundled = bundled_dir()
+    if bundled is not None and _same_folder(bundled, home) is False:
+        out.append((bundled, "bundled"))
+    return out
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -320,7 +366,10 @@ def write_artifact(
     run that made it is recorded.
     """
     base = artifact_dir(program_name, lang, metric, root)
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ArtifactError(f"cannot write an artifact under {base}: {e.strerror or e}") from None
     data = _program_bytes(program)
     m = redact_obj(dict(manifest))  # no credential (an API key, user:pass@ in a server URL) is ever written
     m.update(format=ARTIFACT_FORMAT, program=program_name, lang=lang, metric=metric,
@@ -418,26 +467,30 @@ def _read_manifest(path: Path) -> dict | None:
 
 def list_versions(program: str, lang: str, metric: str, *, root: str | os.PathLike | None = None,
                   include_invalid: bool = False) -> list[VersionInfo]:
-    """The versions under ``compiled/<program>/<lang>/<metric>``, oldest first.
+    """The versions of ``<program>/<lang>/<metric>`` in the stores (:func:`store_roots`), oldest first; a bundled
+    version whose content hash equals one in the user's store is listed once, as the user's.
 
     Folders whose manifest cannot be read are listed only with ``include_invalid`` (their ``manifest`` is
     None). Nothing is verified here: :func:`load_compiled` verifies what it loads.
     """
-    base = artifact_dir(program, lang, metric, root)
-    if not base.is_dir():
-        return []
-    out = []
-    for p in base.iterdir():
-        m_ver = _VERSION_RE.match(p.name)
-        if not m_ver or not p.is_dir():
+    out: list[VersionInfo] = []
+    for folder, origin in store_roots(root):
+        base = artifact_dir(program, lang, metric, folder)
+        if not base.is_dir():
             continue
-        man = _read_manifest(p)
-        if man is None and not include_invalid:
-            continue
-        out.append(VersionInfo(version=int(m_ver.group(1)), path=p,
-                               created_at=(man or {}).get("created_at"),
-                               score=selection_score(man) if man else None, manifest=man))
-    return sorted(out, key=lambda v: v.version)
+        seen = {(v.manifest or {}).get("content_hash") for v in out if v.manifest}
+        for p in base.iterdir():
+            m_ver = _VERSION_RE.match(p.name)
+            if not m_ver or not p.is_dir():
+                continue
+            man = _read_manifest(p)
+            if man is None and not include_invalid:
+                continue
+            if man is not None and origin == "bundled" and man.get("content_hash") in seen:
+                continue
+            out.append(VersionInfo(version=int(m_ver.group(1)), path=p, created_at=(man or {}).get("created_at"),
+                                   score=selection_score(man) if man else None, manifest=man, origin=origin))
+    return sorted(out, key=lambda v: (v.version, v.origin != "home"))
 
 
 def is_demo(manifest: dict | None) -> bool:
@@ -485,6 +538,12 @@ def _n_items(m: dict) -> int:
     return int((m.get("data") or {}).get("n") or 0)
 
 
+def unchanged(manifest: dict | None) -> bool:
+    """Whether the compile changed nothing against the zero-shot program (the manifest's ``changes`` is an empty
+    list; a manifest without the record claims nothing either way)."""
+    return isinstance((manifest or {}).get("changes"), list) and not manifest["changes"]
+
+
 def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> list[Ranked]:
     """Every version (in the order given) with whether it is the best, and why it is or is not.
 
@@ -495,9 +554,20 @@ def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> lis
     ``--version``). Within the group the highest cross-validated compiled score wins, the newest on ties, except
     that a version whose compiled score is below its zero-shot score (:func:`below_zero_shot`: the compile made
     it worse) loses to any that is not; when every version of the group is below, the best of them is served and
-    marked so (:func:`load_compiled` warns). A retired version (:data:`RETIRED_FILE`) never competes."""
-    retired = {v.version: retired_reason(v.path) for v in versions}
-    readable = [v for v in versions if v.manifest is not None and retired[v.version] is None]
+    marked so (:func:`load_compiled` warns). Never served by default (each stays loadable with ``--version``): a
+    retired version (:data:`RETIRED_FILE`), an untracked one (:data:`UNTRACKED_FILE`: its optimize run was
+    interrupted or not recorded), and one whose compile changed nothing against the zero-shot program
+    (:func:`unchanged`)."""
+    excluded: dict[Path, str | None] = {}
+    for v in versions:
+        reason = retired_reason(v.path)
+        if reason is not None:
+            excluded[v.path] = f"retired ({reason})"
+        elif untracked_reason(v.path) is not None:
+            excluded[v.path] = "untracked: its optimize run was interrupted or not recorded"
+        elif unchanged(v.manifest):
+            excluded[v.path] = "the compile changed nothing against the zero-shot program"
+    readable = [v for v in versions if v.manifest is not None and v.path not in excluded]
     groups: dict[tuple, list[VersionInfo]] = {}
     for v in readable:
         groups.setdefault(comparison_key(v.manifest), []).append(v)
@@ -508,7 +578,7 @@ def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> lis
 
     def member_rank(v: VersionInfo) -> tuple:
         return (not below_zero_shot(v.manifest), v.score is not None, v.score if v.score is not None else 0.0,
-                v.version)
+                v.version, v.origin == "home")
 
     best = None
     if groups:
@@ -521,12 +591,12 @@ def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> lis
             out.append(Ranked(v, False, "unreadable manifest: never served", untracked=untracked))
             continue
         below = below_zero_shot(v.manifest)
-        if retired[v.version] is not None:
-            out.append(Ranked(v, False, f"not served: retired ({retired[v.version]}); pin it with --version "
-                                        f"{v.version}", below, untracked, retired[v.version]))
+        if v.path in excluded:
+            out.append(Ranked(v, False, f"not served: {excluded[v.path]}; pin it with --version {v.version}",
+                              below, untracked, retired_reason(v.path)))
             continue
         why = _why(v, best, metric or v.manifest.get("metric") or "score", len(groups[comparison_key(v.manifest)]))
-        out.append(Ranked(v, best is not None and v.version == best.version, why, below, untracked))
+        out.append(Ranked(v, best is not None and v.path == best.path, why, below, untracked))
     return out
 
 
@@ -541,7 +611,7 @@ def _why(v: VersionInfo, best: VersionInfo, metric: str, n_comparable: int) -> s
     data = "demo" if is_demo(m) else "real"
     below = (f"; BELOW ZERO-SHOT: compiled {metric} {_fmt_score(v.score)} < zero-shot "
              f"{_fmt_score(zero_shot_score(m))}, the unfitted program scored higher" if below_zero_shot(m) else "")
-    if v.version == best.version:
+    if v.path == best.path:
         how = ("no other version on the same data and folds" if n_comparable == 1 else
                f"the highest cv {metric} of {n_comparable} comparable versions" if v.score is not None else
                f"the newest of {n_comparable} comparable versions without a cv score")
@@ -695,10 +765,16 @@ def load_compiled(
             have = ", ".join(v.name for v in versions) or "none"
             raise ArtifactNotFoundError(f"no version v{wanted:04d} under {base} (versions: {have})")
     else:
-        chosen = best_version([v for v in versions if v.manifest is not None])
-        if chosen is None:
+        ranked = rank_versions([v for v in versions if v.manifest is not None], metric)
+        chosen = next((r.info for r in ranked if r.best), None)
+        if chosen is None and ranked:
             raise ArtifactNotFoundError(
-                f"no compiled {program!r} for lang={lang!r}, metric={metric!r} under {base}; "
+                f"no version of {program!r} for lang={lang!r}, metric={metric!r} is served by default: "
+                + "; ".join(f"{r.info.name}: {r.why}" for r in ranked))
+        if chosen is None:
+            where = " or ".join(str(artifact_dir(program, lang, metric, r)) for r, _ in store_roots(root))
+            raise ArtifactNotFoundError(
+                f"no compiled {program!r} for lang={lang!r}, metric={metric!r} under {where}; "
                 f"run: python optimize.py --program {program} {'--task' if lang in HALLUCLEAN_TASKS else '--lang'} "
                 f"{lang} --metric {metric}")
         if below_zero_shot(chosen.manifest):

@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     argv = sys.argv[1:] if argv is None else list(argv)
     command = command_in(argv)
+    stored = _stored_help(command, argv)
+    if stored is not None:
+        sys.stdout.write(stored)
+        return 0
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     from halluscope.cli.common import run_command  # noqa: PLC0415 — the command imported it already
 
@@ -90,6 +94,24 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `halluscope detect ... | head`: the reader left; nothing more to say
         _silence_stdout()
         return 141
+
+
+def _stored_help(command: str | None, argv: list[str]) -> str | None:
+    """``halluscope CMD --help``'s text as generated from the parser (:mod:`halluscope.cli.helptext`), printed without
+    importing the command; None when the parser must answer: another request, or a plugin installed (its programs,
+    datasets, retrievers or optimizers are choices the stored text does not list)."""
+    if command not in COMMANDS or not {"-h", "--help"} & set(argv[argv.index(command) + 1:]):
+        return None
+    from importlib.metadata import entry_points  # noqa: PLC0415
+
+    from halluscope.core.extensions import KINDS  # noqa: PLC0415 - a small core module
+
+    eps = entry_points()
+    if any(eps.select(group=f"halluscope.{kind}") for kind in KINDS):
+        return None
+    from halluscope.cli.helptext import HELP  # noqa: PLC0415
+
+    return HELP.get(command)
 
 
 def _silence_stdout() -> None:

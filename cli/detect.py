@@ -6,10 +6,10 @@
     halluscope detect --task qa --program halluclean --answer "..."   # a HalluClean artifact (keyed by task)
     halluscope detect --lang de --input rows.parquet --output out.parquet --engine ray --workers 4
 
-Without ``--program``, a Mu-SHROOM-style language uses ``grounded`` when the LM is the embedded default
-(``--lm local``): the evidence-grounded unit scorer needs no capable LM. It loads the best ``grounded``
-artifact compiled for ``--lang``, or the cross-lingual one (``compiled/grounded/all/``) for a language without
-one, and says which on stderr. With another ``--lm`` the default stays ``spans``.
+Which program and version serve ``--lang``/``--task`` is the library's run policy,
+:func:`halluscope.artifacts.policy.load_detector` (the same for ``serve``, Ray and Python users): ``grounded`` on
+the embedded model, the best version over your ``<home>/compiled`` and the artifacts bundled with the package,
+the cross-lingual one for a language without its own; it says which on stderr.
 
 Input JSONL rows need ``answer`` (or Mu-SHROOM's ``model_output_text``); ``question`` (or ``model_input``),
 ``context``, ``lang`` and ``id`` are optional. Each output row is ``{"id", "ok", ...Detection.to_dict()}``
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from halluscope.core import paths
-from halluscope.artifacts.store import ArtifactError, list_versions, load_compiled, rank_versions, zero_shot_score
+from halluscope.artifacts.policy import choose, load_detector
+from halluscope.artifacts.store import ArtifactError, list_versions, rank_versions, zero_shot_score
 from halluscope.cli.common import (POSITIVE_INT, add_lm_args, add_max_failed_share, check_tracking, failed_share_line,
                                    parse_options, resolve_dataset, setup_lm, usage_error)
 from halluscope.core.contract import failure_reason
@@ -64,7 +65,9 @@ def add_parser(subparsers) -> None:
     d.add_argument("--metric", choices=list(METRICS), default=None,
                    help="metric the artifact was optimised for (default: iou for --lang, f1 for --task)")
     d.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best one")
-    d.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
+    d.add_argument("--compiled-dir", default=None,
+                   help="artifact root to read (default: <home>/compiled, then the artifacts "
+                        "bundled with the package; given: only this folder)")
     d.add_argument("--list", action="store_true", help="list the versions and exit")
     d.add_argument("--option", "-O", action="append", metavar="KEY=VALUE", default=None,
                    help="a build option to change when loading, only those safe at load time (MEDICO: -O kb=DIR, "
@@ -104,9 +107,9 @@ def add_parser(subparsers) -> None:
 def cmd_detect(args) -> int:
     if args.lang is None and args.task is None and not args.list and args.dataset in (None, "mushroom"):
         args.lang = "auto"  # #34: the answer's language, identified offline
-    if args.lang == "auto":
-        args.lang = auto_lang(args)
     dataset = get_dataset(resolve_dataset(args))
+    if args.lang == "auto":
+        args.lang = auto_lang(args, dataset.lang.choices if dataset.lang is not None else None)
     try:
         lang, task, _ = dataset.check_args(lang=args.lang, task=args.task)
     except DatasetArgumentError as e:
@@ -115,11 +118,14 @@ def cmd_detect(args) -> int:
         usage_error(args, "give --lang LANG or --task TASK: artifacts are stored per language or task "
                           "(compiled/<program>/<lang or task>/<metric>/)")
     key = dataset.key(lang, task)
-    if args.metric is None:
-        args.metric = "f1" if task else "iou"
-    args.program, key, why = default_program(args, key, lang=lang, task=task)
-    if why:
-        print(f"halluscope detect: {why}", file=sys.stderr)
+    try:
+        choice = choose(lang=None if task else key, task=task, program=args.program, metric=args.metric,
+                        version=args.version, lm=args.lm, root=args.compiled_dir)
+    except (KeyError, ValueError) as e:
+        usage_error(args, str(e).strip("'\""))
+    args.program, key, args.metric = choice.program, choice.key, choice.metric
+    if choice.why:
+        print(f"halluscope detect: {choice.why}", file=sys.stderr)
     if args.list:
         versions = list_versions(args.program, key, args.metric, root=args.compiled_dir, include_invalid=True)
         if not versions:
@@ -137,6 +143,7 @@ def cmd_detect(args) -> int:
                   f"cv {args.metric}={score:<7} zero-shot={'-' if zero is None else f'{zero:.4f}':<7}  "
                   f"{(m.get('optimizer') or {}).get('description', '?')}  {_task_lm(m)}{flags}")
             print(f"        {r.why}")
+            print(f"        {'bundled with the package' if v.origin == 'bundled' else 'yours'}: {v.path}")
             if r.untracked:
                 print(f"        untracked: {r.untracked}")
         return 0
@@ -150,18 +157,23 @@ def cmd_detect(args) -> int:
     if args.answer is not None and not args.output and sys.stdout is None:
         usage_error(args, "stdout is closed: there is nowhere to write the detection; give --output FILE")
     try:
-        detector = load_compiled(args.program, lang=key, metric=args.metric, version=args.version,
-                                 root=args.compiled_dir, trust_endpoints=args.trust_artifact_endpoints,
-                                 options=load_options)
+        detector = load_detector(lang=None if task else key, task=task, program=args.program, metric=args.metric,
+                                 version=args.version, lm=args.lm, root=args.compiled_dir,
+                                 trust_endpoints=args.trust_artifact_endpoints, options=load_options)
     except (ArtifactError, ValueError) as e:
         print(f"halluscope detect: {e}", file=sys.stderr)
         return 2
     m = detector.manifest
     if args.engine == "ray":
+        if not detector.fitted:
+            print(f"halluscope detect: --engine ray loads a compiled artifact in each worker, and there is none "
+                  f"({detector.why})", file=sys.stderr)
+            return 2
         return detect_with_ray(args, detector, lang=lang, task=task)
-    print(f"loaded {detector.path} (v{detector.version:04d}, {m.get('optimizer', {}).get('description', '?')}, "
-          f"cv {args.metric}={_fmt((m.get('cv') or {}).get('mean', {}).get('compiled', {}).get(args.metric))})",
-          file=sys.stderr)
+    if detector.fitted:
+        print(f"loaded {detector.path} (v{detector.version:04d}, {m.get('optimizer', {}).get('description', '?')}, "
+              f"cv {args.metric}={_fmt((m.get('cv') or {}).get('mean', {}).get('compiled', {}).get(args.metric))})",
+              file=sys.stderr)
     lm = setup_lm(args, needed=get(args.program).needs_lm(m.get("program_options")))  # grounded: none
     compiled_with = (m.get("task_lm") or {}).get("model")
     if lm is not None and compiled_with and compiled_with != lm.model:
@@ -263,11 +275,12 @@ def check_output(args) -> Path | None:
     return out
 
 
-def auto_lang(args) -> str:
-    """``--lang auto`` (#34, wired minimally here until the artifact policy moves to artifacts/policy.py): the
-    language of ``--question`` + ``--answer`` (or of the ``--input`` rows' question + answer: the one at least 90%
-    of the first 200 rows are in), by :func:`halluscope.core.langid.identify`; ``all`` when it is unsure, the rows
-    are mixed, or no artifact of the program serves that language. Printed on stderr."""
+def auto_lang(args, choices) -> str:
+    """``--lang auto`` (#34): the language of ``--question`` + ``--answer`` (or of the ``--input`` rows' question +
+    answer: the one at least 90% of the first 200 rows are in), by :func:`halluscope.core.langid.identify`;
+    ``all`` when it is unsure, the rows are mixed, or the dataset has no such language (``choices``). Printed on
+    stderr; the run policy (:func:`halluscope.artifacts.policy.choose`) then picks the artifact, the cross-lingual
+    one for a language without its own."""
     from halluscope.core.langid import identify
 
     if args.input is not None:
@@ -276,54 +289,20 @@ def auto_lang(args) -> str:
                 rows = [json.loads(line) for _, line in zip(range(200), f) if line.strip()]
         except (OSError, ValueError):
             rows = []  # not JSONL (parquet) or unreadable: the detection itself says so
-        texts = [f"{r.get('question') or r.get('model_input') or ''}\n{r.get('answer') or r.get('model_output_text') or ''}"
-                 for r in rows if isinstance(r, dict)]
+        texts = [f"{r.get('question') or r.get('model_input') or ''}\n"
+                 f"{r.get('answer') or r.get('model_output_text') or ''}" for r in rows if isinstance(r, dict)]
     else:
         texts = [f"{args.question or ''}\n{args.answer or ''}"]
     found = [identify(t) for t in texts]
     codes = [c for c, _ in found if c]
     code = max(set(codes), key=codes.count) if codes else None
     share = codes.count(code) / max(len(texts), 1) if code else 0.0
-    metric = args.metric or "iou"
-    program = args.program or "grounded"
-    served = bool(code) and share >= 0.9 and bool(list_versions(program, code, metric, root=args.compiled_dir))
+    lang = code if code and share >= 0.9 and (not choices or code in choices) else "all"
     what = (f"{code!r} (confidence {found[0][1]:.2f})" if len(texts) == 1 and code else
             f"{code!r} in {codes.count(code)} of {len(texts)} rows" if code else "unsure")
     print(f"halluscope detect: --lang auto: {what}; "
-          f"{'using its artifact' if served else 'using the cross-lingual artifact (all)'}", file=sys.stderr)
-    return code if served else "all"
-
-
-def default_program(args, key: str, *, lang: str | None, task: str | None) -> tuple[str, str, str]:
-    """``(program, artifact key, what was chosen and why)`` for ``halluscope detect``.
-
-    An explicit ``--program`` is kept (``why`` is ""), except that ``grounded`` for a language without its own
-    artifact falls back to the cross-lingual one. Without ``--program``: ``grounded`` for a language when the LM
-    is the embedded default or another local GGUF (``--lm local...``), and for a HalluClean task when a grounded
-    artifact was fitted for it (``optimize.py --program grounded --dataset halluclean --task qa --metric f1``,
-    issue #19), else ``spans``."""
-    explicit = args.program is not None
-    embedded = str(getattr(args, "lm", "local") or "local").startswith("local")
-    if args.metric is None:
-        args.metric = "f1" if task else "iou"
-    if not explicit and embedded and task and list_versions("grounded", key, args.metric, root=args.compiled_dir):
-        return "grounded", key, (f"program grounded (the default with the embedded model), its artifact fitted "
-                                 f"on {key!r} response labels (--program spans for the LM span detector)")
-    program = args.program or ("grounded" if embedded and lang and not task else "spans")
-    if program != "grounded" or not lang or task:
-        return program, key, ""
-    have_own = bool(list_versions("grounded", key, args.metric, root=args.compiled_dir))
-    if have_own or key == "all" or args.version is not None:
-        why = "" if explicit else (f"program grounded (the default with the embedded model; --program spans for "
-                                   f"the LM span detector), artifact for {key!r}")
-        return program, key, why
-    if list_versions("grounded", "all", args.metric, root=args.compiled_dir):
-        return program, "all", (f"program grounded{'' if explicit else ' (the default with the embedded model)'}: "
-                                f"no artifact for {key!r}, using the cross-lingual one (compiled/grounded/all/"
-                                f"{args.metric}, fitted on every validation language)")
-    if not explicit:
-        return "spans", key, f"no grounded artifact for {key!r} or 'all': using the spans program"
-    return program, key, ""
+          f"{'--lang ' + lang if lang != 'all' else 'the cross-lingual artifact (--lang all)'}", file=sys.stderr)
+    return lang
 
 
 def _task_lm(manifest: dict) -> str:

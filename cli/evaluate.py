@@ -46,7 +46,9 @@ def add_parser(sub) -> None:
                    help="with --artifact and no PATH: the metric the artifact was optimised for (default: the "
                         "program's)")
     a.add_argument("--version", default=None, help="with --artifact and no PATH: pin a version (3 or v0003)")
-    a.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
+    a.add_argument("--compiled-dir", default=None,
+                   help="artifact root to read (default: <home>/compiled, then the artifacts "
+                        "bundled with the package; given: only this folder)")
     a.add_argument("--trust-artifact-endpoints", action="store_true",
                    help="load an artifact even if its options choose LMs, model servers or URLs that would receive "
                         "your API keys; only for artifacts you trust")

@@ -122,7 +122,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "file, or a data root with --lang)")
     r.add_argument("--test-split", choices=["val", "test"], default=None,
                    help="split name of --test (default: guessed from the file name)")
-    r.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
+    r.add_argument("--compiled-dir", default=None,
+                   help="where the new version is written (default <home>/compiled: the working "
+                        "folder or $HALLUSCOPE_HOME)")
     r.add_argument("--report-dir", default=None, help="run reports (JSON) go here (default outputs/optimize)")
     r.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///<project>/mlruns/mlflow.db)")
@@ -379,14 +381,15 @@ def format_summary(res, *, compiled_dir=None) -> str:
         lines.append(f"artifact: {artifact.path} (version {artifact.version}, hash "
                      f"{artifact.manifest['content_hash'][:12]})")
         ranked = rank_versions(list_versions(res.program, res.lang, res.metric, root=compiled_dir), res.metric)
-        mine = next((r for r in ranked if r.info.version == artifact.version), None)
+        mine = next((r for r in ranked if r.info.path == artifact.path), None)
         best = next((r for r in ranked if r.best), None)
         call = f"load_compiled({res.program!r}, lang={res.lang!r}, metric={res.metric!r}"
+        served = f"by default v{best.info.version:04d} is served" if best else "no version is served by default"
         if mine is not None and mine.best:
             lines.append(f"  load: {call})  (the best version)")
         else:
-            lines.append(f"  load: {call}, version={artifact.version})  (by default v{best.info.version:04d} is "
-                         f"served; v{artifact.version:04d}: {mine.why if mine else 'not listed'})")
+            lines.append(f"  load: {call}, version={artifact.version})  ({served}; v{artifact.version:04d}: "
+                         f"{mine.why if mine else 'not listed'})")
         changes = artifact.manifest.get("changes")
         compiled, zero = selection_score(artifact.manifest), zero_shot_score(artifact.manifest)
         if changes:

@@ -25,7 +25,9 @@ def add_parser(subparsers) -> None:
     r.add_argument("--metric", choices=list(METRICS), default="iou",
                    help="the metric the artifact was optimised for (default iou)")
     r.add_argument("--version", default=None, help="the version to register (3 or v0003); default: the best one")
-    r.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
+    r.add_argument("--compiled-dir", default=None,
+                   help="artifact root to read (default: <home>/compiled, then the artifacts "
+                        "bundled with the package; given: only this folder)")
     r.add_argument("--name", default=None, help="registered model name (default halluscope-<program>-<lang>)")
     r.add_argument("--alias", default="champion", help="alias to point at the new version (default champion; "
                                                         "'' for none)")

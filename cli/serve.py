@@ -36,7 +36,7 @@ from halluscope.core.contract import describe_failed, failed_kinds, failure_reas
 from halluscope.artifacts.compiled import detect
 from halluscope.core.redact import error_text, redact
 from halluscope.core.tasks import HALLUCLEAN_TASKS
-from halluscope.cli.detect import default_program
+from halluscope.artifacts.policy import load_detector
 from halluscope.artifacts.compiled import CompiledDetector
 from halluscope.metrics.adapters import METRICS
 from halluscope.programs.registry import get, names
@@ -58,7 +58,9 @@ def add_parser(subparsers) -> None:
     g.add_argument("--metric", choices=list(METRICS), default=None,
                    help="metric the artifacts were optimised for (default: the program's)")
     g.add_argument("--version", default=None, help="pin a version (3 or v0003); default: the best of each")
-    g.add_argument("--compiled-dir", default=None, help="artifact root (default <project>/compiled)")
+    g.add_argument("--compiled-dir", default=None,
+                   help="artifact root to read (default: <home>/compiled, then the artifacts "
+                        "bundled with the package; given: only this folder)")
     g.add_argument("--model", action="append", default=[], metavar="URI",
                    help="an MLflow registered model to serve, models:/NAME@ALIAS or models:/NAME/VERSION "
                         "(repeat for several; --lang/--task are then optional)")
@@ -104,11 +106,6 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: assume it is reachable from elsewhere
 
 
-def _with_metric(args):
-    """``args`` with ``metric`` set (serve's default: the program's own, here iou for the span programs)."""
-    return argparse.Namespace(**{**vars(args), "metric": args.metric or "iou"})
-
-
 def resolve_detectors(args, *, quiet: bool = False) -> list[CompiledDetector]:
     """The compiled detectors the arguments name, loaded and verified (raises ArtifactError/ValueError).
 
@@ -129,16 +126,14 @@ def resolve_detectors(args, *, quiet: bool = False) -> list[CompiledDetector]:
     except argparse.ArgumentTypeError as e:
         raise ValueError(f"--option/-O: {e}") from None
     detectors = []
-    for key in dict.fromkeys(keys):
-        if key in args.lang:  # as halluscope detect: grounded by default on the embedded model, and says so
-            program, key, why = default_program(_with_metric(args), key, lang=key, task=None)
-            if why and not quiet:
-                print(why, file=sys.stderr)
-        else:
-            program = args.program or "spans"
-        metric = args.metric or get(program).default_metric
-        detectors.append(load_compiled(program, lang=key, metric=metric, version=args.version,
-                                       root=args.compiled_dir, options=options))
+    for key in dict.fromkeys(keys):  # the library's run policy, as halluscope detect: it says what it chose
+        is_task = key in args.task and key not in args.lang
+        d = load_detector(lang=None if is_task else key, task=key if is_task else None, program=args.program,
+                          metric=args.metric, version=args.version, lm=args.lm, root=args.compiled_dir,
+                          options=options)
+        if d.why and not quiet:
+            print(d.why, file=sys.stderr)
+        detectors.append(d)
     for uri in models:
         detectors.append(load_compiled(uri, tracking_uri=getattr(args, "tracking_uri", None), options=options))
     seen: dict[tuple[str, str, int], CompiledDetector] = {}
@@ -231,8 +226,8 @@ def cmd_serve(args) -> int:
         print(f"halluscope serve: {e}", file=sys.stderr)
         return 2
     for d in detectors:
-        print(f"loaded {d.name}/{d.lang}/{d.metric} v{d.version:04d} ({d.content_hash[:12]}) from {d.path}",
-              file=sys.stderr)
+        print(f"loaded {d.name}/{d.lang}/{d.metric} v{d.version:04d} ({d.content_hash[:12]}) from {d.path}" if d.path
+              else f"serving the unfitted {d.name} for {d.lang} (no artifact)", file=sys.stderr)
     if any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):  # else no LM configured
         lm = setup_lm(args)
         compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}

@@ -34,6 +34,7 @@ LAYER_OF_PACKAGE = {
     "halluscope.loaders": 2,
     "halluscope.retrievers": 2,
     "halluscope.artifacts": 3,   # versioned artifacts and the loaded one run on answers (the production path)
+    "halluscope.compiled": 3,    # data: the artifact store; the served versions ship as its package data
     "halluscope.evaluation": 3,  # a program over a dataset: in process or on Ray
     "halluscope.tracking": 4,    # MLflow: runs, traces, comparison views, model registry, the MLflow model
     "halluscope.optimize": 5,
@@ -234,6 +235,9 @@ def test_only_halluscope_is_a_top_level_package():
             assert SETUPTOOLS["package-dir"][pkg] == pkg.split(".", 1)[1].replace(".", "/"), pkg
 
 
+BUNDLED = SETUPTOOLS["package-data"]["halluscope.compiled"]  # the served artifacts the wheel ships
+
+
 def _tree_files() -> set[str]:
     """Where each file of the package folders lands in the wheel: ``programs/spans/program.py`` ->
     ``halluscope/programs/spans/program.py``; the web page's static files are package data."""
@@ -242,7 +246,8 @@ def _tree_files() -> set[str]:
         for path in folder.rglob("*"):
             rel = path.relative_to(folder)
             if path.is_file() and "__pycache__" not in rel.parts and (path.suffix == ".py" or (
-                    rel.parts[0] == "static" and pkg == "halluscope.serve" and path.suffix in (".html", ".js", ".css"))):
+                    rel.parts[0] == "static" and pkg == "halluscope.serve" and path.suffix in (".html", ".js", ".css"))
+                    or (pkg == "halluscope.compiled" and any(rel.match(g) for g in BUNDLED))):
                 out.add("/".join([*pkg.split("."), *rel.parts]))
     return out
 

@@ -143,7 +143,9 @@ def test_the_readme_command_on_demo_data_does_not_displace_the_committed_german_
     assert "by default v0001 is served; v0002: not served: demo data never displaces a real-data version" in out
     assert best_version(list_versions("grounded", "de", "iou", root=home)).version == 1
     assert cli_main(["detect", "--lang", "de", "--list", "--compiled-dir", str(home)]) == 0
-    listed = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out.splitlines()
+    assert sum(line.strip().startswith("yours: ") for line in out) == 2  # where each version lives
+    listed = [line for line in out if not line.strip().startswith(("yours: ", "bundled with the package: "))]
     assert listed[0].startswith("v0001 *best*") and "served by default: real data, 50 items, 5-fold cv" in listed[1]
     assert listed[2].startswith("v0002       ") and "demo data never displaces" in listed[3]
     assert "UNTRACKED" not in "\n".join(listed)  # --no-mlflow: not a tracked run, nothing pending

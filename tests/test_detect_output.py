@@ -35,7 +35,7 @@ def _no_work(monkeypatch):
     """Fail the test if detect gets as far as loading the artifact or detecting anything."""
     def refuse(*a, **k):
         raise AssertionError("detect did work before checking --output")
-    monkeypatch.setattr(detect_cli, "load_compiled", refuse)
+    monkeypatch.setattr(detect_cli, "load_detector", refuse)
     monkeypatch.setattr(detect_cli, "detect_jsonl", refuse)
     monkeypatch.setattr(detect_cli, "detect", refuse)
 

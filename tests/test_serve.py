@@ -193,9 +193,15 @@ def test_serve_refuses_a_public_address_without_a_key(tmp_path, capsys, monkeypa
 
 
 def test_serve_cli_names_a_missing_artifact(tmp_path, capsys):
-    args = build_parser().parse_args(["serve", "--program", "mark-all", "--lang", "de", "--compiled-dir", str(tmp_path)])
+    args = build_parser().parse_args(["serve", "--program", "mark-all", "--lang", "de", "--version", "7",
+                                      "--compiled-dir", str(tmp_path)])
     assert args.func(args) == 2
-    assert "no compiled 'mark-all'" in capsys.readouterr().err
+    assert "no version v0007" in capsys.readouterr().err
+    # no artifact at all: no dead end, the run policy serves the unfitted program and says so
+    args = build_parser().parse_args(["serve", "--program", "mark-all", "--lang", "de", "--compiled-dir", str(tmp_path)])
+    (det,) = resolve_detectors(args)
+    assert det.name == "mark-all" and not det.fitted and det.path is None
+    assert "no compiled artifact for 'de'" in capsys.readouterr().err
     args = build_parser().parse_args(["serve", "--program", "mark-all", "--compiled-dir", str(tmp_path)])
     assert args.func(args) == 2 and "--lang or --task" in capsys.readouterr().err
 

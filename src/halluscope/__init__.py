@@ -2,10 +2,12 @@
 
 The public API::
 
-    from halluscope import configure, load_compiled, detect, get_program
+    from halluscope import configure, load_detector, load_compiled, detect, get_program
 
+    detector = load_detector(lang="de")                       # what serves German here (the run policy), verified
+    print(detector.why)                                       # which program/version was chosen and why
     configure("local")                                        # the embedded model (or any DSPy model string)
-    detector = load_compiled("spans", lang="de", metric="iou")  # a verified CompiledDetector
+    detector = load_compiled("spans", lang="de", metric="iou")  # or one program's best version, verified
     detection = detect(detector, answer, question=question)   # spans with probabilities, label, score, ...
     program = get_program("halluclean").make(task="qa")       # any registered program, uncompiled, options checked
 
@@ -27,6 +29,7 @@ __version__ = "0.1.0"
 _API = {
     "configure": "halluscope.lm.models",
     "load_compiled": "halluscope.artifacts.store",
+    "load_detector": "halluscope.artifacts.policy",
     "detect": "halluscope.artifacts.compiled",
     "detect_jsonl": "halluscope.artifacts.compiled",
     "CompiledDetector": "halluscope.artifacts.compiled",
@@ -41,6 +44,7 @@ _RENAMED = {"get_program": "get"}
 __all__ = [*_API, "__version__"]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily below
+    from halluscope.artifacts.policy import load_detector
     from halluscope.artifacts.store import load_compiled
     from halluscope.core.contract import Detection, Evidence, Span, Unit
     from halluscope.artifacts.compiled import CompiledDetector, detect, detect_jsonl

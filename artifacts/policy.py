@@ -1,0 +1,139 @@
+"""The run policy: which program, artifact and version serve a language or a task. One function for every caller.
+
+``halluscope detect``, ``halluscope serve``, the Ray engine and Python users all call :func:`load_detector` (or
+:func:`choose`, which decides without loading), so the answer to "what checks German answers here?" is the same
+everywhere::
+
+    from halluscope import load_detector
+    detector = load_detector(lang="de")          # grounded, the best German version, verified
+    print(detector.why)                          # one line: what was chosen and why
+    detection = detector("Die spanische Provinz heißt Álava.", context="...")
+
+The rules, in order:
+
+* an explicit ``program`` is kept; without one, the **embedded model** (no LM configured, or a local GGUF) is
+  served ``grounded``, which needs no capable LM, and any other LM the LM span detector ``spans``;
+* the artifact is the best version for the language or task (:func:`halluscope.artifacts.store.rank_versions`,
+  over the user's ``<home>/compiled`` and the artifacts bundled with the package);
+* no artifact for the key: ``grounded`` takes its cross-lingual artifact (``all``); a program with no artifact at
+  all is served **unfitted** (its zero-shot module, ``detector.fitted`` is False) and ``why`` says so. There is no
+  dead end, and the embedded model is never handed an LM program it cannot run unless asked for by name.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from halluscope.artifacts.compiled import CompiledDetector
+from halluscope.artifacts.store import ArtifactNotFoundError, list_versions, load_compiled
+from halluscope.core.tasks import canonical_task
+from halluscope.programs.registry import get
+
+__all__ = ["Choice", "Detector", "choose", "load_detector", "is_embedded", "CROSS_LINGUAL"]
+
+#: the key of grounded's artifact fitted on every validation language, served for a language without its own
+CROSS_LINGUAL = "all"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` decided: the program, the artifact key (a language, a task or ``all``), the metric,
+    the pinned version (None: the best), whether an artifact exists (``fitted``) and ``why`` (one line, empty when
+    exactly what was asked is served)."""
+
+    program: str
+    key: str
+    metric: str
+    version: int | str | None = None
+    fitted: bool = True
+    why: str = ""
+
+
+def is_embedded(lm: object = None) -> bool:
+    """Whether ``lm`` (a spec string, a ``dspy.LM``, or None for DSPy's configured one) is the embedded model or
+    another in-process GGUF: ``local``, ``local:PATH``, or a configured LM whose model is ``llamacpp/...``; no LM
+    configured counts as embedded (halluscope configures it when a program needs it)."""
+    if lm is None:
+        import dspy  # noqa: PLC0415 - DSPy's settings are read only when no LM was named
+
+        lm = dspy.settings.lm
+        if lm is None:
+            return True
+    model = lm if isinstance(lm, str) else str(getattr(lm, "model", "") or "")
+    return model.startswith(("local", "llamacpp/"))
+
+
+def _has(program: str, key: str, metric: str, root) -> bool:
+    return bool(list_versions(program, key, metric, root=root))
+
+
+def choose(lang: str | None = None, task: str | None = None, *, program: str | None = None,
+           metric: str | None = None, version: int | str | None = None, lm: object = None,
+           root: str | os.PathLike | None = None) -> Choice:
+    """Decide what serves ``lang`` or ``task`` (see the module's rules); nothing is loaded. ``lm``: the LM that will
+    run it (a spec such as ``"local"`` or ``"openai/gpt-4o-mini"``, a ``dspy.LM``, or None for the configured one)."""
+    task = canonical_task(task) if task else None
+    key = task or lang
+    if not key:
+        raise ValueError("give a language (lang=) or a HalluClean task (task=): artifacts are stored per language "
+                         "or task")
+    explicit = program is not None
+    if program is not None:
+        get(program)  # KeyError naming the registered programs
+    embedded = is_embedded(lm)
+    name = program or ("grounded" if embedded else "spans")
+    metric = metric or ("f1" if task and name == "grounded" else get(name).default_metric)
+    default = "" if explicit else (" (the default with the embedded model; spans is the LM span detector)"
+                                   if name == "grounded" else " (the default with a capable LM)")
+    if version is not None or _has(name, key, metric, root):
+        why = "" if explicit else f"program {name}{default}, artifact for {key!r}"
+        return Choice(name, key, metric, version, True, why)
+    if name == "grounded" and key != CROSS_LINGUAL:
+        span_metric = metric if not task else "iou"
+        if _has(name, CROSS_LINGUAL, span_metric, root):
+            return Choice(name, CROSS_LINGUAL, span_metric, None, True,
+                          f"program {name}{default}: no artifact for {key!r}, using the cross-lingual one "
+                          f"({name}/{CROSS_LINGUAL}/{span_metric}, fitted on every validation language)")
+    return Choice(name, key, metric, None, False,
+                  f"program {name}{default}: no compiled artifact for {key!r}/{metric}, serving the unfitted program "
+                  f"(compile one: python optimize.py --program {name} {'--task' if task else '--lang'} {key} "
+                  f"--metric {metric})")
+
+
+@dataclass(frozen=True)
+class Detector(CompiledDetector):
+    """A :class:`CompiledDetector` with the policy's decision: ``choice`` and ``why``; ``fitted`` is False for an
+    unfitted program served because no artifact exists (then ``path`` is None and ``version`` 0)."""
+
+    choice: Choice = Choice("", "", "")
+
+    @property
+    def why(self) -> str:
+        return self.choice.why
+
+    @property
+    def fitted(self) -> bool:
+        return self.choice.fitted
+
+
+def load_detector(lang: str | None = None, task: str | None = None, *, program: str | None = None,
+                  metric: str | None = None, version: int | str | None = None, lm: object = None,
+                  root: str | os.PathLike | None = None, trust_endpoints: bool = False,
+                  options: dict | None = None) -> Detector:
+    """The detector that serves ``lang`` or ``task``: :func:`choose`, then the chosen version loaded and verified
+    (:func:`halluscope.artifacts.store.load_compiled`), or the unfitted program when there is no artifact.
+    ``detector.why`` says what was chosen; configure an LM first only when the program needs one."""
+    choice = choose(lang, task, program=program, metric=metric, version=version, lm=lm, root=root)
+    if choice.fitted:
+        loaded = load_compiled(choice.program, lang=choice.key, metric=choice.metric, version=choice.version,
+                               root=root, trust_endpoints=trust_endpoints, options=options)
+        return Detector(program=loaded.program, manifest=loaded.manifest, path=loaded.path, choice=choice)
+    spec = get(choice.program)
+    try:
+        module = spec.make(**(options or {}))
+    except (TypeError, ValueError) as e:
+        raise ArtifactNotFoundError(f"{choice.why}; and the program cannot be built: {e}") from None
+    manifest = {"program": choice.program, "lang": choice.key, "metric": choice.metric, "version": 0,
+                "program_options": dict(options or {}), "content_hash": "", "unfitted": True}
+    return Detector(program=module, manifest=manifest, path=None, choice=choice)

@@ -1,0 +1,263 @@
+"""Artifacts travel with the package, and one run policy decides what serves a language or a task.
+
+The served default artifacts are package data of ``halluscope.compiled`` (pyproject lists them; the list is checked
+here); :func:`halluscope.artifacts.store.store_roots` reads them beside the user's ``<home>/compiled``;
+:func:`halluscope.artifacts.policy.load_detector` is what ``detect``, ``serve``, Ray and Python users call. The last
+test builds the wheel, installs it into a fresh virtualenv and runs it from an empty folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from halluscope.artifacts import store
+from halluscope.artifacts.policy import choose, load_detector
+
+ROOT = Path(__file__).resolve().parents[1]
+EVIDENCE = ("The Golden Gate Bridge is a suspension bridge in San Francisco, California. It opened in 1937 "
+            "and its main span is 1,280 metres long.")
+SWAPPED = "The Golden Gate Bridge is a suspension bridge in Los Angeles."
+
+
+@pytest.fixture
+def empty_home(tmp_path, monkeypatch):
+    """A new ``HALLUSCOPE_HOME`` with no compiled folder, and the process in another empty folder."""
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(home))
+    monkeypatch.delenv("HALLUSCOPE_COMPILED_DIR", raising=False)
+    monkeypatch.chdir(work)
+    return home
+
+
+def test_the_wheel_list_is_the_served_versions():
+    """pyproject's package data of halluscope.compiled is exactly one served version per program/key/metric."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bundle_artifacts.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bundle_artifacts
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    served = bundle_artifacts.served()
+    assert "grounded/de/iou/v0002" in served and "grounded/all/iou/v0005" in served
+    keys = [v.rsplit("/", 1)[0] for v in served]
+    assert len(keys) == len(set(keys))  # one version per program/key/metric
+    for v in served:  # never a retired one
+        assert store.retired_reason(ROOT / "compiled" / v) is None, v
+
+
+def test_an_empty_home_finds_the_bundled_artifacts(empty_home):
+    versions = store.list_versions("grounded", "de", "iou")
+    assert versions and {v.origin for v in versions} == {"bundled"}
+    best = store.best_version(versions)
+    assert best.name == "v0002" and best.path.is_relative_to(store.bundled_dir())
+    detector = store.load_compiled("grounded", lang="de", metric="iou")
+    assert detector.version == 2
+
+
+def _copy_version(src: Path, home: Path, version: int, **manifest_changes) -> Path:
+    """A copy of the version ``src`` into ``home/compiled`` as ``version``, its manifest changed and re-hashed."""
+    m = json.loads((src / "manifest.json").read_text())
+    m.update(manifest_changes, version=version)
+    m.pop("content_hash")
+    data = (src / "program.json").read_bytes()
+    m["content_hash"] = store.content_hash(data, m)
+    dst = home / "compiled" / m["program"] / m["lang"] / m["metric"] / f"v{version:04d}"
+    dst.mkdir(parents=True)
+    (dst / "program.json").write_bytes(data)
+    (dst / "manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+def test_the_users_versions_compete_with_the_bundled_ones(empty_home):
+    bundled = store.bundled_dir() / "grounded" / "de" / "iou" / "v0002"
+    score = store.selection_score(json.loads((bundled / "manifest.json").read_text()))
+    # a demo-data run of the user's never displaces the bundled real-data version
+    demo = _copy_version(bundled, empty_home, 7, source="demo (built-in)")
+    assert store.best_version(store.list_versions("grounded", "de", "iou")).path == bundled
+    shutil.rmtree(demo)
+    # a version of the user's on the same data and folds with a higher score is served instead
+    cv = json.loads((bundled / "manifest.json").read_text())["cv"]
+    cv["mean"]["compiled"]["iou"]["mean"] = score + 0.01
+    better = _copy_version(bundled, empty_home, 8, cv=cv)
+    ranked = store.rank_versions(store.list_versions("grounded", "de", "iou"), "iou")
+    assert [r.info.path for r in ranked if r.best] == [better]
+    assert load_detector(lang="de").path == better
+    # an identical copy of a bundled version is listed once, as the user's
+    same = _copy_version(bundled, empty_home, 2)
+    listed = store.list_versions("grounded", "de", "iou")
+    assert [v.origin for v in listed if v.version == 2] == ["home"] and same in [v.path for v in listed]
+
+
+def test_new_versions_are_numbered_after_the_bundled_ones(empty_home):
+    """Version numbers are unique across the user's and the bundled store, so --version N names one version."""
+    from halluscope.programs.registry import get
+
+    written = store.write_artifact(get("grounded").make(), {"source": "test"}, program_name="grounded", lang="de",
+                                   metric="iou")
+    highest = max(v.version for v in store.list_versions("grounded", "de", "iou", root=store.bundled_dir()))
+    assert written.version == highest + 1 and written.path.is_relative_to(empty_home / "compiled")
+
+
+def test_never_served_by_default_untracked_or_unchanged(empty_home):
+    """An untracked version (its optimize run was killed) and a compile that changed nothing are listed with the
+    reason and never served by default; both stay loadable with --version."""
+    bundled = store.bundled_dir() / "grounded" / "de" / "iou" / "v0002"
+    cv = json.loads((bundled / "manifest.json").read_text())["cv"]
+    cv["mean"]["compiled"]["iou"]["mean"] += 0.05
+    untracked = _copy_version(bundled, empty_home, 9, cv=cv)
+    (untracked / store.UNTRACKED_FILE).write_text("interrupted\n")
+    unchanged = _copy_version(bundled, empty_home, 10, cv=cv, changes=[])
+    ranked = {r.info.version: r for r in store.rank_versions(store.list_versions("grounded", "de", "iou"), "iou")}
+    assert ranked[2].best and not ranked[9].best and not ranked[10].best
+    assert "untracked" in ranked[9].why and "changed nothing" in ranked[10].why
+    assert store.load_compiled("grounded", lang="de", metric="iou", version=9).path == untracked
+    changed = _copy_version(bundled, empty_home, 11, cv=cv, changes=[{"predictor": "p", "what": "state"}])
+    assert store.best_version(store.list_versions("grounded", "de", "iou")).path == changed
+
+
+@pytest.mark.parametrize("kwargs, program, key, fitted", [
+    ({"lang": "de"}, "grounded", "de", True),
+    ({"lang": "ca"}, "grounded", "all", True),               # no Catalan artifact: the cross-lingual one
+    ({"task": "qa"}, "grounded", "qa", True),
+    ({"task": "mwp"}, "grounded", "all", True),              # no task artifact: the cross-lingual one, said
+    ({"lang": "de", "lm": "openai/gpt-4o-mini"}, "spans", "de", True),
+    ({"lang": "fi", "lm": "openai/gpt-4o-mini"}, "spans", "fi", False),   # a capable LM, no artifact: zero-shot
+    ({"lang": "de", "lm": "local:/models/x.gguf"}, "grounded", "de", True),
+])
+def test_the_run_policy(empty_home, kwargs, program, key, fitted):
+    c = choose(**kwargs)
+    assert (c.program, c.key, c.fitted) == (program, key, fitted)
+    assert c.why  # the default is always said
+    if not fitted:
+        assert "unfitted" in c.why
+
+
+def test_no_dead_end_without_any_artifact(tmp_path):
+    """No artifact anywhere (an explicit empty root): the unfitted grounded program serves, and says so; never the
+    LM span detector on the embedded model."""
+    detector = load_detector(lang="de", root=tmp_path)
+    assert detector.name == "grounded" and not detector.fitted and detector.path is None
+    assert "unfitted" in detector.why
+    det = detector(SWAPPED, context=EVIDENCE)
+    assert det.hard_labels and SWAPPED[det.hard_labels[0][0]:det.hard_labels[0][1]] in ("Los", "Angeles",
+                                                                                        "Los Angeles")
+
+
+def test_detect_cli_says_what_it_serves(empty_home, capsys):
+    from halluscope.cli import main
+
+    assert main(["detect", "--lang", "ca", "--answer", SWAPPED, "--context", EVIDENCE, "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    assert "cross-lingual" in err and "grounded/all/iou" in err
+    assert main(["detect", "--lang", "de", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "bundled with the package: " in out and "*best*" in out
+
+
+# -------------------------------------------------------------------------------------------------------------
+# The installed wheel, in a fresh virtualenv, run from an empty folder
+# -------------------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The wheel built from this tree, installed (not editable) into a new virtualenv whose dependencies are
+    this environment's (a .pth file: no download, no rebuild of llama.cpp); returns its bin folder."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "build",
+                                                               "mlruns", "outputs", ".cache", "demo_data"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp), str(src)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = tmp.glob("halluscope-*.whl")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
+    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    (site / "_halluscope_test_deps.pth").write_text("\n".join(sorted(deps)) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                           "--no-deps", "--no-index", "--quiet", str(wheel)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return venv / "bin", wheel
+
+
+def _env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HALLUSCOPE_", "PYTHONPATH"))}
+    return {**env, "HALLUSCOPE_HOME": str(home)}
+
+
+def test_installed_wheel_detects_from_an_empty_folder(installed, tmp_path):
+    bin_dir, wheel = installed
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    where = subprocess.run([str(bin_dir / "python"), "-c", "import halluscope.artifacts.store as s; "
+                            "print(s.__file__); print(s.bundled_dir())"], cwd=work, env=_env(home),
+                           capture_output=True, text=True, timeout=120)
+    module, bundled = where.stdout.split()
+    assert Path(module).is_relative_to(bin_dir.parent) and Path(bundled).is_relative_to(bin_dir.parent), where
+    for lang in ("de", "en"):
+        proc = subprocess.run([str(bin_dir / "halluscope"), "detect", "--lang", lang, "--answer", SWAPPED,
+                               "--context", EVIDENCE, "--question", "Where is the Golden Gate Bridge?",
+                               "--format", "json"], cwd=work, env=_env(home), capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"artifact for '{lang}'" in proc.stderr and "grounded" in proc.stderr
+        row = json.loads(proc.stdout)
+        flagged = [SWAPPED[a:b] for a, b in row["hard_labels"]]
+        assert any(w in f for f in flagged for w in ("Los", "Angeles")), flagged
+        assert row["label"] is True, row["rationale"]
+    assert list(work.iterdir()) == []  # nothing written into the folder it ran from (no --output)
+    assert os.path.getsize(wheel) < 3_000_000
+
+
+def test_installed_wheel_serves(installed, tmp_path):
+    import httpx
+
+    bin_dir, _ = installed
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    port = _free_port()
+    server = subprocess.Popen([str(bin_dir / "halluscope"), "serve", "--lang", "en", "--port", str(port)],
+                              cwd=work, env=_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-3000:]
+            time.sleep(0.5)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/detect", timeout=60,
+                       json={"answer": SWAPPED, "context": EVIDENCE, "question": "Where is the Golden Gate Bridge?", "lang": "en"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["hard_labels"] and body["label"] is True
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
