@@ -56,14 +56,14 @@ def _detect(capsys, argv):
 def test_detect_lang_auto_is_the_default_and_picks_the_artifact_of_the_answers_language(capsys):
     row, err = _detect(capsys, ["--answer", "Die Gemeinde liegt etwa 56 Kilometer nordöstlich von Segovia.",
                                 "--context", "Die Gemeinde liegt etwa 56 km nordöstlich von Segovia."])
-    assert "--lang auto: 'de' (confidence" in err and "using its artifact" in err
+    assert "--lang auto: 'de' (confidence" in err and "; --lang de" in err and "grounded/de/iou" in err
     assert row["ok"] and row["verdict"] == "correct"
     row, err = _detect(capsys, ["--lang", "auto", "--answer", "The Golden Gate Bridge in Los Angeles opened in 1947.",
                                 "--question", "When did the Golden Gate Bridge open?", "--context",
                                 "The Golden Gate Bridge in San Francisco opened in 1937."])
     assert "--lang auto: 'en'" in err and row["label"] is True and row["hard_labels"]
     row, err = _detect(capsys, ["--answer", "1937", "--context", "It opened in 1937."])
-    assert "--lang auto: unsure; using the cross-lingual artifact (all)" in err and row["ok"]
+    assert "--lang auto: unsure; the cross-lingual artifact (--lang all)" in err and row["ok"]
 
 
 def test_detect_lang_auto_on_a_file_takes_the_rows_language(tmp_path, capsys):
@@ -75,4 +75,4 @@ def test_detect_lang_auto_on_a_file_takes_the_rows_language(tmp_path, capsys):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     assert main(["detect", "--input", str(src), "--output", str(tmp_path / "out.jsonl")]) == 0
-    assert "--lang auto: 'fr' in 5 of 5 rows; using its artifact" in capsys.readouterr().err
+    assert "--lang auto: 'fr' in 5 of 5 rows; --lang fr" in capsys.readouterr().err
