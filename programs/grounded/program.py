@@ -455,14 +455,15 @@ class GroundedDetector(dspy.Module):
                 model_output_tokens=None, model_output_logits=None, **_):
         answer = answer if isinstance(answer, str) else ("" if answer is None else str(answer))
         evidence = [Evidence(text=context, source="context")] if (context or "").strip() else []
-        if not evidence and not self.evidence_free and answer.strip():  # #34: nothing to check it against
-            return to_prediction(Detection(
-                answer=answer, label=False, score=0.5, notes={"no_evidence": 1},
-                rationale="cannot verify: no evidence was given (no context, retriever or files), so no word is "
-                          "scored; give a context or passages, or -O evidence_free=true to score the words anyway"))
         feats, probs = self.unit_probs(question=question, answer=answer, context=context, lang=lang,
                                        model_output_tokens=model_output_tokens, model_output_logits=model_output_logits)
         failures, notes = split_notes(feats.failures)
+        if not evidence and not self.evidence_free and answer.strip():  # #34: nothing to check it against
+            notes["no_evidence"] = 1  # (the features still say what was wrong with the inputs given: failures)
+            return to_prediction(Detection(
+                answer=answer, label=False, score=0.5, failures=failures, notes=notes,
+                rationale="cannot verify: no evidence was given (no context, retriever or files), so no word is "
+                          "scored; give a context or passages, or -O evidence_free=true to score the words anyway"))
         if not feats.units:
             if answer.strip():
                 failures["no_units"] = 1
