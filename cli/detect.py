@@ -58,7 +58,9 @@ def add_parser(subparsers) -> None:
     d.add_argument("--dataset", choices=dataset_names(), default=None,
                    help="the dataset the artifact was compiled on: it says what --lang/--task mean "
                         "(default: halluclean when --task is given, else mushroom)")
-    d.add_argument("--lang", default=None, help="the language the artifact was compiled for (e.g. de)")
+    d.add_argument("--lang", default=None, help="the language the artifact was compiled for (e.g. de); auto (the "
+                                                "default without --task): the answer's language, identified "
+                                                "offline, all when unsure")
     d.add_argument("--task", default=None, help="the task the artifact was compiled for (HalluClean: qa, dialogue, "
                                                 "summarization, mwp, self_contradiction)")
     d.add_argument("--metric", choices=list(METRICS), default=None,
@@ -104,7 +106,11 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_detect(args) -> int:
+    if args.lang is None and args.task is None and not args.list and args.dataset in (None, "mushroom"):
+        args.lang = "auto"  # #34: the answer's language, identified offline
     dataset = get_dataset(resolve_dataset(args))
+    if args.lang == "auto":
+        args.lang = auto_lang(args, dataset.lang.choices if dataset.lang is not None else None)
     try:
         lang, task, _ = dataset.check_args(lang=args.lang, task=args.task)
     except DatasetArgumentError as e:
@@ -279,6 +285,36 @@ def check_output(args) -> Path | None:
     if not os.access(folder, os.W_OK | os.X_OK):
         bad(f"cannot use {out}: the folder {folder} is not writable")
     return out
+
+
+def auto_lang(args, choices) -> str:
+    """``--lang auto`` (#34): the language of ``--question`` + ``--answer`` (or of the ``--input`` rows' question +
+    answer: the one at least 90% of the first 200 rows are in), by :func:`halluscope.core.langid.identify`;
+    ``all`` when it is unsure, the rows are mixed, or the dataset has no such language (``choices``). Printed on
+    stderr; the run policy (:func:`halluscope.artifacts.policy.choose`) then picks the artifact, the cross-lingual
+    one for a language without its own."""
+    from halluscope.core.langid import identify
+
+    if args.input is not None:
+        try:
+            with open(args.input, encoding="utf-8") as f:
+                rows = [json.loads(line) for _, line in zip(range(200), f) if line.strip()]
+        except (OSError, ValueError):
+            rows = []  # not JSONL (parquet) or unreadable: the detection itself says so
+        texts = [f"{r.get('question') or r.get('model_input') or ''}\n"
+                 f"{r.get('answer') or r.get('model_output_text') or ''}" for r in rows if isinstance(r, dict)]
+    else:
+        texts = [f"{args.question or ''}\n{args.answer or ''}"]
+    found = [identify(t) for t in texts]
+    codes = [c for c, _ in found if c]
+    code = max(set(codes), key=codes.count) if codes else None
+    share = codes.count(code) / max(len(texts), 1) if code else 0.0
+    lang = code if code and share >= 0.9 and (not choices or code in choices) else "all"
+    what = (f"{code!r} (confidence {found[0][1]:.2f})" if len(texts) == 1 and code else
+            f"{code!r} in {codes.count(code)} of {len(texts)} rows" if code else "unsure")
+    print(f"halluscope detect: --lang auto: {what}; "
+          f"{'--lang ' + lang if lang != 'all' else 'the cross-lingual artifact (--lang all)'}", file=sys.stderr)
+    return lang
 
 
 def _task_lm(manifest: dict) -> str:

@@ -99,6 +99,12 @@ def cmd_evaluate(args) -> int:
     examples, source = load_examples(args)
     if not examples:
         raise SystemExit(f"no examples to evaluate in {source}")
+    if args.context == "none" and hasattr(program, "evidence_free") and not program.evidence_free:
+        # Mu-SHROOM's --context none protocol scores words without evidence; detect reports such answers as
+        # unverifiable (#34)
+        program.evidence_free = True
+        options = {**options, "evidence_free": True} if detector is None else options
+        print("--context none: scoring the words without evidence (evidence_free)", file=sys.stderr)
     if args.engine == "ray":  # each Ray actor builds the program and configures its own LM
         lm = None
         print(f"evaluating {spec.name} on {len(examples)} items of {source} on Ray ({args.workers} workers)",
@@ -132,6 +138,10 @@ def cmd_evaluate(args) -> int:
     dataset = get_dataset(args.dataset)
     files = write_outputs(out_dir, spec.name, examples, result, dataset)
     print_summary(spec.name, source, summary, result)
+    in_sample = in_sample_warning(detector, examples, args)
+    if in_sample:
+        summary["in_sample_items"] = in_sample[0]
+        print(in_sample[1], file=sys.stderr)
     if not result.scores:
         print("no gold labels on these items: wrote the submission and predictions only; nothing was scored")
     if failed_run:
@@ -190,6 +200,41 @@ def load_artifact_arg(args):
                              trust_endpoints=trust)
     except (ArtifactError, ValueError) as e:
         usage_error(args, f"argument --artifact: {' '.join(str(e).split())}")
+
+
+def in_sample_warning(detector, examples, args) -> tuple[int, str] | None:
+    """``(items, warning)`` when the scored items overlap the data the artifact was fitted on: its manifest's data
+    ids (the items of its compile), or, for a response head fitted on HalluClean dev tasks (grounded's
+    ``response`` fit record), the HalluClean dev items of those tasks; the warning gives the artifact's
+    cross-validated score beside. None when they do not overlap (or there is no artifact)."""
+    if detector is None:
+        return None
+    m = detector.manifest
+    fitted = {str(i) for i in ((m.get("data") or {}).get("ids") or [])}
+    scored = [str(ex.get("id")) for ex in examples]
+    overlap = sum(1 for i in scored if i in fitted)
+    parts = []
+    if overlap:
+        parts.append(f"{overlap} of {len(scored)} scored items are items it was compiled on (manifest data ids, "
+                     f"data_hash {str((m.get('data') or {}).get('data_hash', '?'))[:12]})")
+    head = (((m.get("final") or {}).get("response")) or {})
+    tasks = head.get("tasks") or []
+    if (getattr(args, "dataset", "") == "halluclean" and getattr(args, "task", None) in tasks
+            and getattr(args, "split", "dev") in (None, "dev")):
+        overlap = max(overlap, len(scored))
+        parts.append(f"its response head was fitted on HalluClean dev {'+'.join(tasks)} (data_hash "
+                     f"{str(head.get('data_hash', '?'))[:12]}), these items included")
+    if not parts:
+        return None
+    metric = m.get("metric") or ""
+    cv = (((m.get("cv") or {}).get("mean") or {}).get("compiled") or {}).get(metric) or {}
+    cv_text = (f"its cross-validated {metric} is {cv['mean']:.3f} ± {cv.get('sd', 0.0):.3f} "
+               f"({(m.get('cv') or {}).get('k', '?')} folds)" if "mean" in cv else "it records no cross-validated score")
+    held = (head.get("held_out") or {}) if len(parts) and tasks else {}
+    if held and getattr(args, "dataset", "") == "halluclean":
+        cv_text += (f"; its response head's held-out FPR / TPR {100 * held.get('fpr', 0):.0f}% / "
+                    f"{100 * held.get('tpr', 0):.0f}% (balanced accuracy {held.get('balanced_accuracy', 0):.3f})")
+    return overlap, (f"warning: in-sample scores: {'; '.join(parts)}, so the scores above flatter it; {cv_text}")
 
 
 def artifact_params(detector) -> dict:

@@ -1,7 +1,9 @@
 """``halluscope detect --format text``: a detection for people, drawn with `rich`.
 
-The answer with its marked spans (colour on a terminal; ``[[hallucinated]]`` and ``{{possibly}}`` brackets
-when colour is off: a pipe, ``NO_COLOR``, ``TERM=dumb``), the verdict and score, the counts labelled as
+The answer with its marked spans as :func:`halluscope.core.contract.display_marks` decides them (the web page shows
+the same: colour on a terminal; ``[[hallucinated]]`` and ``{{possibly}}`` brackets when colour is off: a pipe,
+``NO_COLOR``, ``TERM=dumb``; a unit the detector calls supported is never marked, nothing is marked on an
+unverifiable answer), the verdict (hallucinated, correct, or cannot verify, with its reason) and score, the counts labelled as
 :func:`halluscope.core.contract.describe_counts` labels them (the web page shows the same line), the top units with
 their probability and reason, the signals used (evidence passages by source, optional signals left out) and
 any failures. Long answers wrap at the terminal's width (80 columns off a terminal); nothing is cut.
@@ -17,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from halluscope.core.contract import NOTE_TEXT, counts, describe_counts
+from halluscope.core.contract import NOTE_TEXT, counts, describe_counts, display_marks
 
 __all__ = ["FORMATS", "choose_format", "make_console", "marked_answer", "render_detection", "write_row"]
 
@@ -45,38 +47,26 @@ def colour_on(console: Console) -> bool:
     return console.color_system is not None and not console.no_color
 
 
-def marked_answer(answer: str, soft_labels: list[dict], hard_labels: list[list[int]], *, colour: bool) -> Text:
-    """The answer with its spans marked: each soft-label run coloured by its probability (p > 0.5 red, else
-    yellow) or, without colour, hard spans in ``[[ ]]`` and the other marked runs in ``{{ }}``."""
+def marked_answer(answer: str, marks: list[dict], *, colour: bool) -> Text:
+    """The answer with its ``marks`` (:func:`halluscope.core.contract.display_marks`) shown: red for
+    ``hallucinated``, yellow for ``possibly``; without colour, ``[[ ]]`` and ``{{ }}``."""
     text = Text(overflow="fold")
-    if colour:
-        pos = 0
-        for run in sorted(soft_labels, key=lambda r: r["start"]):
-            start, end = max(pos, int(run["start"])), int(run["end"])
-            if start >= end:
-                continue
-            text.append(answer[pos:start])
-            text.append(answer[start:end], style=HARD_STYLE if run["prob"] > 0.5 else SOFT_STYLE)
-            pos = end
-        text.append(answer[pos:])
-        return text
-    # brackets: each character's class (2 = inside a hard span, 1 = marked with p <= 0.5), runs bracketed
-    cls = [0] * len(answer)
-    for run in soft_labels:
-        for i in range(max(0, int(run["start"])), min(len(answer), int(run["end"]))):
-            cls[i] = 1
-    for start, end in hard_labels:
-        for i in range(max(0, int(start)), min(len(answer), int(end))):
-            cls[i] = 2
-    out, i = [], 0
-    while i < len(answer):
-        j = i + 1
-        while j < len(answer) and cls[j] == cls[i]:
-            j += 1
-        left, right = {0: ("", ""), 1: SOFT_BRACKETS, 2: HARD_BRACKETS}[cls[i]]
-        out.append(f"{left}{answer[i:j]}{right}")
-        i = j
-    text.append("".join(out))
+    pos = 0
+    for m in sorted(marks, key=lambda r: r["start"]):
+        start, end = max(pos, int(m["start"])), int(m["end"])
+        if start >= end:
+            continue
+        text.append(answer[pos:start])
+        hard = m["kind"] == "hallucinated"
+        if colour:
+            text.append(answer[start:end], style=HARD_STYLE if hard else SOFT_STYLE)
+        else:
+            left, right = HARD_BRACKETS if hard else SOFT_BRACKETS
+            text.append(f"{left}{answer[start:end]}{right}")
+        pos = end
+    text.append(answer[pos:])
+    if not colour:  # adjacent runs of one kind read as one: [[Los]][[ Angeles]] -> [[Los Angeles]]
+        text = Text(text.plain.replace("]][[", "").replace("}}{{", ""), overflow="fold")
     return text
 
 
@@ -93,15 +83,23 @@ def _signals(row: dict) -> str:
 
 
 def verdict_text(row: dict) -> str:
-    """The response-level verdict in words. The response label and the word-level spans can disagree (a response
-    head fitted on response labels may judge an answer correct overall while some words stay flagged): the
-    verdict then says both, never "no hallucination found" above highlighted spans."""
-    if row.get("label"):
+    """The response-level verdict in words, from the row's ``verdict`` (the contract settles it: a labelled-correct
+    answer holds no hard span): ``HALLUCINATED``, ``CANNOT VERIFY: <reason>``, or correct, saying how many doubtful
+    parts are marked. A row from before the contract settled verdicts (label False beside hard spans) still says
+    both, never "no hallucination found" above highlighted spans."""
+    verdict = row.get("verdict") or ("hallucinated" if row.get("label") else "correct")
+    if row.get("label", verdict == "hallucinated"):
         return "HALLUCINATED"
+    if verdict == "unverifiable":
+        return f"CANNOT VERIFY: {row.get('verdict_reason') or 'no evidence was given'}"
     flagged = len(row.get("hard_labels") or [])
     if flagged:
         return (f"likely correct overall (response level), but {flagged} span{'' if flagged == 1 else 's'} "
                 f"flagged: check {'it' if flagged == 1 else 'them'}")
+    doubtful = sum(1 for m in display_marks(row) if m["kind"] == "possibly")
+    if doubtful:
+        return (f"no hallucination found; {doubtful} doubtful part{'' if doubtful == 1 else 's'} marked: check "
+                f"{'it' if doubtful == 1 else 'them'}")
     return "no hallucination found"
 
 
@@ -115,17 +113,20 @@ def render_detection(console: Console, row: dict, *, top: int = 5, header: str =
     colour = colour_on(console)
     verdict = verdict_text(row)
     line = Text(overflow="fold")
-    style = "bold red" if row.get("label") else ("bold yellow" if row.get("hard_labels") else "bold green")
+    unverifiable = row.get("verdict") == "unverifiable"
+    style = ("bold red" if row.get("label") else
+             "bold yellow" if row.get("hard_labels") or unverifiable else "bold green")
     line.append(f"{verdict}", style=style if colour else "")
     line.append(f"   score {float(row.get('score', 0.0)):.2f}")
     console.print(line)
     console.print(Text(describe_counts(counts(row)), overflow="fold"))
     console.print()
-    legend = ("red: hallucinated (p > 0.5), yellow: possibly (0 < p <= 0.5)" if colour
-              else "[[hallucinated]] (p > 0.5), {{possibly}} (0 < p <= 0.5)")
+    legend = ("red: hallucinated (p > 0.5), yellow: doubtful (0 < p <= 0.5)" if colour
+              else "[[hallucinated]] (p > 0.5), {{doubtful}} (0 < p <= 0.5)")
+    if unverifiable:
+        legend = "nothing marked: there was no evidence to check it against"
     console.print(Text(f"answer — {legend}", style="dim" if colour else ""))
-    console.print(marked_answer(row.get("answer", ""), row.get("soft_labels") or [], row.get("hard_labels") or [],
-                                colour=colour))
+    console.print(marked_answer(row.get("answer", ""), display_marks(row), colour=colour))
     units = sorted(row.get("units") or [], key=lambda u: -float(u.get("score", 0.0)))
     if units:
         console.print()

@@ -24,6 +24,13 @@ Conventions
   logits were sent, so that signal was left out; ``no_evidence``: no context). A note is no failure.
 * ``evidence`` lists the passages the detector had (the context sent, passages retrieved, files uploaded),
   each with its ``source``.
+* **One verdict per output** (the invariant every program keeps, settled here at construction): a hard span is
+  a claim the detector stands behind, so an answer with a hard span is labelled hallucinated (``label`` True) and
+  its ``score`` is at least its highest hard-span probability; a program's ``label`` is ``score > 0.5`` (its
+  own decision threshold rescaled to 0.5). Hence ``label`` False => no hard span, and ``label`` == ``score >
+  0.5``. :attr:`Detection.verdict` names the outcome for people: ``"hallucinated"``, ``"correct"``, or
+  ``"unverifiable"`` (not labelled hallucinated, and no evidence to check against: the note ``no_evidence``
+  with no ``evidence`` passage); :attr:`Detection.verdict_reason` says why in one line.
 * :func:`counts` says how many of what there are, with labels, in one place for the CLI and the web page:
   ``hard_spans`` (runs of characters with probability > 0.5, Mu-SHROOM's hard labels), ``soft_spans`` (runs
   of equal non-zero probability, the soft labels) and ``units_flagged`` of ``units`` (units scored > 0.5).
@@ -56,7 +63,16 @@ __all__ = [
     "counts",
     "describe_counts",
     "NOTE_TEXT",
+    "VERDICTS",
+    "settle_verdict",
+    "display_marks",
 ]
+
+#: unit labels that say the unit is supported: :func:`display_marks` never shows such a unit as doubtful
+SUPPORTED_UNIT_LABELS = frozenset({"supported", "accurate", "correct", "entailment"})
+
+#: the three verdicts a detection can carry (:attr:`Detection.verdict`)
+VERDICTS = ("hallucinated", "correct", "unverifiable")
 
 #: What each note means, for people (the CLI's text output and the web page).
 NOTE_TEXT = {
@@ -142,6 +158,28 @@ class Detection:
     def __post_init__(self) -> None:
         self.spans = normalize_spans(self.spans, len(self.answer))
         self.score = clamp01(self.score)
+        self.label, self.score = settle_verdict(self.spans, bool(self.label), self.score)
+
+    @property
+    def verdict(self) -> str:
+        """``"hallucinated"`` (label True), ``"unverifiable"`` (not labelled, and nothing to check it against:
+        the note ``no_evidence`` and no evidence passage) or ``"correct"``."""
+        if self.label:
+            return "hallucinated"
+        if self.notes.get("no_evidence") and not self.evidence:
+            return "unverifiable"
+        return "correct"
+
+    @property
+    def verdict_reason(self) -> str:
+        """Why the verdict, in one line (for the CLI's text view, the JSON and the page)."""
+        n = len(self.hard_labels)
+        if self.verdict == "hallucinated":
+            return (f"{n} span{'' if n == 1 else 's'} the detector stands behind (p > 0.5)" if n
+                    else f"the response score {self.score:.2f} is above 0.5")
+        if self.verdict == "unverifiable":
+            return "no evidence was given (no context, retriever or files), so nothing could support or contradict it"
+        return "every checked part is supported or no part scored above 0.5"
 
     @property
     def soft_labels(self) -> list[dict]:
@@ -159,6 +197,8 @@ class Detection:
             "hard_labels": self.hard_labels,
             "label": self.label,
             "score": self.score,
+            "verdict": self.verdict,
+            "verdict_reason": self.verdict_reason,
             "units": [u.to_dict() for u in self.units],
             "rationale": self.rationale,
             "revision": self.revision,
@@ -184,6 +224,54 @@ class Detection:
             evidence=[Evidence(**e) for e in d.get("evidence", [])],
             notes=dict(d.get("notes", {})),
         )
+
+
+def settle_verdict(spans: list[Span], label: bool, score: float) -> tuple[bool, float]:
+    """``(label, score)`` made to agree with the spans (the module docstring's invariant): a span above 0.5 (a hard
+    span) makes the label True and lifts the score to at least its probability; otherwise as given. ``spans``
+    are normalised (:func:`normalize_spans`)."""
+    top = max((s.prob for s in spans if s.prob > 0.5), default=None)
+    if top is None:
+        return label, score
+    return True, max(score, top)
+
+
+def display_marks(d: dict | Detection) -> list[dict]:
+    """What a reader highlights, decided in one place for the CLI's text view and the web page: runs of the answer
+    ``{"start", "end", "prob", "kind"}`` with ``kind`` ``"hallucinated"`` (a hard span, p > 0.5) or ``"possibly"``
+    (a marked run with 0 < p <= 0.5). When the detection has units, only a unit the detector doubts is "possibly":
+    a unit whose ``label`` says it is supported (``supported``, ``accurate``, ``correct``) and the characters
+    between units (spaces, punctuation) never are. Nothing is marked when the verdict is ``"unverifiable"``."""
+    d = d.to_dict() if isinstance(d, Detection) else d
+    if d.get("verdict") == "unverifiable":
+        return []
+    n = len(d.get("answer") or "")
+    units = d.get("units") or []
+    doubted = [not units] * n  # without units every marked character may be shown as possibly
+    for u in units:
+        if str(u.get("label", "")).lower() not in SUPPORTED_UNIT_LABELS:
+            for i in range(max(0, int(u.get("start", 0))), min(n, int(u.get("end", 0)))):
+                doubted[i] = True
+    hard = [False] * n
+    for a, b in d.get("hard_labels") or []:
+        for i in range(max(0, int(a)), min(n, int(b))):
+            hard[i] = True
+
+    def kind(i: int) -> str:
+        return "hallucinated" if hard[i] else "possibly" if doubted[i] else ""
+
+    out = []
+    for run in sorted(d.get("soft_labels") or [], key=lambda r: r["start"]):
+        a, b, p = max(0, int(run["start"])), min(n, int(run["end"])), float(run["prob"])
+        i = a
+        while i < b:  # split the run where what is shown changes
+            j = i + 1
+            while j < b and kind(j) == kind(i):
+                j += 1
+            if kind(i):
+                out.append({"start": i, "end": j, "prob": p, "kind": kind(i)})
+            i = j
+    return out
 
 
 def _offset(x: Any) -> int | None:

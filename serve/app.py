@@ -4,9 +4,13 @@ Endpoints (all JSON; the schema is at ``/openapi.json``, and the Swagger UI page
 offline from an installed copy of Swagger UI (:func:`swagger_assets`; off when none is installed))::
 
     POST /v1/detect          {answer, question?, context?, evidence?, lang?, task?, program?, version?, inputs?}
-                             -> Detection.to_dict() + {"counts", "counts_text" (contract.counts: hard/soft spans,
-                                units flagged, labelled), "artifact": {program, key, metric, version,
-                                content_hash}, "seconds"}
+                             -> Detection.to_dict() (with "verdict": hallucinated / correct / unverifiable and
+                                "verdict_reason") + {"counts", "counts_text" (contract.counts: hard/soft spans,
+                                units flagged, labelled), "marks" (contract.display_marks: what to highlight),
+                                "artifact": {program, key, metric, version, content_hash}, "seconds"}; with
+                                lang "auto" (or no lang when several languages are loaded) also "lang_auto":
+                                {lang, confidence, key}: the answer's language, identified offline
+                                (core/langid), and the artifact key chosen (``all`` when unsure or not loaded)
     POST /v1/detect/batch    {"items": [<detect request>, ...]} (at most Limits.max_batch items)
                              -> {"results": [{"ok": true, ...} | {"ok": false, "status", "error"}], ...}
     POST /v1/evidence        {filename, content_base64} (a TXT/Markdown/PDF/DOCX file, at most Limits.max_upload_bytes)
@@ -53,7 +57,7 @@ from starlette.concurrency import run_in_threadpool
 
 from halluscope import __version__
 from halluscope.artifacts.store import selection_score
-from halluscope.core.contract import Evidence, counts, describe_counts
+from halluscope.core.contract import Evidence, counts, describe_counts, display_marks
 from halluscope.artifacts.compiled import CompiledDetector, detect
 from halluscope.programs.registry import get as get_spec
 from halluscope.retrievers.files import ExtractionLimits
@@ -130,6 +134,32 @@ class LoadedDetector:
         }
 
 
+@dataclass(frozen=True)
+class _AutoChoice:
+    """A loaded detector chosen by ``lang: "auto"``, with what the identifier said."""
+
+    loaded: "LoadedDetector"
+    lang_auto: dict
+
+
+def _with_auto(ld, auto: dict) -> _AutoChoice:
+    return _AutoChoice(loaded=ld, lang_auto=auto)
+
+
+def auto_key(req, keys: list[str]) -> dict:
+    """``{"lang", "confidence", "key"}``: the language of the request's question and answer
+    (:func:`halluscope.core.langid.identify`) and the loaded language key that serves it: its own, else ``all``,
+    else (neither loaded) the only key when one is loaded; an :class:`ApiError` 422 naming the keys otherwise."""
+    from halluscope.core.langid import identify
+
+    code, conf = identify(f"{req.question or ''}\n{req.answer or ''}")
+    key = code if code in keys else "all" if "all" in keys else keys[0] if len(keys) == 1 else None
+    if key is None:
+        raise ApiError(422, f"lang auto: the answer's language is {code or 'unsure'} and no artifact for it or "
+                            f"for all is loaded ({', '.join(keys) or 'none'}); name one with lang")
+    return {"lang": code, "confidence": round(conf, 4), "key": key}
+
+
 def loaded(detector: CompiledDetector) -> LoadedDetector:
     spec = get_spec(detector.name)
     return LoadedDetector(detector=detector, uses_lm=spec.needs_lm(detector.manifest.get("program_options")),
@@ -163,7 +193,8 @@ def _request_models(limits: Limits):
             default_factory=list, max_length=limits.max_evidence_items,
             description="evidence passages, joined to the context: plain text, or {text, source, id} to say where "
                         "each came from (the page sends uploaded files as source 'file', id the file name)")
-        lang: str | None = Field(None, max_length=32, description="language (Mu-SHROOM code) of the artifact")
+        lang: str | None = Field(None, max_length=32, description="language (Mu-SHROOM code) of the artifact; "
+                                                                  "auto: the answer's language, identified offline")
         task: str | None = Field(None, max_length=32, description="HalluClean task of a response-level artifact")
         program: str | None = Field(None, max_length=64, description="program name (default: the only one loaded)")
         version: int | None = Field(None, ge=1, description="artifact version (default: the one loaded)")
@@ -348,6 +379,10 @@ def create_app(
             raise ApiError(422, "give lang or task, not both")
         key = req.task or req.lang
         keys = sorted({k for p, k, _ in table if p == program})
+        auto = None
+        if key == "auto" or (key is None and len([k for k in keys if k not in HALLUCLEAN_TASKS]) > 1):
+            auto = auto_key(req, [k for k in keys if k not in HALLUCLEAN_TASKS])
+            key = auto["key"]
         if key is None:
             if len(keys) > 1:
                 raise ApiError(422, f"lang: {program} is loaded for several languages/tasks ({', '.join(keys)}); "
@@ -363,7 +398,8 @@ def create_app(
         if version not in versions:
             raise ApiError(404, f"version {version} of {program}/{key} is not loaded; loaded: "
                                 f"{', '.join(f'v{v:04d}' for v in versions)}", loaded=loaded_list)
-        return table[(program, key, version)]
+        ld = table[(program, key, version)]
+        return ld if auto is None else _with_auto(ld, auto)
 
     def prepare(ld: LoadedDetector, req):
         """The detection call for ``req`` (checked inputs and evidence size), not yet run."""
@@ -396,6 +432,8 @@ def create_app(
     async def detect_one(req) -> dict:
         t0 = time.perf_counter()
         ld = choose(req)
+        auto = getattr(ld, "lang_auto", None)
+        ld = getattr(ld, "loaded", ld)
         call = prepare(ld, req)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limits.timeout_s
@@ -419,6 +457,7 @@ def create_app(
             raise ApiError(500, f"detection failed: {type(e).__name__}: {str(e)[:300]}")
         row = det.to_dict()
         return {**row, "counts": counts(row), "counts_text": describe_counts(counts(row)),
+                "marks": display_marks(row), **({"lang_auto": auto} if auto else {}),
                 "artifact": _artifact_ref(ld), "seconds": round(time.perf_counter() - t0, 4)}
 
     @app.post("/v1/detect", dependencies=[Depends(require_key)], summary="Detect hallucinated spans in one answer")

@@ -5,6 +5,10 @@ word at all (the response label "correct").
 Each case names what it checks (``kind``): numbers verbatim and in another format than the evidence (not
 flagged), a substituted name, place, number and date (flagged), a negation the evidence does not have
 (flagged), a paraphrased correct sentence and a fully correct answer (label correct).
+
+#34: every case is asked with and without its question and must get the same verdict both ways (a wrong answer
+labelled hallucinated, a correct one labelled correct with no word shown as doubtful); the answers of
+:data:`NO_EVIDENCE_CASES` come without evidence and must be unverifiable with nothing hard.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ FR_Q = "Quels prix Marie Curie a-t-elle reçus ?"
 ES_EVIDENCE = ("El río Amazonas tiene una longitud de unos 6.400 kilómetros y atraviesa Perú, Colombia y Brasil. "
                "Su cuenca ocupa una superficie de unos 7 millones de km². Desemboca en el océano Atlántico.")
 ES_Q = "¿Qué longitud tiene el río Amazonas?"
+
+GG_EVIDENCE = ("The Golden Gate Bridge is a suspension bridge spanning the Golden Gate strait in San Francisco, "
+               "California. It opened in 1937, and its main span is 1,280 metres long.")
+GG_Q = "When did the Golden Gate Bridge open?"
 
 #: (id, lang, kind, evidence, question, answer, flagged words, unflagged words, label_correct)
 CASES = [
@@ -59,6 +67,18 @@ CASES = [
     ("en-paraphrase", "en", "paraphrased correct sentence", EN_EVIDENCE, EN_Q,
      "The Eiffel Tower in Paris was built by the company of Gustave Eiffel from 1887 to 1889.",
      [], ["Paris", "Gustave", "1887"], True),
+    ("en-swap-city-year", "en", "substituted place", GG_EVIDENCE, GG_Q,
+     "The Golden Gate Bridge in Los Angeles opened in 1947.",
+     ["Los", "Angeles", "1947"], ["Golden", "Gate", "Bridge"], False),
+    ("en-gg-negation", "en", "negation flipped", GG_EVIDENCE, GG_Q,
+     "The Golden Gate Bridge did not open in 1937.",
+     ["not"], ["1937", "Golden"], False),
+    ("en-gg-date", "en", "substituted date", GG_EVIDENCE, GG_Q,
+     "The Golden Gate Bridge opened on 27 May 1947.",
+     ["1947"], ["Golden", "Bridge"], False),
+    ("en-gg-copied-numbers", "en", "numbers verbatim", GG_EVIDENCE, GG_Q,
+     "The Golden Gate Bridge in San Francisco opened in 1937, and its main span is 1,280 metres long.",
+     [], ["1937", "1,280", "San", "Francisco"], True),
     # German
     ("de-format", "de", "numbers format-variant", DE_EVIDENCE, DE_Q,
      "Die Gemeinde liegt etwa 56 Kilometer nordöstlich von Segovia und hat eine Fläche von 9.73 km².",
@@ -101,4 +121,13 @@ CASES = [
     ("es-correct", "es", "fully correct answer", ES_EVIDENCE, ES_Q,
      "El río Amazonas atraviesa Perú, Colombia y Brasil y desemboca en el océano Atlántico.",
      [], ["Brasil", "Atlántico"], True),
+]
+
+#: answers given without any evidence (#34): each must come out unverifiable, with nothing hard; (id, lang, question,
+#: answer)
+NO_EVIDENCE_CASES = [
+    ("en-no-evidence", "en", "What is the capital of France?", "Paris is the capital of France."),
+    ("en-no-evidence-wrong", "en", "", "The Golden Gate Bridge in Los Angeles opened in 1947."),
+    ("de-no-evidence", "de", "", "Berlin ist die Hauptstadt von Deutschland."),
+    ("fr-no-evidence", "fr", "Où est né Marie Curie ?", "Marie Curie est née à Varsovie en 1867."),
 ]

@@ -363,6 +363,8 @@ def test_detection_to_dict_contents():
         "hard_labels": [[b, b + 9]],
         "label": True,
         "score": 0.9,
+        "verdict": "hallucinated",
+        "verdict_reason": "1 span the detector stands behind (p > 0.5)",
         "units": [{"kind": "sentence", "start": 0, "end": len(ANSWER), "text": ANSWER, "label": "contradiction",
                    "score": 0.9, "rationale": "r"}],
         "rationale": "wrong city",
@@ -410,6 +412,8 @@ def test_detection_round_trip_through_dict_and_json():
 def test_detection_from_dict_minimal_and_defaults():
     d = Detection.from_dict({"answer": "hello", "spans": [{"start": 1, "end": 3}]})
     assert d.spans == [Span(1, 3, 1.0)]  # missing prob -> 1.0
+    assert d.label is True and d.score == 1.0  # a hard span settles the verdict (one verdict per output)
+    d = Detection.from_dict({"answer": "hello", "spans": [{"start": 1, "end": 3, "prob": 0.4}]})
     assert d.label is False and d.score == 0.0 and d.units == [] and d.failures == {}
     assert d.revision is None and d.rationale == ""
     # label coerced to bool, score clamped
@@ -488,3 +492,46 @@ def test_to_dict_carries_every_field_of_units_and_evidence():
     e = Evidence(text="Paris is in France.", source="kb", id="doc-1", score=2.5)
     assert u.to_dict() == asdict(u) and list(u.to_dict()) == list(asdict(u))
     assert e.to_dict() == asdict(e) and list(e.to_dict()) == list(asdict(e))
+
+
+# -- one verdict per output (#34) ----------------------------------------------------------------------------
+
+def test_a_hard_span_makes_the_label_hallucinated_and_lifts_the_score():
+    d = Detection(answer=ANSWER, spans=[_span("Barcelona", 0.8)], label=False, score=0.2)
+    assert d.label is True and d.score == 0.8 and d.verdict == "hallucinated"
+    assert "1 span" in d.verdict_reason
+
+
+def test_soft_spans_leave_the_label_as_the_program_decided():
+    d = Detection(answer=ANSWER, spans=[_span("Barcelona", 0.5)], label=False, score=0.3)
+    assert d.label is False and d.score == 0.3 and d.hard_labels == []
+    d = Detection(answer=ANSWER, label=True, score=0.9)
+    assert d.label is True and d.score == 0.9
+
+
+def test_no_evidence_and_no_label_is_unverifiable():
+    d = Detection(answer=ANSWER, notes={"no_evidence": 1})
+    assert d.verdict == "unverifiable" and "no evidence" in d.verdict_reason
+    assert d.to_dict()["verdict"] == "unverifiable"
+    # with a passage it is a checked verdict; labelled, it is hallucinated whatever the evidence
+    assert Detection(answer=ANSWER, notes={"no_evidence": 1}, evidence=[Evidence("x")]).verdict == "correct"
+    assert Detection(answer=ANSWER, label=True, score=0.9, notes={"no_evidence": 1}).verdict == "hallucinated"
+
+
+def test_display_marks_never_show_a_supported_unit_as_doubtful():
+    from halluscope.core.contract import display_marks
+
+    a = "Built in 1937 in Rome."
+    i, r = a.index("1937"), a.index("Rome")
+    d = Detection(answer=a, spans=[Span(i, i + 4, 0.45), Span(r, r + 4, 0.9), Span(0, 5, 0.3)],
+                  units=[Unit("word", 0, 5, "Built", "neutral", 0.3), Unit("num", i, i + 4, "1937", "supported", 0.45),
+                         Unit("word", r, r + 4, "Rome", "unsupported", 0.9)])
+    marks = display_marks(d)
+    assert {(m["start"], m["end"], m["kind"]) for m in marks} == {(r, r + 4, "hallucinated"), (0, 5, "possibly")}
+    # a space between units with a probability of its own is not shown either
+    d = Detection(answer=a, spans=[Span(5, 6, 0.4)], units=[Unit("word", 0, 5, "Built", "supported", 0.1)])
+    assert display_marks(d) == []
+    # without units, the soft runs are what there is to show
+    assert [m["kind"] for m in display_marks(Detection(answer=a, spans=[Span(0, 5, 0.3)]))] == ["possibly"]
+    unverifiable = Detection(answer=a, spans=[Span(0, 5, 0.3)], notes={"no_evidence": 1}).to_dict()
+    assert display_marks(unverifiable) == []

@@ -288,7 +288,7 @@ def test_cli_refuses_lang_for_a_dataset_that_does_not_use_it(capsys):
     assert "argument --lang: invalid choice: 'qa' for --dataset mushroom" in err
     err = _usage_error(capsys, ["detect", "--dataset", "mushroom", "--task", "qa", "--answer", "x"])
     assert "--dataset mushroom does not use --task" in err
-    err = _usage_error(capsys, ["detect", "--answer", "x"])
+    err = _usage_error(capsys, ["detect", "--list"])  # without --list, --lang auto is the default (#34)
     assert "give --lang LANG or --task TASK" in err
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from halluscope.cli import main
 from halluscope.cli.render import choose_format, marked_answer, render_detection, verdict_text
-from halluscope.core.contract import Detection, Evidence, Span, Unit
+from halluscope.core.contract import Detection, Evidence, Span, Unit, display_marks
 
 ANSWER = "The capital of Spain is Barcelona, founded in 1492."
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -22,20 +22,24 @@ def _row(answer: str = ANSWER) -> dict:
     b, y = answer.index("Barcelona"), answer.index("1492")
     det = Detection(answer=answer, spans=[Span(b, b + 9, 0.9), Span(y, y + 4, 0.3)], label=True, score=0.9,
                     units=[Unit("word", b, b + 9, "Barcelona", "unsupported", 0.9, "not in the evidence"),
-                           Unit("num", y, y + 4, "1492", "supported", 0.3)],
+                           Unit("num", y, y + 4, "1492", "doubtful", 0.3)],
                     notes={"no_logits": 1}, evidence=[Evidence("Madrid is the capital.", "context")])
     return {"id": "answer", "ok": True, **det.to_dict()}
 
 
 def test_brackets_mark_hard_and_soft_spans_without_colour():
     row = _row()
-    text = marked_answer(row["answer"], row["soft_labels"], row["hard_labels"], colour=False).plain
+    text = marked_answer(row["answer"], display_marks(row), colour=False).plain
     assert text == "The capital of Spain is [[Barcelona]], founded in {{1492}}."
+    # #34: a unit the detector calls supported is never shown as doubtful, whatever its probability
+    row["units"][1]["label"] = "supported"
+    assert marked_answer(row["answer"], display_marks(row), colour=False).plain == \
+        "The capital of Spain is [[Barcelona]], founded in 1492."
 
 
 def test_colour_marks_spans_by_probability_and_keeps_the_answer_whole():
     row = _row()
-    text = marked_answer(row["answer"], row["soft_labels"], row["hard_labels"], colour=True)
+    text = marked_answer(row["answer"], display_marks(row), colour=True)
     assert text.plain == ANSWER
     styles = {ANSWER[s.start:s.end]: str(s.style) for s in text.spans}
     assert "red" in styles["Barcelona"] and "yellow" in styles["1492"]
@@ -53,8 +57,21 @@ def test_the_verdict_never_says_no_hallucination_above_flagged_spans():
     assert verdict_text(row) == "likely correct overall (response level), but 1 span flagged: check it"
     assert "no hallucination found" not in _render(row, width=200)
     assert verdict_text({**row, "hard_labels": [[0, 1], [2, 3]]}).endswith("but 2 spans flagged: check them")
-    assert verdict_text({**row, "hard_labels": []}) == "no hallucination found"
+    assert verdict_text({**row, "hard_labels": [], "soft_labels": []}) == "no hallucination found"
     assert verdict_text({**row, "label": True}) == "HALLUCINATED"
+
+
+def test_the_verdict_says_cannot_verify_without_evidence_and_doubtful_parts_when_correct():
+    det = Detection(answer="Paris is the capital of France.", label=False, score=0.5, notes={"no_evidence": 1})
+    row = {"id": "a", "ok": True, **det.to_dict()}
+    assert verdict_text(row).startswith("CANNOT VERIFY: no evidence was given")
+    out = _render(row, width=200)
+    assert "CANNOT VERIFY" in out and "[[" not in out and "{{" not in out
+    det = Detection(answer=ANSWER, spans=[Span(24, 33, 0.5)], label=False, score=0.2,
+                    units=[Unit("word", 24, 33, "Barcelona", "doubtful", 0.5)], evidence=[Evidence("x")])
+    row = {"id": "a", "ok": True, **det.to_dict()}
+    assert verdict_text(row) == "no hallucination found; 1 doubtful part marked: check it"
+    assert "{{Barcelona}}" in _render(row, width=200)
 
 
 def test_text_view_off_a_terminal_has_no_escape_codes_and_says_everything():

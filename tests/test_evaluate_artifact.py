@@ -92,3 +92,30 @@ def test_a_tampered_or_missing_artifact_is_refused_in_one_line(tmp_path, capsys)
         err = capsys.readouterr().err
         assert e.value.code == 2 and words in err and "Traceback" not in err, (argv, err)
         assert len([ln for ln in err.splitlines() if "error" in ln]) == 1
+
+
+def _mushroom_file(path: Path, ids: list[str]) -> Path:
+    rows = [{"id": i, "lang": "EN", "model_input": "What did Petra van Staveren win a gold medal for?",
+             "model_output_text": "Petra van Stoveren won a silver medal in the 2008 Summer Olympics in Beijing.",
+             "model_id": "m", "soft_labels": [{"start": 25, "end": 31, "prob": 0.9}], "hard_labels": [[25, 31]]}
+            for i in ids]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_evaluate_artifact_warns_when_the_items_are_those_it_was_fitted_on(tmp_path, capsys):
+    """#34: the served English artifact was compiled on val-en-1..50; scoring those items says so, with the
+    cross-validated score beside; other items do not warn. --context none scores the words without evidence."""
+    common = ["--artifact", "--program", "grounded", "--lang", "en", "--compiled-dir", str(COMPILED), "--context",
+              "none", "--no-progress", "--no-mlflow"]
+    data = _mushroom_file(tmp_path / "fitted.jsonl", ["val-en-1", "val-en-2", "other-1"])
+    assert cli_main(["evaluate", *common, "--data-dir", str(data), "--out-dir", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: in-sample scores: 2 of 3 scored items are items it was compiled on" in err
+    assert "its cross-validated iou is 0.3" in err and "(5 folds)" in err
+    assert "scoring the words without evidence" in err
+    preds = [json.loads(x) for x in next((tmp_path / "a").rglob("*.predictions.jsonl")).read_text().splitlines()]
+    assert all(p["units"] and p["verdict"] != "unverifiable" for p in preds)  # words scored, as the protocol asks
+    data = _mushroom_file(tmp_path / "new.jsonl", ["new-1", "new-2"])
+    assert cli_main(["evaluate", *common, "--data-dir", str(data), "--out-dir", str(tmp_path / "b")]) == 0
+    assert "in-sample" not in capsys.readouterr().err

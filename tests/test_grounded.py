@@ -200,7 +200,7 @@ def test_gen_features_leave_out_and_count_nonfinite_logits():
 
 def test_grounded_detector_uses_string_encoded_and_unequal_logits(tmp_path):
     """The whole detector: string-encoded lists feed the generator-logit features instead of failing."""
-    prog = get("grounded").make(lm=False)
+    prog = get("grounded").make(lm=False, evidence_free=True)  # no context: the words are scored all the same
     base = prog(answer=ANSWER, question="", context="", model_output_tokens=TOKENS, model_output_logits=LOGITS)
     enc = prog(answer=ANSWER, question="", context="", model_output_tokens=json.dumps(TOKENS),
                model_output_logits=json.dumps(LOGITS + [0.0]))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from halluscope.artifacts.store import list_versions, load_compiled
-from tests.grounded_cases import CASES
+from halluscope.core.contract import display_marks
+from tests.grounded_cases import CASES, NO_EVIDENCE_CASES
 
 
 def flagged_words(pred, answer: str) -> set[str]:
@@ -20,15 +21,26 @@ def flagged_words(pred, answer: str) -> set[str]:
     return {u["text"] for u in pred.units if any(i in marked for i in range(u["start"], u["end"]))}
 
 
-def case_problems(detector, case) -> list[str]:
-    """What ``detector`` gets wrong on ``case`` (empty: it passes)."""
-    cid, lang, kind, evidence, question, answer, flag, keep, correct = case
-    pred = detector(question=question, answer=answer, context=evidence, lang=lang)
+def case_problems(detector, case, question: str | None = None, keep_words: bool = True) -> list[str]:
+    """What ``detector`` gets wrong on ``case`` (empty: it passes), asked with the case's question or, given,
+    ``question`` ("" = without one); ``keep_words`` False: the words a wrong answer must not flag are not checked
+    (without the question a word may lose the support the question gave it: the verdict must hold, not each word)."""
+    cid, lang, kind, evidence, q, answer, flag, keep, correct = case
+    pred = detector(question=q if question is None else question, answer=answer, context=evidence, lang=lang)
     got = flagged_words(pred, answer)
     problems = [f"{w!r} not flagged" for w in flag if w not in got]
-    problems += [f"{w!r} flagged" for w in keep if w in got]
+    problems += [f"{w!r} flagged" for w in keep if w in got and (keep_words or correct)]
     if correct and (got or pred.label):
         problems.append(f"label should be correct, flagged {sorted(got)}")
+    if not correct and not pred.label:
+        problems.append("label should be hallucinated")
+    if bool(pred.label) != (pred.score > 0.5) or (pred.hard_labels and not pred.label):
+        problems.append(f"verdict disagrees with itself: label {pred.label}, score {pred.score}, {pred.hard_labels}")
+    row = pred.detection.to_dict()
+    doubted = {answer[m["start"]:m["end"]].strip() for m in display_marks(row)}
+    shown = [w for w in keep if any(w in t for t in doubted)]
+    if correct and shown:
+        problems.append(f"shown as doubtful on a correct answer: {shown}")
     return problems
 
 
@@ -53,6 +65,24 @@ def test_served_artifact_on_hand_written_case(case):
     det = loaded(case[1], newest=False)
     assert "al_verb" in det.features, f"the served grounded/{case[1]} artifact has no #19 signals"
     assert case_problems(det, case) == []
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_served_artifact_without_the_question_gives_the_same_verdict(case):
+    det = loaded(case[1], newest=False)
+    assert case_problems(det, case, question="", keep_words=False) == []
+    with_q = det(question=case[4], answer=case[5], context=case[3], lang=case[1]).label
+    without = det(question="", answer=case[5], context=case[3], lang=case[1]).label
+    assert with_q == without
+
+
+@pytest.mark.parametrize("case", NO_EVIDENCE_CASES, ids=[c[0] for c in NO_EVIDENCE_CASES])
+def test_served_artifact_without_evidence_says_unverifiable_and_paints_nothing(case):
+    cid, lang, question, answer = case
+    pred = loaded(lang, newest=False)(question=question, answer=answer, context="", lang=lang)
+    row = pred.detection.to_dict()
+    assert row["verdict"] == "unverifiable" and row["label"] is False and row["hard_labels"] == []
+    assert display_marks(row) == [] and "no evidence" in row["verdict_reason"]
 
 
 def test_the_suite_covers_what_issue_19_asks():

@@ -86,8 +86,11 @@ def test_an_answer_whose_content_units_are_all_supported_is_labelled_correct():
     m.threshold = 0.3  # low enough that the unsupported function words cross it
     ctx = "Paris capital France. The city has museums."
     pred = m(answer="Paris is the capital of France", context=ctx, question="")
-    flagged = [u for u in pred.units if u["label"] == "unsupported"]
-    assert flagged and {u["text"] for u in flagged} <= {"is", "the", "of"}  # only function words
+    # the unsupported function words crossed the unit threshold, but with every content unit supported they are no
+    # claim the detector stands behind (#34): held at 0.5, no hard span, label correct
+    by = {u["text"]: u["score"] for u in pred.units}
+    assert max(by["is"], by["the"], by["of"]) == 0.5 and by["Paris"] < 0.5
+    assert pred.hard_labels == [] and all(u["label"] == "supported" for u in pred.units)
     assert pred.label is False and pred.score <= 0.5
     wrong = m(answer="Lyon is the capital of France", context=ctx, question="")
     assert wrong.label is True  # a content unit (Lyon) lacks support

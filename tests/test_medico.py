@@ -543,3 +543,13 @@ def test_optimize_py_with_an_optimizer_bootstraps_detect_demos_then_fits_the_ens
         assert art.program.detect.demos and art.program.combiner == state["combiner"]
         assert "compiled = BootstrapFewShot" in captured.out and "then fit" in captured.out
         assert "weights" in art.manifest["final"]
+
+
+def test_label_agrees_with_the_score_when_the_verdict_is_read_with_a_low_likelihood():
+    """#34: a "True" verdict whose token probability is 0.36 is not labelled hallucinated beside a score of 0.36;
+    no span is shown for it either (the spans are the rationale's quotes of a labelled answer)."""
+    pred = run(get("medico").make(correct=False), _logprob_lm(0.36))
+    assert pred.likelihood == "logprobs" and pred.score == pytest.approx(0.36, abs=1e-6)
+    assert pred.label is False and pred.hard_labels == [] and pred.detection.verdict == "correct"
+    pred = run(get("medico").make(correct=False), _logprob_lm(0.64))
+    assert pred.label is True and pred.score > 0.5

@@ -99,7 +99,7 @@ def test_page_and_static_files_are_served_with_a_strict_csp(client):
     ({"answer": "x", "program": "nope"}, 404, ["'nope'", "mark-all/de/v0001"]),
     ({"answer": "x", "lang": "de", "version": 7}, 404, ["version 7", "v0001"]),
     ({"answer": "x", "lang": "de", "version": 0}, 422, ["version"]),
-    ({"answer": "x"}, 422, ["lang", "several"]),
+    ({"answer": "x"}, 422, ["lang auto", "unsure", "de, en"]),  # several loaded, none for "all": say so
     ({"answer": "x", "lang": "de", "inputs": {"model_output_logits": [1]}}, 422, ["model_output_logits"]),
 ])
 def test_bad_requests_are_4xx_naming_the_problem(client, payload, status, words):
@@ -546,3 +546,22 @@ def test_workers_share_the_port_and_stop_together(tmp_path):
             return False
 
     assert [p for p in children if alive(p)] == []
+
+
+def test_lang_auto_picks_the_loaded_artifact_of_the_answers_language(client):
+    """#34: lang "auto" (and no lang with several languages loaded) serves the answer's language."""
+    for payload in ({"answer": "Die Hauptstadt von Australien ist Sydney.", "lang": "auto"},
+                    {"answer": "Die Hauptstadt von Australien ist Sydney."}):
+        r = client.post("/v1/detect", json=payload)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["lang_auto"]["lang"] == "de" and body["lang_auto"]["key"] == "de"
+        assert body["artifact"]["key"] == "de" and body["lang_auto"]["confidence"] > 0.5
+    body = client.post("/v1/detect", json={"answer": "The capital of Australia is Sydney.", "lang": "en"}).json()
+    assert "lang_auto" not in body  # a named language is served as named
+
+
+def test_detect_carries_the_verdict_and_what_to_mark(client):
+    body = client.post("/v1/detect", json={"answer": ANSWER, "lang": "de"}).json()
+    assert body["verdict"] == "hallucinated" and "span" in body["verdict_reason"]
+    assert body["marks"] == [{"start": 0, "end": len(ANSWER), "prob": 1.0, "kind": "hallucinated"}]

@@ -216,7 +216,7 @@ def test_page_is_keyboard_usable_with_the_scripted_lm(browser, server):
     browser.switch_to.active_element.send_keys(Keys.TAB)
     focused = browser.switch_to.active_element
     assert focused.tag_name == "mark" and focused.text == "Bonn"
-    assert focused.get_attribute("aria-label").startswith("possibly hallucinated, probability 0.80")
+    assert focused.get_attribute("aria-label").startswith("hallucinated, probability 0.80")
     assert browser.find_element(By.ID, "units-box").get_property("hidden") is True
     assert browser.find_element(By.ID, "revision-box").get_property("hidden") is True
     browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
@@ -280,3 +280,52 @@ def test_page_summary_counts_what_the_cli_counts(browser, server):
     summary = browser.find_element(By.ID, "summary").text
     # the same labelled line as `halluscope detect --format text` (contract.describe_counts)
     assert "1 hallucinated span (p > 0.5) · 2 marked spans (p > 0) · 1 of 2 units flagged (p > 0.5)" in summary
+
+
+@pytest.fixture(scope="module")
+def grounded_server():
+    """The committed grounded artifacts for German and English, as `halluscope serve --lang de --lang en` serves
+    them: the page's default is the answer's language (#34)."""
+    from halluscope.artifacts.store import load_compiled
+
+    detectors = [load_compiled("grounded", lang=lang, metric="iou") for lang in ("de", "en")]
+    app = create_app(detectors)
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    # the first auto request loads the language identifier's model (seconds): not inside the page's waits
+    httpx.post(base + "/v1/detect", json={"answer": "Warm up the identifier, please.", "lang": "auto",
+                                          "context": "Warm up."}, timeout=120)
+    yield base
+    srv.should_exit = True
+    thread.join(10)
+
+
+def test_page_defaults_to_the_answers_language_and_says_cannot_verify_without_evidence(browser, grounded_server):
+    browser.get(grounded_server + "/")
+    WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#artifact option")) == 3)
+    assert browser.find_element(By.ID, "artifact").get_property("value") == "auto"
+    answer = browser.find_element(By.ID, "answer")
+    answer.clear()
+    answer.send_keys("The Golden Gate Bridge in Los Angeles opened in 1947.")
+    browser.find_element(By.ID, "evidence").send_keys("The Golden Gate Bridge in San Francisco opened in 1937.")
+    browser.find_element(By.ID, "submit").click()
+    _wait_result(browser)
+    assert browser.find_element(By.ID, "summary").text.startswith("Hallucination detected")
+    assert "grounded en iou" in browser.find_element(By.ID, "provenance").text
+    assert "language en (auto" in browser.find_element(By.ID, "provenance").text
+    browser.find_element(By.ID, "evidence").clear()
+    answer.clear()
+    answer.send_keys("Paris is the capital of France.")
+    browser.find_element(By.ID, "submit").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_element(By.ID, "summary").text.startswith("Cannot verify"))
+    assert "no evidence" in browser.find_element(By.ID, "summary").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#highlighted mark.span") == []

@@ -43,6 +43,7 @@ register(ProgramSpec(
     extra_inputs=("model_output_tokens", "model_output_logits"),
     fit=fit_grounded,
     lm_when=lambda options: bool(str(options.get("detectors") or "").strip()),
+    load_options=("evidence_free",),
     option_types={"lm_model": text(what="a GGUF file path, or \"\" for the embedded model", check=_lm_model_problem),
                   "lm_evidence_tokens": whole(0), "lm_item_tokens": whole(0), "window": whole(0),
                   "l2": number(0, lo_open=True), "head_l2": number(0, lo_open=True), "aggregate": text("max", "top3"),

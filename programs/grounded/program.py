@@ -21,8 +21,9 @@ from halluscope.programs.grounded.features import (GEN, HIDDEN, LM, NUMBERS, _wi
 from halluscope.programs.grounded.frames import TRAIN_FRAMES, framed_examples
 from halluscope.programs.grounded.hidden import HiddenScorer, Probe, RidgeStats, oof_probe_scores
 from halluscope.programs.grounded.lmscore import LMScorer
-from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, ResponseHead, content_mask, fit_head,
-                                                   response_feature_names, response_features, units_decision)
+from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, QUESTION_COLUMNS, ResponseHead,
+                                                   _sentences, content_mask, fit_head, response_feature_names,
+                                                   response_features, units_decision)
 from halluscope.programs.grounded.respsig import (RESP_HS, RESP_HS_EVIDENCE_TOKENS, RESP_HS_ITEM_TOKENS,
                                                    RESP_LM_EVIDENCE_TOKENS, RESP_LM_ITEM_TOKENS, RESP_NOTES,
                                                    hs_response_features, resp_feature_names, response_signals)
@@ -49,6 +50,8 @@ def parse_detectors(spec: str) -> list[str]:
     return names
 
 STATE_KEY = "grounded"
+#: the languages a response head decides a longer answer in (#34): those of its training answers (HalluClean)
+HEAD_LANGS = frozenset({"en"})
 #: what the features record when an optional input is absent or handled by a defined fallback: reported as the
 #: contract's ``notes``, not as failures (plain text without generator logits, an answer without context, evidence
 #: cut to its most related sentences or in another script than the answer, the sentence encoder not installed)
@@ -178,7 +181,30 @@ class GroundedDetector(dspy.Module):
             units of the response level.
         head_frame_weight: the fit weight of one framed answer of ``head_frames`` (0.15: heavier frames clear more
             correct sentences and cost more summarization recall, BENCHMARKS.md "Correct long answers").
+        evidence_free: score the words of an answer that comes without evidence (no context, no retrieved passage),
+            as Mu-SHROOM's ``--context none`` protocol does. Off (the default), such an answer is reported as
+            unverifiable (#34): no word is painted, the label is "not hallucinated", the score 0.5 and the note
+            ``no_evidence`` says why. A program fitted on items that all lack evidence turns it on (its state
+            records it).
     """
+
+    #: #34: with no content unit above the threshold, the other units are held at 0.5 (no hard span); off only to
+    #: measure what that costs (scripts/bench_verdicts.py)
+    hold_non_content = True
+    #: #34: with a response head, the head decides the label of an English answer of several sentences: one it
+    #: judges correct keeps no hard span (its units above the unit threshold are held at 0.5 and labelled
+    #: "doubtful"); in a one-sentence answer, and in another language than the head's (:data:`HEAD_LANGS`: it was
+    #: fitted on English HalluClean answers), the flagged units decide (a substituted name, number or date, a
+    #: flipped negation: the head misses such answers without a question). Off only to measure the cost.
+    head_decides = True
+    #: #34 (measured, off): with ``rules``, every unit verbatim in its aligned evidence sentence and in the evidence
+    #: (not only the units of a fully supported sentence) stays below the threshold
+    verbatim_supported = False
+    #: #34: in a one-sentence answer the flagged units decide the label (with ``head_decides``); off only to measure
+    one_sentence_decides = True
+    #: #34: the response head reads no column that measures the question (:data:`.response.QUESTION_COLUMNS`):
+    #: they are set to the head's training mean, so the verdict does not swing on whether a question was given
+    question_blind = False
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
@@ -192,7 +218,7 @@ class GroundedDetector(dspy.Module):
                  hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0, fit_units: bool = True,
                  resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
                  resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
-                 head_frame_weight: float = 0.15):
+                 head_frame_weight: float = 0.15, evidence_free: bool = False):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -244,6 +270,7 @@ class GroundedDetector(dspy.Module):
             raise ValueError(f"head_frame_weight must be > 0, not {head_frame_weight!r}")
         self.head_features, self.head_frames, self.head_frame_weight = head_features, bool(head_frames), float(head_frame_weight)
         self.use_resp_hs = bool(resp_hs)
+        self.evidence_free = bool(evidence_free)
         self._resp_scorer = self._resp_hidden = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
         self.combiner = hand_set_combiner(self.features)
@@ -427,10 +454,16 @@ class GroundedDetector(dspy.Module):
     def forward(self, question: str = "", answer: str = "", lang: str = "en", context: str = "", task: str = "",
                 model_output_tokens=None, model_output_logits=None, **_):
         answer = answer if isinstance(answer, str) else ("" if answer is None else str(answer))
+        evidence = [Evidence(text=context, source="context")] if (context or "").strip() else []
         feats, probs = self.unit_probs(question=question, answer=answer, context=context, lang=lang,
                                        model_output_tokens=model_output_tokens, model_output_logits=model_output_logits)
         failures, notes = split_notes(feats.failures)
-        evidence = [Evidence(text=context, source="context")] if (context or "").strip() else []
+        if not evidence and not self.evidence_free and answer.strip():  # #34: nothing to check it against
+            notes["no_evidence"] = 1  # (the features still say what was wrong with the inputs given: failures)
+            return to_prediction(Detection(
+                answer=answer, label=False, score=0.5, failures=failures, notes=notes,
+                rationale="cannot verify: no evidence was given (no context, retriever or files), so no word is "
+                          "scored; give a context or passages, or -O evidence_free=true to score the words anyway"))
         if not feats.units:
             if answer.strip():
                 failures["no_units"] = 1
@@ -442,7 +475,45 @@ class GroundedDetector(dspy.Module):
             probs = np.where(bad, 0.0, probs)
         scaled = [rescale(float(p), self.threshold, self.floor) for p in probs]
         if self.use_rules:
-            scaled = apply_rules(scaled, feats.X, self.features, sentences=self.rules_mode != "numbers")
+            scaled = apply_rules(scaled, feats.X, self.features, sentences=self.rules_mode != "numbers",
+                                 verbatim=self.verbatim_supported and self.rules_mode != "numbers")
+        content = self.content(feats)
+        if self.hold_non_content and content.any() and not any(s > 0.5 for s, c in zip(scaled, content) if c):
+            # a function word alone is no claim the detector stands behind (#34): with every content unit at or
+            # below the threshold, no other unit is a hard span either (it would contradict the label)
+            scaled = [s if c else min(s, 0.5) for s, c in zip(scaled, content)]
+        doubtful: set[int] = set()
+        if self.head is not None:
+            row = self.response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
+                                    notes=notes)
+            if self.question_blind:
+                row = self.head_blind_row(row)
+            p = float(self.head.predict(row)[0])
+            score = rescale(p, self.head.threshold)
+            why = (f"response head {score:.3f} (p={p:.3f} against its threshold {self.head.threshold:.3f}, rescaled "
+                   f"to 0.5; fitted on {self.head.info.get('data', 'response labels')})")
+            above = [k for k, s in enumerate(scaled) if s > 0.5]
+            one_sentence = len(_sentences(answer, feats.units)) <= 1
+            own_lang = (lang or "en").lower().split("-")[0] in HEAD_LANGS
+            if score <= 0.5 and above and self.head_decides and not (one_sentence and self.one_sentence_decides) \
+                    and own_lang:
+                # a longer answer the head judged correct: a unit above the unit threshold is doubtful, not a claim
+                # the detector stands behind (#34: no hard span under a "correct" label); it stays marked at 0.5
+                doubtful = set(above)
+                scaled = [min(s, 0.5) for s in scaled]
+                why += f"; {len(doubtful)} unit(s) above the unit threshold held at 0.5 (doubtful)"
+            elif score <= 0.5 and above:
+                which = ("a one-sentence answer" if one_sentence
+                         else "an answer not in English (the head was fitted on English answers)")
+                why += (f"; {which} is checked against its evidence word by word: its {len(above)} flagged "
+                        f"unit(s) decide the label")
+        elif self.aggregate == "max":
+            score = units_decision(scaled, content)
+            why = f"response = the highest of {int(content.sum())} content units ({score:.3f})"
+        else:
+            top = sorted(np.asarray(scaled)[content] if content.any() else scaled, reverse=True)
+            score = float(np.mean(top[:3]))
+            why = f"response = the mean of the 3 highest content units ({score:.3f})"
         spans_u = [(u.start, u.end) for u in feats.units]
         cp = char_probs(len(answer), spans_u, scaled)
         spans, i, n = [], 0, len(cp)
@@ -453,27 +524,20 @@ class GroundedDetector(dspy.Module):
             if cp[i] > 0:
                 spans.append(Span(i, j, round(float(cp[i]), 6)))
             i = j
-        content = self.content(feats)
-        if self.head is not None:
-            row = self.response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
-                                    notes=notes)
-            p = float(self.head.predict(row)[0])
-            score = rescale(p, self.head.threshold)
-            why = (f"; response head: p={p:.3f} vs its threshold {self.head.threshold:.3f} "
-                   f"(fitted on {self.head.info.get('data', 'response labels')})")
-        elif self.aggregate == "max":
-            score, why = units_decision(scaled, content), f"; response = the highest of {int(content.sum())} content units"
-        else:
-            top = sorted(np.asarray(scaled)[content] if content.any() else scaled, reverse=True)
-            score, why = float(np.mean(top[:3])), "; response = the mean of the 3 highest content units"
+        # one number decides a unit, its span and its label: the probability as the span carries it
+        unit_p = [round(float(s), 6) for s in scaled]
         units = [Unit(kind=u.kind, start=u.start, end=u.end, text=u.text,
-                      label="unsupported" if s > 0.5 else "supported", score=round(s, 6))
-                 for u, s in zip(feats.units, scaled)]
+                      label="unsupported" if s > 0.5 else "doubtful" if k in doubtful else "supported", score=s)
+                 for k, (u, s) in enumerate(zip(feats.units, unit_p))]
+        flagged = sum(s > 0.5 for s in unit_p)
         det = Detection(answer=answer, spans=spans, label=score > 0.5, score=score, units=units, failures=failures,
-                        notes=notes, evidence=evidence,
-                        rationale=f"{sum(s > 0.5 for s in scaled)} of {len(scaled)} units above the threshold "
-                                  f"{self.threshold:.3f} ({'fitted' if self.fitted else 'hand-set weights'}){why}; "
-                                  f"signals used: {', '.join(feats.signals + self.resp_signals_used(notes)) or 'none'}")
+                        notes=notes, evidence=evidence)
+        if det.label and score <= 0.5:  # the contract's invariant: a unit the detector stands behind decides
+            why += f"; {len(det.hard_labels)} flagged span(s) decide the label, so the score is {det.score:.3f}"
+        det.rationale = (f"{flagged} of {len(unit_p)} units flagged (p > 0.5; the unit threshold "
+                         f"{self.threshold:.3f} is rescaled to 0.5; {'fitted' if self.fitted else 'hand-set weights'})"
+                         f"; {why}; signals used: "
+                         f"{', '.join(feats.signals + self.resp_signals_used(notes)) or 'none'}")
         return to_prediction(det)
 
     # -- the response level (issue #19) -----------------------------------------------------------------
@@ -490,6 +554,20 @@ class GroundedDetector(dspy.Module):
     def response_features(self) -> list[str]:
         return response_feature_names(self.features, self.head_unit_stats, self.head_features) + resp_feature_names(
             self.use_resp_lm, self.use_resp_sim, self.use_resp_cov, self.use_resp_hs)
+
+    def head_blind_row(self, row: np.ndarray) -> np.ndarray:
+        """``row`` with the head's question columns (:data:`.response.QUESTION_COLUMNS`) set to the head's training
+        means: standardised, they are 0 and add nothing, with a question or without one (#34)."""
+        names = self.response_features
+        cols = [names.index(c) for c in QUESTION_COLUMNS if c in names]
+        mean = getattr(self.head.model, "mean", None) if self.head is not None else None
+        if not cols or mean is None:
+            return row
+        row = np.array(row, dtype=float, copy=True)
+        for j in cols:
+            if j < len(mean):
+                row[j] = float(mean[j])
+        return row
 
     def resp_signals_used(self, notes: dict) -> list[str]:
         """The response-head signals (:mod:`.respsig`) that had data for an answer, for the rationale."""
@@ -565,6 +643,7 @@ class GroundedDetector(dspy.Module):
             "idf": self.idf_table.to_dict(),
             "fitted": json.loads(json.dumps(self.fitted, default=float)),
             "detectors": list(self.detector_names),
+            **({"evidence_free": True} if self.evidence_free else {}),
             **({"hidden": {"model": self.hidden_model, "item_tokens": self.hidden_item_tokens,
                            "evidence_tokens": self.hidden_evidence_tokens, "probe": self.probe.to_dict()}}
                if "hs_missing" in self.features else {}),
@@ -612,6 +691,7 @@ class GroundedDetector(dspy.Module):
         self.combiner, self.threshold, self.floor, self.head = comb, threshold, floor, head
         self.idf_table = IdfTable.from_dict(st.get("idf") or {})
         self.fitted = dict(st.get("fitted") or {})
+        self.evidence_free = self.evidence_free or bool(st.get("evidence_free", False))
         saved = list(st.get("detectors") or [])
         if saved != self.detector_names:
             raise ValueError(f"grounded: the state's detectors {saved} differ from this program's "
@@ -624,8 +704,16 @@ class GroundedDetector(dspy.Module):
         return self
 
 
+def rule_conflicts(X: np.ndarray, features: list[str]) -> np.ndarray:
+    """True for the units that contradict their aligned evidence sentence: a substitution in the same slot
+    (``al_subst``) or a negation cue the aligned sentence lacks (``al_neg``); all False without those features."""
+    if not len(X) or "al_subst" not in features or "al_neg" not in features:
+        return np.zeros(len(X), dtype=bool)
+    return (X[:, features.index("al_subst")] >= 1.0) | (X[:, features.index("al_neg")] >= 1.0)
+
+
 def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin: float = 0.02,
-                sentences: bool = True) -> list[float]:
+                sentences: bool = True, verbatim: bool = False) -> list[float]:
     """The #19 rules on rescaled unit probabilities (threshold = 0.5). A unit is *supported* when it is in the
     evidence (``unsup`` = 0), verbatim in its aligned evidence sentence (``al_verb`` = 1) and not a substitution;
     supported numbers, every unit of a value mention the evidence holds (``ctx_value`` = 1: the number and its unit
@@ -646,7 +734,8 @@ def apply_rules(scaled: list[float], X: np.ndarray, features: list[str], margin:
         value_held = value is not None and row[value] >= 1.0 and row[j["al_subst"]] <= 0.0
         if conflict:
             s = max(s, 0.5 + margin)
-        elif value_held or (supported and (row[j["is_num"]] >= 1.0 or (sentences and row[j["sent_unsup"]] <= 0.0))):
+        elif value_held or (supported and (row[j["is_num"]] >= 1.0 or verbatim
+                                           or (sentences and row[j["sent_unsup"]] <= 0.0))):
             s = min(s, 0.5 - margin)
         out.append(s)
     return out
@@ -706,6 +795,8 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
                          "n_items": len(responses), "train_hash": training_hash(responses), "response": info}
         return {**module.fitted, "threshold": module.threshold, "floor": module.floor,
                 "fit_seconds": round(time.perf_counter() - t0, 3)}
+    if not any(str(_get(ex, "context", "") or "").strip() for ex in labelled):
+        module.evidence_free = True  # fitted to score words without evidence: it goes on doing so (#34)
     if module.use_idf:  # the hand-set weights were set for the untrained program's empty table: they keep it
         module.idf_table = IdfTable.build(_get(ex, "context", "") for ex in labelled) if module.fit_units else IdfTable()
     rows, ys, items, failures = [], [], [], {}

@@ -36,7 +36,7 @@ RESP_PROBE_ALPHA = 1000.0
 __all__ = ["CONTENT_IDF", "RESPONSE_BASE", "RESPONSE_CONTENT_BASE", "HEAD_FEATURES", "SHAPE_FEATURES",
            "FRAMING_WORDS", "content_mask", "units_decision", "response_feature_names",
            "response_features", "ResponseHead", "fit_head", "choose_response_threshold", "group_folds",
-           "binary_scores", "pair_ranking", "PROBE_COLUMN", "fit_probe_column", "cv_head"]
+           "binary_scores", "pair_ranking", "PROBE_COLUMN", "fit_probe_column", "cv_head", "QUESTION_COLUMNS"]
 
 #: A word is a content word when its IDF over the evidence texts of the training split is at least this (scaled
 #: IDF, 1 = in no evidence text, 0 = in every one: English "the", "of", "is" score below 0.1 on Mu-SHROOM's
@@ -70,6 +70,12 @@ SHAPE_FEATURES = frozenset({"is_num", "is_cjk", "is_cap", "log_len", "rel_pos", 
 #: unsupported word
 FRAMING_WORDS = frozenset({"answer", "answers", "answered", "question", "questions", "asks", "asked", "passage",
                            "text", "according", "based", "information", "given", "correct", "context"})
+#: the head's columns that measure the question rather than the answer's support: the units' echo of it (mean and
+#: max of ``q_exact``/``q_prefix``/``q_fuzzy``) and the share of the evidence's words *the question lacks* that the
+#: answer repeats (``r_cov_new``). With a question they read HaluEval's habit (hallucinated answers restate it),
+#: without one they are all 0 and swing the verdict: the program holds them at the head's training mean (#34)
+QUESTION_COLUMNS = ("mean_q_exact", "mean_q_prefix", "mean_q_fuzzy", "max_q_exact", "max_q_prefix", "max_q_fuzzy",
+                    "r_cov_new")
 #: what the head reads: "all" (the #19 columns) or "content" (length-free, :data:`RESPONSE_CONTENT_BASE`)
 HEAD_FEATURES = ("all", "content")
 

@@ -69,17 +69,36 @@ function artifactLabel(a) {
   return `${a.program} · ${where} · v${String(a.version).padStart(4, "0")}${score}`;
 }
 
+// #34: with artifacts for several languages, the default is "auto": the server identifies the answer's language
+// offline and serves that language's artifact (the cross-lingual one when unsure), so an English answer is never
+// checked with the first listed (German) artifact's settings
+function autoProgram() {
+  const counts = {};
+  for (const a of artifacts) if (a.lang) counts[a.program] = (counts[a.program] || 0) + 1;
+  const best = Object.entries(counts).sort((x, y) => y[1] - x[1])[0];
+  return best && best[1] > 1 ? best[0] : null;
+}
+
 async function loadArtifacts() {
   try {
     const data = await api("/v1/artifacts");
     artifacts = data.artifacts;
     const sel = $("artifact");
-    sel.replaceChildren(...artifacts.map((a, i) => {
+    const options = artifacts.map((a, i) => {
       const o = document.createElement("option");
       o.value = String(i);
       o.textContent = artifactLabel(a);
       return o;
-    }));
+    });
+    const program = autoProgram();
+    if (program) {
+      const o = document.createElement("option");
+      o.value = "auto";
+      o.textContent = `${program} · the answer's language (auto)`;
+      options.unshift(o);
+    }
+    sel.replaceChildren(...options);
+    sel.value = program ? "auto" : "0";
     describeArtifact();
     setStatus("");
   } catch (e) {
@@ -93,6 +112,11 @@ async function loadArtifacts() {
 }
 
 function describeArtifact() {
+  if ($("artifact").value === "auto") {
+    $("artifact-info").textContent = "the answer's language is identified on the server (offline); its artifact " +
+      "is used, the cross-lingual one when unsure";
+    return;
+  }
   const a = artifacts[Number($("artifact").value)];
   $("artifact-info").textContent = a
     ? `${a.uses_lm ? "uses the language model" : "no language model"}; compiled ${a.created_at || "?"} on ${a.source || "?"}; hash ${a.content_hash.slice(0, 12)}`
@@ -109,16 +133,18 @@ function alpha(p) {
 }
 
 function renderHighlighted(det) {
+  // what to mark comes from the server (contract.display_marks), as the CLI's text view: a unit the detector calls
+  // supported is never shown as doubtful, and nothing is marked when the answer could not be verified
   const chars = Array.from(det.answer);
   const box = $("highlighted");
   box.replaceChildren();
   let pos = 0;
-  const runs = det.soft_labels.slice().sort((a, b) => a.start - b.start);
+  const runs = (det.marks || []).slice().sort((a, b) => a.start - b.start);
   for (const run of runs) {
     if (run.start > pos) box.append(document.createTextNode(chars.slice(pos, run.start).join("")));
     const text = chars.slice(run.start, run.end).join("");
     const m = document.createElement("mark");
-    m.className = "span " + (run.prob > 0.5 ? "hard" : "soft");
+    m.className = "span " + (run.kind === "hallucinated" ? "hard" : "soft");
     m.textContent = text;
     m.dataset.prob = String(run.prob);
     m.dataset.start = String(run.start);
@@ -128,7 +154,7 @@ function renderHighlighted(det) {
     const unitText = unit ? ` · ${unit.kind} ${det.units.indexOf(unit) + 1}: ${unit.label}` : "";
     m.title = `p = ${run.prob.toFixed(2)}${unitText}`;
     m.tabIndex = 0;
-    m.setAttribute("aria-label", `possibly hallucinated, probability ${run.prob.toFixed(2)}${unitText}: ${text}`);
+    m.setAttribute("aria-label", `${run.kind === "hallucinated" ? "hallucinated" : "doubtful"}, probability ${run.prob.toFixed(2)}${unitText}: ${text}`);
     box.append(m);
     pos = Math.max(pos, run.end);
   }
@@ -206,12 +232,14 @@ function render(det) {
   // the counts come from the server (contract.describe_counts): the CLI prints the same labelled line
   const failures = Object.entries(det.failures || {}).map(([k, v]) => `${k}: ${v}`).join(", ");
   const notes = Object.keys(det.notes || {}).join(", ");
-  // the response label and the word-level spans can disagree (a response head): say both, as the CLI does
-  const flagged = (det.hard_labels || []).length;
-  const verdict = det.label ? "Hallucination detected"
-    : flagged ? `Likely correct overall (response level), but ${flagged} span${flagged === 1 ? "" : "s"} flagged: check ${flagged === 1 ? "it" : "them"}`
+  // one verdict per output (the contract settles it): hallucinated, correct, or cannot verify, with its reason
+  const doubtful = (det.marks || []).filter((m) => m.kind === "possibly").length;
+  const verdict = det.verdict === "hallucinated" || det.label ? "Hallucination detected"
+    : det.verdict === "unverifiable" ? "Cannot verify"
+    : doubtful ? `No hallucination detected; ${doubtful} doubtful part${doubtful === 1 ? "" : "s"} marked: check ${doubtful === 1 ? "it" : "them"}`
     : "No hallucination detected";
-  $("summary").textContent = `${verdict} ` +
+  $("summary").dataset.verdict = det.verdict || (det.label ? "hallucinated" : "correct");
+  $("summary").textContent = `${verdict}: ${det.verdict_reason || ""} ` +
     `(score ${det.score.toFixed(2)}; ${det.counts_text})` +
     (notes ? `. Signals left out: ${notes}` : "") + (failures ? `. Failures: ${failures}` : "");
   renderHighlighted(det);
@@ -221,8 +249,10 @@ function render(det) {
   renderRevision(det);
   renderEvidence(det.evidence || []);
   const a = det.artifact;
+  const auto = det.lang_auto
+    ? ` · language ${det.lang_auto.lang || "unsure"} (auto, confidence ${det.lang_auto.confidence.toFixed(2)})` : "";
   $("provenance").textContent = `${a.program} ${a.key} ${a.metric} v${String(a.version).padStart(4, "0")} ` +
-    `(hash ${a.content_hash.slice(0, 12)}), ${det.seconds.toFixed(2)} s`;
+    `(hash ${a.content_hash.slice(0, 12)}), ${det.seconds.toFixed(2)} s${auto}`;
   $("result").hidden = false;
   $("result").focus();
 }
@@ -230,12 +260,14 @@ function render(det) {
 async function submit(ev) {
   ev.preventDefault();
   if (!artifacts.length) await loadArtifacts();
-  const a = artifacts[Number($("artifact").value)];
-  if (!a) { setStatus("No detector is loaded.", true); return; }
+  const auto = $("artifact").value === "auto";
+  const a = auto ? { program: autoProgram() } : artifacts[Number($("artifact").value)];
+  if (!a || !a.program) { setStatus("No detector is loaded.", true); return; }
   const answer = $("answer").value;
   if (!answer.trim()) { setStatus("Enter an answer to check.", true); $("answer").focus(); return; }
-  const body = { answer, question: $("question").value, program: a.program, version: a.version };
-  if (a.task) body.task = a.task; else body.lang = a.lang;
+  const body = { answer, question: $("question").value, program: a.program };
+  if (auto) body.lang = "auto";
+  else { body.version = a.version; if (a.task) body.task = a.task; else body.lang = a.lang; }
   const evidence = $("evidence").value.trim();
   body.evidence = evidence ? [evidence] : [];
   $("submit").disabled = true;

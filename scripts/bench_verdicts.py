@@ -1,0 +1,308 @@
+#!/usr/bin/env python
+"""Benchmarks of issue #34 (verdicts that agree with themselves).
+
+  python scripts/bench_verdicts.py suite                 # the hand-written case suite, with and without the question
+  python scripts/bench_verdicts.py mushroom [--langs ..]  # label/spans agreement of the served artifacts on Mu-SHROOM val
+  python scripts/bench_verdicts.py fuzz [--n 10000]       # label/spans agreement on fuzzed Detection inputs
+  python scripts/bench_verdicts.py cv [--seeds 0] [-O k=v ...]   # Mu-SHROOM per-language CV with and without
+                                                          # holding non-content units (the #34 change to spans)
+  python scripts/bench_verdicts.py served                # Mu-SHROOM IoU of the served heads, with/without #34
+  python scripts/bench_verdicts.py halluclean             # HalluClean dev: the served default's head by nested CV,
+                                                          # head alone vs the consistent verdict (head OR hard span)
+  python scripts/bench_verdicts.py langid                 # --lang auto on the 10 validation languages' answers
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+MUSHROOM = str(ROOT.parent / "shared" / "data" / "mushroom")
+HALLUCLEAN = str(ROOT.parent / "shared" / "data" / "halluclean")
+LANGS = ["ar", "de", "en", "es", "fi", "fr", "hi", "it", "sv", "zh"]
+
+
+def consistent(d) -> bool:
+    """The #34 invariant on one detection: label False => no hard span, and label == (score > 0.5)."""
+    return (d.label or not d.hard_labels) and d.label == (d.score > 0.5)
+
+
+def before_34() -> None:
+    """Switch the #34 changes off in this process: the contract does not settle the verdict, grounded neither holds
+    function words nor lets its head clear a longer answer's flagged units (to measure what was there before)."""
+    from halluscope.core import contract
+    from halluscope.programs.grounded.program import GroundedDetector
+
+    contract.settle_verdict = lambda spans, label, score: (label, score)
+    GroundedDetector.hold_non_content = False
+    GroundedDetector.head_decides = False
+    GroundedDetector.one_sentence_decides = False
+
+
+def cmd_suite(args):
+    from halluscope.artifacts.store import load_compiled
+    from tests.grounded_cases import CASES
+
+    if args.before:
+        before_34()
+    dets, agree, cons, total, n = {}, 0, 0, 0, 0
+    print("| case | expected | with question: label / hard spans / score | without: label / hard spans / score |")
+    print("|---|---|---|---|")
+    for cid, lang, kind, ev, q, a, flag, keep, correct in CASES:
+        if lang not in dets:
+            dets[lang] = load_compiled("grounded", lang=lang, metric="iou").program
+        out = [dets[lang](question=qq, answer=a, context=ev, lang=lang).detection for qq in (q, "")]
+        agree += out[0].label == out[1].label
+        cons += sum(consistent(d) for d in out)
+        total += 2
+        n += 1
+        f = lambda d: f"{'hallucinated' if d.label else 'correct'} / {len(d.hard_labels)} / {d.score:.2f}"  # noqa
+        print(f"| {cid} | {'correct' if correct else 'hallucinated'} | {f(out[0])} | {f(out[1])} |")
+    print(f"\nlabel agreement with vs without the question: {agree}/{n}; outputs whose label agrees with their spans "
+          f"and score: {cons}/{total}")
+
+
+def cmd_mushroom(args):
+    from halluscope.artifacts.store import load_compiled
+    from halluscope.loaders.mushroom import load_mushroom
+
+    if args.before:
+        before_34()
+    cons = total = 0
+    for lang in args.langs:
+        det = load_compiled("grounded", lang=lang, metric="iou").program
+        exs = load_mushroom(args.data_dir, lang=lang, split="val", context="native")
+        c = 0
+        for ex in exs:
+            d = det(question=ex.get("question", ""), answer=ex.answer, context=ex.get("context", ""), lang=lang,
+                    model_output_tokens=ex.get("model_output_tokens"),
+                    model_output_logits=ex.get("model_output_logits")).detection
+            c += consistent(d)
+        print(f"{lang}: {c}/{len(exs)}", file=sys.stderr, flush=True)
+        cons, total = cons + c, total + len(exs)
+    print(f"Mu-SHROOM val, served grounded artifacts: {cons}/{total} outputs consistent")
+
+
+def cmd_fuzz(args):
+    from halluscope.core.contract import Detection, Span
+
+    rng = random.Random(args.seed)
+    bad = 0
+    for _ in range(args.n):
+        answer = "x" * rng.randint(0, 60)
+        spans = [Span(rng.randint(-5, 65), rng.randint(-5, 65), rng.choice([rng.random(), 0.5, 1.0, 0.0, 2.0]))
+                 for _ in range(rng.randint(0, 6))]
+        d = Detection(answer=answer, spans=spans, label=rng.random() < 0.5,
+                      score=rng.choice([rng.random(), 0.5, 0.0, 1.0]))
+        bad += not (d.label or not d.hard_labels)
+    print(f"fuzzed detections: {args.n - bad}/{args.n} with label False => no hard span")
+
+
+def cmd_cv(args):
+    import bench_grounded as bg
+    from halluscope.programs.grounded.program import GroundedDetector
+
+    opts = bg.parse_opts(args.O)
+    res = {True: [], False: []}
+    attr = "verbatim_supported" if args.verbatim else "hold_non_content"
+    for lang in args.langs:
+        exs = bg.load_mushroom(args.data_dir, lang=lang, split="val", context="native")
+        for hold in (False, True):
+            setattr(GroundedDetector, attr, hold)
+            s = [bg.score(exs, bg.cv_predict(exs, opts, 5, "iou", seed=sd)) for sd in args.seeds]
+            res[hold].append(float(np.mean([x["iou"] for x in s])))
+        print(f"{lang}: IoU before {res[False][-1]:.3f} after {res[True][-1]:.3f}", file=sys.stderr, flush=True)
+    GroundedDetector.hold_non_content, GroundedDetector.verbatim_supported = True, False
+    print(f"{attr} off / on: 5-fold CV IoU, seeds {args.seeds}, options {opts}: before {np.mean(res[False]):.4f}, "
+          f"after {np.mean(res[True]):.4f} (per language: " + ", ".join(
+              f"{l} {a:.3f}->{b:.3f}" for l, a, b in zip(args.langs, res[False], res[True])) + ")")
+
+
+def cmd_halluclean(args):
+    """HalluClean dev (qa, dialogue, summarization): the served default's unit part (``detect --lang en``) with the
+    pooled response head by nested 5-fold CV grouped by item (the protocol of BENCHMARKS "#19 round three"). Each
+    answer is asked with and without its question (the heads are fitted on the answers with their question).
+    Rows: the head as before #34, alone and OR a hard span in a one-sentence answer (the #34 label; a longer answer
+    the head judges correct has its flagged units held at 0.5), beside head OR any hard span (a design not taken);
+    and a question-blind head (its question columns held at the training mean; not taken, see BENCHMARKS)."""
+    import dspy
+
+    from halluscope.artifacts.store import load_compiled
+    from halluscope.loaders.halluclean import load_halluclean
+    from halluscope.programs.grounded.program import response_rows, rule_conflicts
+    from halluscope.programs.grounded.response import QUESTION_COLUMNS, _sentences, binary_scores, cv_head
+
+    det = load_compiled("grounded", lang="en", metric="iou")
+    module = det.program
+    served = module.head
+    module.head = None  # the unit part: the heads below are fitted by CV
+    module.feature_cache = {}
+    feats = module.response_features
+    tasks = ("qa", "dialogue", "summarization")
+
+    def conflict(q, ex):  # a hard span in a one-sentence answer (what decides the #34 label beside the head)
+        pred = module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
+        return bool(pred.hard_labels) and len(_sentences(ex.answer, module.item_features(
+            question=q, answer=ex.answer, context=ex.get("context", ""), lang="en").units)) <= 1
+
+    def hard(q, ex):
+        return bool(module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en").hard_labels)
+
+    cols = {k: [] for k in ("X", "Xn", "y", "g", "h", "hn", "c", "cn")}
+    offs = [0]
+    for task in tasks:
+        t0 = time.perf_counter()
+        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
+        bare = [dspy.Example(**{**ex.toDict(), "question": ""}) for ex in exs]
+        X, y, g, _ = response_rows(module, exs)
+        Xn, _, _, _ = response_rows(module, bare)
+        cols["X"].append(X)
+        cols["Xn"].append(Xn)
+        cols["y"].append(y)
+        cols["g"] += [f"{task}:{k}" for k in g]
+        cols["h"].append([hard(ex.get("question", ""), ex) for ex in exs])
+        cols["hn"].append([hard("", ex) for ex in exs])
+        cols["c"].append([conflict(ex.get("question", ""), ex) for ex in exs])
+        cols["cn"].append([conflict("", ex) for ex in exs])
+        offs.append(offs[-1] + len(y))
+        print(f"{task}: {len(exs)} answers in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    Xa, Xna = np.vstack(cols["X"]), np.vstack(cols["Xn"])
+    ya, ga = np.concatenate(cols["y"]), cols["g"]
+    ha, hna, ca, cna = (np.concatenate([np.asarray(v, dtype=bool) for v in cols[k]]) for k in ("h", "hn", "c", "cn"))
+    n = len(ya)
+    blind = [feats.index(c) for c in QUESTION_COLUMNS if c in feats]
+    Xb, Xnb = Xa.copy(), Xna.copy()
+    Xb[:, blind] = Xa[:, blind].mean(axis=0)
+    Xnb[:, blind] = Xa[:, blind].mean(axis=0)
+    print(f"\nHalluClean dev, unit part {det.path}; pooled head (logreg, threshold for balanced accuracy) by nested "
+          f"5-fold CV grouped by item, fold seeds {args.seeds}; FPR = correct answers labelled hallucinated, TPR = "
+          f"hallucinated answers caught\n")
+    print("| head | label | task | FPR / TPR with the question | FPR / TPR without | label agreement with vs without |")
+    print("|---|---|---|---|---|---|")
+    for name, (P, Pn) in (("reads the question (before #34)", (Xa, Xna)), ("question-blind (not taken)", (Xb, Xnb))):
+        runs = [cv_head(np.vstack([Xa, P, Pn]), np.concatenate([ya, ya, ya]), ga + ga + ga, feats, kind="logreg",
+                        l2=10.0, metric="balanced_accuracy", folds=5, seed=sd,
+                        fit_rows=np.arange(3 * n) < n)[1] for sd in args.seeds]
+        rules = ("head alone", "head OR one-sentence hard span (#34)", "head OR any hard span")
+        for rule in rules:
+            for i, task in enumerate(tasks + ("pooled",)):
+                idx = np.arange(offs[i], offs[i + 1]) if task != "pooled" else np.arange(n)
+                m = {"w": [], "n": [], "a": []}
+                for lab in runs:
+                    lw, ln = lab[n:2 * n].copy(), lab[2 * n:].copy()
+                    if rule == rules[1]:
+                        lw, ln = lw | ca, ln | cna
+                    elif rule == rules[2]:
+                        lw, ln = lw | ha, ln | hna
+                    m["w"].append(binary_scores(ya[idx], lw[idx]))
+                    m["n"].append(binary_scores(ya[idx], ln[idx]))
+                    m["a"].append(float(np.mean(lw[idx] == ln[idx])))
+                f = lambda k, key: 100 * float(np.mean([b[key] for b in m[k]]))  # noqa: E731
+                print(f"| {name} | {rule} | {task} | {f('w', 'fpr'):.0f}% / {f('w', 'tpr'):.0f}% | "
+                      f"{f('n', 'fpr'):.0f}% / {f('n', 'tpr'):.0f}% | {100 * np.mean(m['a']):.1f}% |", flush=True)
+    if served is not None:  # the committed head as it is (in-sample: it was fitted on these answers)
+        module.head = served
+        p, pn = served.predict(Xa) >= served.threshold, served.predict(Xna) >= served.threshold
+        pb = np.array([served.predict(module.head_blind_row(r))[0] for r in Xa]) >= served.threshold
+        pnb = np.array([served.predict(module.head_blind_row(r))[0] for r in Xna]) >= served.threshold
+        print(f"\ncommitted head (in-sample), label agreement with vs without the question: before #34 "
+              f"{100 * np.mean(p == pn):.1f}%; #34 (OR one-sentence hard span) "
+              f"{100 * np.mean((p | ca) == (pn | cna)):.1f}%; question-blind {100 * np.mean(pb == pnb):.1f}%")
+        for i, task in enumerate(tasks):
+            idx = np.arange(offs[i], offs[i + 1])
+            b0, b1 = binary_scores(ya[idx], p[idx]), binary_scores(ya[idx], (p | ca)[idx])
+            print(f"  {task}: FPR / TPR before {100 * b0['fpr']:.0f}% / {100 * b0['tpr']:.0f}%, "
+                  f"#34 {100 * b1['fpr']:.0f}% / {100 * b1['tpr']:.0f}%")
+
+
+def cmd_served(args):
+    """The served artifacts with a response head (``grounded/en``, ``grounded/all``) on Mu-SHROOM val, IoU with and
+    without the #34 head decision (in-sample for the unit part, fitted on these items: only the difference counts)."""
+    import bench_grounded as bg
+    from halluscope.artifacts.store import load_compiled
+    from halluscope.programs.grounded.program import GroundedDetector
+
+    for key, langs in (("en", ["en"]), ("all", args.langs)):
+        det = load_compiled("grounded", lang=key, metric="iou").program
+        if det.head is None:
+            continue
+        res = {}
+        for hold in (False, True):
+            GroundedDetector.head_decides = hold
+            per = []
+            for lang in langs:
+                exs = bg.load_mushroom(args.data_dir, lang=lang, split="val", context="native")
+                per.append(bg.score(exs, [det(**bg.inputs_of(ex)) for ex in exs])["iou"])
+            res[hold] = float(np.mean(per))
+        GroundedDetector.head_decides = True
+        print(f"grounded/{key} on Mu-SHROOM val {','.join(langs)}: IoU without the #34 head decision "
+              f"{res[False]:.4f}, with it {res[True]:.4f}", flush=True)
+
+
+def cmd_langid(args):
+    """``--lang auto``: core/langid.identify on the 10 Mu-SHROOM validation languages, given the answer alone and
+    the question with the answer (what detect/serve give it): accuracy (unsure counts as wrong), the share left
+    unsure (served by the all artifact), and the cost per item."""
+    import json
+
+    from halluscope.core.langid import identify
+
+    t0 = time.perf_counter()
+    identify("warm up the model: this is an English sentence.")
+    load = time.perf_counter() - t0
+    print("| language | items | answer alone: right / unsure / wrong | question + answer: right / unsure / wrong |")
+    print("|---|---|---|---|")
+    tot = {"a": [0, 0, 0], "qa": [0, 0, 0]}
+    secs, calls = 0.0, 0
+    for lang in args.langs:
+        path = Path(args.data_dir) / "val" / f"mushroom.{lang}-val.v2.extra.jsonl"
+        recs = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x]
+        cells = []
+        for key, text in (("a", lambda r: r["model_output_text"]),
+                          ("qa", lambda r: r["model_input"] + "\n" + r["model_output_text"])):
+            c = [0, 0, 0]
+            wrong: dict = {}
+            for r in recs:
+                t = time.perf_counter()
+                code, _ = identify(text(r))
+                secs, calls = secs + time.perf_counter() - t, calls + 1
+                c[0 if code == lang else 1 if code is None else 2] += 1
+                if code not in (lang, None):
+                    wrong[code] = wrong.get(code, 0) + 1
+            tot[key] = [x + y for x, y in zip(tot[key], c)]
+            cells.append(f"{c[0]} / {c[1]} / {c[2]}" + (f" {wrong}" if wrong else ""))
+        print(f"| {lang} | {len(recs)} | {cells[0]} | {cells[1]} |")
+    n = sum(tot["a"])
+    print(f"| **all** | {n} | **{100 * tot['a'][0] / n:.1f}%** ({tot['a'][1]} unsure) | "
+          f"**{100 * tot['qa'][0] / n:.1f}%** ({tot['qa'][1]} unsure) |")
+    print(f"\nmodel load {load:.2f} s (once per process); {1000 * secs / calls:.2f} ms per item")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["suite", "mushroom", "fuzz", "cv", "halluclean", "langid", "served"])
+    ap.add_argument("--data-dir", default=MUSHROOM)
+    ap.add_argument("--hc-dir", default=HALLUCLEAN)
+    ap.add_argument("--langs", nargs="+", default=LANGS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--n", type=int, default=10000)
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--verbatim", action="store_true", help="cv: measure verbatim_supported instead")
+    ap.add_argument("--before", action="store_true", help="suite, mushroom: with the #34 changes switched off")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-O", action="append", default=[])
+    args = ap.parse_args(argv)
+    globals()[f"cmd_{args.command}"](args)
+
+
+if __name__ == "__main__":
+    main()
