@@ -237,11 +237,10 @@ def test_installed_wheel_detects_from_an_empty_folder(installed, tmp_path):
                            capture_output=True, text=True, timeout=120)
     module, bundled = where.stdout.split()
     assert Path(module).is_relative_to(bin_dir.parent) and Path(bundled).is_relative_to(bin_dir.parent), where
-    for lang in ("de", "en"):
+    for lang, question in (("de", ["--question", "Where is the Golden Gate Bridge?"]), ("en", [])):
         proc = subprocess.run([str(bin_dir / "halluscope"), "detect", "--lang", lang, "--answer", SWAPPED,
-                               "--context", EVIDENCE, "--question", "Where is the Golden Gate Bridge?",
-                               "--format", "json"], cwd=work, env=_env(home), capture_output=True, text=True,
-                              timeout=300)
+                               "--context", EVIDENCE, *question, "--format", "json"], cwd=work, env=_env(home),
+                              capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f"artifact for '{lang}'" in proc.stderr and "grounded" in proc.stderr
         row = json.loads(proc.stdout)
@@ -272,7 +271,7 @@ def test_installed_wheel_serves(installed, tmp_path):
             assert server.poll() is None and time.monotonic() < deadline, server.stdout.read()[-3000:]
             time.sleep(0.5)
         r = httpx.post(f"http://127.0.0.1:{port}/v1/detect", timeout=60,
-                       json={"answer": SWAPPED, "context": EVIDENCE, "question": "Where is the Golden Gate Bridge?", "lang": "en"})
+                       json={"answer": SWAPPED, "context": EVIDENCE, "lang": "en"})
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["hard_labels"] and body["label"] is True
