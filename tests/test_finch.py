@@ -253,7 +253,7 @@ def test_batch_judging_makes_one_call_per_sample(lm):
     start = ANSWER.index("It was built")
     assert pred.hard_labels == [[start, start + len(BLOCKS[1])]]
     assert pred.label is True
-    assert pred.score == pytest.approx(1 / 3)
+    assert pred.score == 1.0  # #34: the mean of the blocks (1/3) lifted to the hard span's probability
     assert pred.revision is None  # correct=False
     assert "sample vs block 2" in pred.rationale
 
@@ -380,7 +380,9 @@ def test_unknown_and_mixed_ratings_in_the_program():
     assert pred.units[2]["score"] == 0.5 and pred.units[2]["label"] == "neutral"  # block 3 never rated
     # 1 unparseable rating (block 2) + 4 missing ones (block 3)
     assert pred.failures["unknown_rating"] == 5
-    assert pred.label is False
+    # #34: block 2's 4.5/7 is a hard span (p > 0.5), so the answer is labelled hallucinated (one verdict per
+    # output: no "correct" label above a hard span), its score lifted to that span's probability
+    assert pred.hard_labels and pred.label is True and pred.score == pytest.approx(4.5 / 7)
 
 
 def test_cut_off_batch_verdict_costs_one_vote_not_the_call():

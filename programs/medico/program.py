@@ -14,8 +14,8 @@ Pipeline for a question q and an answer o (one :class:`Medico` call):
 3. **Fuse**: ``fuse="concat"`` numbers the pieces (``[1] (kb) ...``); ``fuse="summary"`` asks the LM for a
    query-focused summary (:class:`signatures.medico.Fuse`; a summary that fails falls back to concat).
 4. **Detect** (:class:`signatures.medico.Detect`): verdict (True = hallucinated) and a rationale. ``score`` is
-   the verdict's likelihood p(True) (see the last line), ``label`` is ``score > 0.5`` (#34: label and score
-   agree), ``rationale`` the rationale, ``evidence`` the pieces used, and ``spans`` the parts of the answer the rationale quotes in double quotes (mapped to offsets with
+   the verdict's likelihood p(True) (see the last line), ``label`` is ``score > 0.5``, or ``score`` against the
+   verdict threshold ReAnchor fitted (#34: label and score agree), ``rationale`` the rationale, ``evidence`` the pieces used, and ``spans`` the parts of the answer the rationale quotes in double quotes (mapped to offsets with
    :func:`halluscope.core.text.map_substrings`; quotes of the evidence simply do not map), each with the score.
 5. **Ensemble** (when a combiner has been fitted, see :func:`fit_combiner`): one detection per source with that
    source's evidence alone plus the fused one give the features p_s(True); a logistic regression over them
@@ -407,9 +407,12 @@ class Medico(dspy.Module):
                 own = self.select(found.get(name, []), question, answer, failures)
                 source_p[name] = round(self.judge_p(question, answer, self.render(own), failures)[2] if own else 0.5, 6)
             score = self.combine(source_p)
-        # one verdict per output (#34): the label is the score's decision (p(True) > 0.5), never the bare verdict
-        # beside a score that says otherwise (a "Yes" read with p(True) = 0.36 is not labelled hallucinated)
-        label = score > 0.5
+            label = score > 0.5
+        else:
+            # one verdict per output (#34): the label is the score against its threshold, never the bare verdict
+            # beside a score that says otherwise (a "True" read with p(True) = 0.36 is not labelled hallucinated);
+            # a decision read against a fitted verdict threshold (ReAnchor) is that comparison already
+            label = bool(verdict) if likelihood == "decision" else score > 0.5
         quotes = quoted(rationale) if label else []
         mapped, stats = map_substrings(answer, [(q, score) for q in quotes])
         revision, rounds, status = None, [], "disabled" if not self.correct else "not_flagged"
