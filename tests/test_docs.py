@@ -30,7 +30,7 @@ def test_generated_reference_is_fresh():
 
 def test_every_cli_flag_is_in_the_reference():
     page = (REF / "cli.md").read_text(encoding="utf-8")
-    sections = dict(re.findall(r"(?ms)^#{2,3} (halluscope [\w ]+?)\n(.*?)(?=^#{2,3} halluscope |\Z)", page))
+    sections = dict(re.findall(r"(?ms)^#{2,3} (halluscope [\w -]+?)\n(.*?)(?=^#{2,3} halluscope |\Z)", page))
     flags = _gen().cli_flags()
     assert len(flags) >= 8 and "halluscope index build" in flags
     missing = [(cmd, f) for cmd, fs in flags.items() for f in sorted(fs)
