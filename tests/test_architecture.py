@@ -23,24 +23,9 @@ SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 # package -> folder in the repository: pyproject's package-dir, so every package folder is covered
 FOLDERS = {pkg: ROOT / folder for pkg, folder in SETUPTOOLS["package-dir"].items()}
 
-# The layers, bottom up (docs/architecture.md): a module may import its own layer and the layers below, never
-# above. A folder is one layer: the layer of a module is the layer of the top-level package it is in.
-LAYER_OF_PACKAGE = {
-    "halluscope.core": 0,        # pure helpers: the contract, text, paths, redaction, the extension registry
-    "halluscope.lm": 0,          # language models: the embedded engine, the server client, the scripted test LM
-    "halluscope.signatures": 1,
-    "halluscope.programs": 2,
-    "halluscope.metrics": 2,
-    "halluscope.loaders": 2,
-    "halluscope.retrievers": 2,
-    "halluscope.artifacts": 3,   # versioned artifacts and the loaded one run on answers (the production path)
-    "halluscope.compiled": 3,    # data: the artifact store; the served versions ship as its package data
-    "halluscope.evaluation": 3,  # a program over a dataset: in process or on Ray
-    "halluscope.tracking": 4,    # MLflow: runs, traces, comparison views, model registry, the MLflow model
-    "halluscope.optimize": 5,
-    "halluscope.cli": 6,
-    "halluscope.serve": 6,       # the HTTP server; the CLI starts it
-}
+# The layers, bottom up: pyproject's [tool.halluscope.layers] is the one list (docs/architecture.md is checked
+# against it below). A folder is one layer: the layer of a module is the layer of the top-level package it is in.
+LAYER_OF_PACKAGE = PYPROJECT["tool"]["halluscope"]["layers"]
 
 
 def _in(mod: str, *packages: str) -> bool:
@@ -331,3 +316,16 @@ def test_cli_runs_from_another_directory_and_writes_there(tmp_path):
     written = list((work / "outputs").rglob("mark-all.submission.jsonl"))
     assert len(written) == 1
     assert not (ROOT / "src" / "halluscope" / "outputs").exists()
+
+
+def test_the_docs_list_the_same_layers_as_pyproject():
+    """docs/architecture.md's table names every package folder with the layer pyproject gives it, and no other."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    documented = {}
+    for layer, folders in re.findall(r"(?m)^\| (\d) \| ((?:`[\w/]+/`(?:, )?)+) \|", text):
+        for folder in re.findall(r"`(\w+)/`", folders):
+            documented[f"halluscope.{folder}"] = int(layer)
+    assert documented == LAYER_OF_PACKAGE
+    assert set(LAYER_OF_PACKAGE) == set(SETUPTOOLS["package-dir"]) - {"halluscope"}
