@@ -18,7 +18,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import diskcache
 
@@ -122,15 +122,17 @@ def retriever_names() -> list[str]:
     return sorted(extensions.names("retrievers"))
 
 
-def make_retriever(spec: str | Retriever, *, cache: bool = False, cache_dir: str | Path | None = None) -> Retriever:
+def make_retriever(spec: str | Retriever, *, cache: bool = False, cache_dir: str | Path | None = None,
+                   **options: Any) -> Retriever:
     """A retriever from a spec string (``"context"``, ``"context:800"`` = 800-character passages) or a ready
-    retriever; ``cache=True`` wraps it in :class:`CachedRetriever`."""
+    retriever; ``cache=True`` wraps it in :class:`CachedRetriever`. ``options`` go to the factory as keywords
+    (``make_retriever("files:docs/", max_mb=5)``; a factory that takes none refuses them)."""
     if isinstance(spec, str):
         prefix, _, arg = spec.partition(":")
         names = retriever_names()  # loads the built-in retrievers and plugins on first use
         if prefix not in names:
             raise ValueError(f"unknown retriever {spec!r}; choose one of: {', '.join(names)}")
-        retriever = _FACTORIES[prefix](arg)
+        retriever = _FACTORIES[prefix](arg, **options)
     elif isinstance(spec, Retriever):
         retriever = spec
     else:

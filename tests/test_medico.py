@@ -553,3 +553,35 @@ def test_label_agrees_with_the_score_when_the_verdict_is_read_with_a_low_likelih
     assert pred.label is False and pred.hard_labels == [] and pred.detection.verdict == "correct"
     pred = run(get("medico").make(correct=False), _logprob_lm(0.64))
     assert pred.label is True and pred.score > 0.5
+
+
+def test_evidence_sources_come_from_the_retriever_registry(tmp_path):
+    """MEDICO builds its sources through the retriever registry (core.retrieval.make_retriever), so a retriever a
+    plugin registers is a source like the built-in ones, with its argument and keyword options passed on."""
+    from halluscope.core import extensions
+    from halluscope.core.retrieval import register_retriever
+    from halluscope.retrievers.files import FileRetriever
+
+    made = []
+
+    class Wiki:
+        source = "wiki"
+
+        def __init__(self, arg):
+            made.append(arg)
+
+        def retrieve(self, query, k=5, context=""):
+            return []
+
+    register_retriever("wiki", Wiki)
+    try:
+        m = Medico(sources="context,wiki")
+        assert made == [""] and set(m.retrievers) == {"context", "wiki"} and not m.source_errors
+        with pytest.raises(ValueError, match="choose from .*wiki"):
+            Medico(sources="wikipedia")
+    finally:
+        extensions.table("retrievers").pop("wiki", None)
+    # the built-in files source gets MEDICO's files option as its argument and files_max_mb as a keyword
+    (tmp_path / "note.txt").write_text("The Golden Gate Bridge is in San Francisco.", encoding="utf-8")
+    m = Medico(sources="files", files=str(tmp_path / "note.txt"), files_max_mb=2.5)
+    assert isinstance(m.retrievers["files"], FileRetriever) and m.retrievers["files"].max_mb == 2.5, m.source_errors

@@ -48,12 +48,9 @@ from halluscope.core.decisions import calibrated_by, content_free_prior, decisio
 from halluscope.programs.medico.ensemble import (combine, fit_combiner, logprob_probability, medico_report,
                                                  verdict_probability)
 from halluscope.programs.registry import ProgramSpec, number, register, text, whole
-from halluscope.core.retrieval import ContextRetriever, Retriever
+from halluscope.core.retrieval import Retriever, make_retriever, retriever_names
 from halluscope.retrievers.bm25 import BM25Index, Passage
 from halluscope.retrievers.files import FileRetriever
-from halluscope.retrievers.kb import KBRetriever
-from halluscope.retrievers.kg import KGRetriever
-from halluscope.retrievers.search import SearchRetriever
 from halluscope.signatures.medico import Detect, Fuse, IdentifySpans, Rerank, Revise
 from halluscope.core.text import map_substrings
 
@@ -132,7 +129,8 @@ class Medico(dspy.Module):
     """MEDICO (see the module docstring).
 
     Args:
-        sources: comma-separated evidence sources, any of context, kb, files, kg, search; none = no evidence.
+        sources: comma-separated evidence sources, any registered retriever (context, kb, files, kg, search or a
+            plugin's: the retriever registry); none = no evidence.
         kb: knowledge-base index folder (halluscope index build SOURCE --out DIR) for the kb source.
         files: a folder or comma-separated files (TXT, Markdown, PDF, DOCX) for the files source.
         kg: a triples file (TSV or N-Triples) for the kg source.
@@ -171,10 +169,11 @@ class Medico(dspy.Module):
             raise ValueError(f"medico: calibrate must be content_free or null, not {calibrate!r}")
         self.calibrate = calibrate
         names = [s.strip() for s in (sources.split(",") if isinstance(sources, str) else sources) if s.strip()]
-        unknown = [s for s in names if s not in SOURCES and s != "none"]
+        known = retriever_names()  # the retriever registry: the built-in SOURCES and any plugin's retrievers
+        unknown = [s for s in names if s not in known and s != "none"]
         if unknown or not names:
             raise ValueError(f"medico: unknown evidence source(s) {unknown or '(none given)'}; "
-                             f"choose from {', '.join(SOURCES)}")
+                             f"choose from {', '.join(known)}")
         if fuse not in ("concat", "summary"):
             raise ValueError(f"medico: fuse must be 'concat' or 'summary', not {fuse!r}")
         if rerank not in ("bm25", "lm", "none"):
@@ -213,17 +212,13 @@ class Medico(dspy.Module):
 
     @staticmethod
     def _make_retriever(name: str, settings: dict, files_max_mb: float) -> Retriever:
-        if name == "context":
-            return ContextRetriever()
-        if name == "kb":
-            return KBRetriever(settings["kb"])
-        if name == "files":
-            if not str(settings["files"]).strip():
-                raise ValueError("files: no file or folder given (e.g. -O files=docs/)")
-            return FileRetriever(settings["files"], max_mb=files_max_mb)
-        if name == "kg":
-            return KGRetriever(settings["kg"])
-        return SearchRetriever(settings["search"], timeout=settings["search_timeout"])
+        """The source ``name`` from the retriever registry (:func:`halluscope.core.retrieval.make_retriever`), its
+        argument from MEDICO's own option of that name (``kb``, ``files``, ``kg``, ``search``)."""
+        if name == "files" and not str(settings["files"]).strip():
+            raise ValueError("files: no file or folder given (e.g. -O files=docs/)")
+        options = {"files": {"max_mb": files_max_mb}, "search": {"timeout": settings["search_timeout"]}}
+        arg = str(settings.get(name) or "") if name in ("kb", "files", "kg", "search") else ""
+        return make_retriever(f"{name}:{arg}" if arg else name, **options.get(name, {}))
 
     # -- state: predictors + the fitted combiner (JSON) ------------------------------------------------------
     def dump_state(self, json_mode=True):
