@@ -55,22 +55,9 @@ def iter_jsonl(path: str | os.PathLike):
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically: a temp file in the same folder, fsync, then ``os.replace``.
     Readers see the old file or the new one, never a partial one; parent folders are created."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    with atomic_writer(path) as f:
+        f.write(text)
+    return Path(path)
 
 
 @contextlib.contextmanager

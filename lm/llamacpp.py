@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from halluscope.core.fileio import write_text_atomic
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["FAST_ENV", "PROBE_CACHE_ENV", "ModelFileError", "ModelFileNotFound", "ProbeResult", "check_gguf", "fast_path", "load_llama",
@@ -291,20 +293,7 @@ def _writable_dir(folder: Path) -> str | None:
 def _write_cache(path: Path, entries: dict) -> None:
     """Atomically: a temp file beside it, then ``os.replace`` (readers see the old file or the new one)."""
     newest = sorted(entries.items(), key=lambda kv: str(kv[1].get("checked", "")))[-MAX_ENTRIES:]
-    text = json.dumps({"format": 1, "entries": dict(newest)}, indent=1, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, json.dumps({"format": 1, "entries": dict(newest)}, indent=1, sort_keys=True) + "\n")
 
 
 def _embedded_model() -> Path | None:
