@@ -278,3 +278,20 @@ def test_installed_wheel_serves(installed, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_optimize_context_none_scores_words_without_evidence(empty_home, capsys):
+    """Mu-SHROOM's --context none protocol: optimize scores the words without evidence in every fold, the zero-shot
+    program's too (an unfitted grounded would call every answer unverifiable and mark nothing)."""
+    import json as _json
+
+    from halluscope.cli import main
+
+    assert main(["optimize", "--metric", "iou", "--lang", "de", "--context", "none", "--folds", "2",
+                 "--no-mlflow"]) == 0
+    assert "--context none: scoring the words without evidence" in capsys.readouterr().err
+    (manifest,) = (empty_home / "compiled" / "grounded" / "de" / "iou").glob("v*/manifest.json")
+    m = _json.loads(manifest.read_text())
+    assert m["program_options"]["evidence_free"] is True
+    zero = [f["zero_shot"]["iou"] for f in m["cv"]["folds"]]
+    assert all(z < 1.0 for z in zero)  # words were marked (all-unverifiable output scores 1.0 only on empty gold)
