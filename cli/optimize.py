@@ -243,14 +243,14 @@ def run(args, parser: argparse.ArgumentParser | None = None, *, task_lm=None, pr
         options = parse_options(args.option, spec)  # defaults + -O, checked: unknown names exit 2
     except argparse.ArgumentTypeError as e:
         parser.error(str(e))
+    examples, source = load_examples(args, dataset)
+    if not examples:
+        raise SystemExit(f"no examples in {source}")
     if getattr(args, "context", None) == "none" and "evidence_free" in spec.types and not options.get("evidence_free"):
         # Mu-SHROOM's --context none protocol scores words without evidence, as evaluate does: the zero-shot folds
         # too (an unfitted grounded otherwise reports every answer as unverifiable)
         options = {**options, "evidence_free": True}
         _stderr("--context none: scoring the words without evidence (-O evidence_free=true)")
-    examples, source = load_examples(args, dataset)
-    if not examples:
-        raise SystemExit(f"no examples in {source}")
     problem = dataset.metric_problem(args.metric, METRIC_LEVEL[args.metric], examples)  # "auto": the rows decide
     if problem:
         parser.error(f"argument --metric: {problem}")
