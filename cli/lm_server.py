@@ -15,7 +15,6 @@ The model is loaded before the port is bound: a missing or non-GGUF ``--model`` 
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from halluscope.cli.common import THREADS, ranged, whole

@@ -84,40 +84,38 @@ def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def render_cli() -> str:
-    from halluscope.cli import COMMANDS, build_parser
+    from halluscope.cli import COMMANDS
 
     lines = [HEADER, "# Command-line reference\n\n",
              "Every `halluscope` command and flag, read from the parsers. `python optimize.py` takes the same "
              "arguments as `halluscope optimize`. `halluscope CMD --help` prints the same help on the terminal.\n\n"]
     lines += [f"- [`halluscope {name}`](#halluscope-{name}): {help_text}\n" for name, (_, help_text) in COMMANDS.items()]
-    for name in COMMANDS:
-        top = build_parser(name)
-        sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
-        parsers: list[tuple[str, argparse.ArgumentParser]] = []
-        _walk(sub, f"halluscope {name}", parsers)
-        for path, p in parsers:
-            level = "##" if path.count(" ") == 1 else "###"
-            lines.append(f"\n{level} {path}\n\n")
-            if p.description:
-                lines.append(f"{cell(p.description)}\n\n")
-            lines.append("| flag | takes | what |\n|---|---|---|\n")
-            lines += [r + "\n" for r in _flag_rows(p)]
+    for path, p in _command_parsers():
+        level = "##" if path.count(" ") == 1 else "###"
+        lines.append(f"\n{level} {path}\n\n")
+        if p.description:
+            lines.append(f"{cell(p.description)}\n\n")
+        lines.append("| flag | takes | what |\n|---|---|---|\n")
+        lines += [r + "\n" for r in _flag_rows(p)]
     return "".join(lines)
 
 
 def cli_flags() -> dict[str, set[str]]:
     """``{command path: {every option string}}`` (tests/test_docs.py checks each appears in the page)."""
+    return {path: {s for a in p._actions for s in a.option_strings if a.help != argparse.SUPPRESS}
+            for path, p in _command_parsers()}
+
+
+def _command_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    """``(command path, parser)`` of every command and sub-command (``halluscope index build``), in order."""
     from halluscope.cli import COMMANDS, build_parser
 
-    out: dict[str, set[str]] = {}
+    parsers: list[tuple[str, argparse.ArgumentParser]] = []
     for name in COMMANDS:
         top = build_parser(name)
         sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
-        parsers: list[tuple[str, argparse.ArgumentParser]] = []
         _walk(sub, f"halluscope {name}", parsers)
-        for path, p in parsers:
-            out[path] = {s for a in p._actions for s in a.option_strings if a.help != argparse.SUPPRESS}
-    return out
+    return parsers
 
 
 # ------------------------------------------------------------------------------------------------ options

@@ -121,7 +121,7 @@ def test_never_served_by_default_untracked_or_unchanged(empty_home):
     cv["mean"]["compiled"]["iou"]["mean"] += 0.05
     untracked = _copy_version(bundled, empty_home, 9, cv=cv)
     (untracked / store.UNTRACKED_FILE).write_text("interrupted\n")
-    unchanged = _copy_version(bundled, empty_home, 10, cv=cv, changes=[])
+    _copy_version(bundled, empty_home, 10, cv=cv, changes=[])
     ranked = {r.info.version: r for r in store.rank_versions(store.list_versions("grounded", "de", "iou"), "iou")}
     assert ranked[2].best and not ranked[9].best and not ranked[10].best
     assert "untracked" in ranked[9].why and "changed nothing" in ranked[10].why

@@ -9,6 +9,8 @@ span detector on a scripted LM.
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import shutil
 import socket
@@ -76,6 +78,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _serving(app):
+    """``app`` served by uvicorn in a thread on a free loopback port until the block ends; yields its base URL."""
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    try:
+        yield base
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     _register_fixture()
@@ -88,21 +111,8 @@ def server(tmp_path_factory):
     detectors = [A.load_compiled("page-fixture", lang="en", metric="iou", root=root),
                  A.load_compiled("spans", lang="de", metric="iou", root=root)]
     lm = scripted_lm({"spans": [{"text": "Bonn", "probability": 0.8}]})
-    app = create_app(detectors, lm=lm, adapter=dspy.JSONAdapter())
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    yield base
-    srv.should_exit = True
-    thread.join(10)
+    with _serving(create_app(detectors, lm=lm, adapter=dspy.JSONAdapter())) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -289,24 +299,11 @@ def grounded_server():
     from halluscope.artifacts.store import load_compiled
 
     detectors = [load_compiled("grounded", lang=lang, metric="iou") for lang in ("de", "en")]
-    app = create_app(detectors)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    # the first auto request loads the language identifier's model (seconds): not inside the page's waits
-    httpx.post(base + "/v1/detect", json={"answer": "Warm up the identifier, please.", "lang": "auto",
-                                          "context": "Warm up."}, timeout=120)
-    yield base
-    srv.should_exit = True
-    thread.join(10)
+    with _serving(create_app(detectors)) as base:
+        # the first auto request loads the language identifier's model (seconds): not inside the page's waits
+        httpx.post(base + "/v1/detect", json={"answer": "Warm up the identifier, please.", "lang": "auto",
+                                              "context": "Warm up."}, timeout=120)
+        yield base
 
 
 def test_page_defaults_to_the_answers_language_and_says_cannot_verify_without_evidence(browser, grounded_server):
