@@ -87,6 +87,8 @@ def detect(detector: CompiledDetector | dspy.Module, answer: str, *, question: s
     if len(answer or "") > MAX_ANSWER_CHARS:
         raise ValueError(f"the answer has {len(answer):,} characters, over detect's limit of {MAX_ANSWER_CHARS:,} "
                          f"(MAX_ANSWER_CHARS); split it into parts and detect each")
+    if callable(getattr(detector, "detector_for", None)):  # the run policy's AutoDetector: it picks per answer
+        return detector(answer, question=question, context=context, lang=lang, task=task, **extra)
     program = detector.program if isinstance(detector, CompiledDetector) else detector
     key = detector.lang if isinstance(detector, CompiledDetector) else ""
     lang = lang or key

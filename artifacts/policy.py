@@ -17,23 +17,29 @@ The rules, in order:
   over the user's ``<home>/compiled`` and the artifacts bundled with the package);
 * no artifact for the key: ``grounded`` takes its cross-lingual artifact (``all``); a program with no artifact at
   all is served **unfitted** (its zero-shot module, ``detector.fitted`` is False) and ``why`` says so. There is no
-  dead end, and the embedded model is never handed an LM program it cannot run unless asked for by name.
+  dead end, and the embedded model is never handed an LM program it cannot run unless asked for by name;
+* ``lang="auto"`` (or neither ``lang`` nor ``task``): an :class:`AutoDetector`, which identifies each answer's
+  language offline (:func:`halluscope.core.langid.identify`, on the question with the answer) and serves it the
+  detector the rules above give that language (``all`` when the identifier is unsure), loading each at most once.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from halluscope.artifacts.compiled import CompiledDetector
 from halluscope.artifacts.store import ArtifactNotFoundError, list_versions, load_compiled
 from halluscope.core.tasks import canonical_task
 from halluscope.programs.registry import get
 
-__all__ = ["Choice", "Detector", "choose", "load_detector", "is_embedded", "CROSS_LINGUAL"]
+__all__ = ["Choice", "Detector", "AutoDetector", "choose", "load_detector", "is_embedded", "CROSS_LINGUAL", "AUTO"]
 
 #: the key of grounded's artifact fitted on every validation language, served for a language without its own
 CROSS_LINGUAL = "all"
+#: the language key that means "identify each answer's language"
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -120,10 +126,18 @@ class Detector(CompiledDetector):
 def load_detector(lang: str | None = None, task: str | None = None, *, program: str | None = None,
                   metric: str | None = None, version: int | str | None = None, lm: object = None,
                   root: str | os.PathLike | None = None, trust_endpoints: bool = False,
-                  options: dict | None = None) -> Detector:
+                  options: dict | None = None) -> Detector | AutoDetector:
     """The detector that serves ``lang`` or ``task``: :func:`choose`, then the chosen version loaded and verified
     (:func:`halluscope.artifacts.store.load_compiled`), or the unfitted program when there is no artifact.
-    ``detector.why`` says what was chosen; configure an LM first only when the program needs one."""
+    ``detector.why`` says what was chosen; configure an LM first only when the program needs one.
+    ``lang="auto"``, or no ``lang`` and no ``task``: an :class:`AutoDetector` choosing per answer (``version`` is
+    refused there: a version number belongs to one language's artifacts)."""
+    if not task and (not lang or str(lang).lower() == AUTO):
+        if version is not None:
+            raise ValueError("version= needs a language (lang=) or a task (task=): each language numbers its own "
+                             "versions")
+        return AutoDetector(program=program, metric=metric, lm=lm, root=root, trust_endpoints=trust_endpoints,
+                            options=dict(options or {}))
     choice = choose(lang, task, program=program, metric=metric, version=version, lm=lm, root=root)
     if choice.fitted:
         loaded = load_compiled(choice.program, lang=choice.key, metric=choice.metric, version=choice.version,
@@ -137,3 +151,67 @@ def load_detector(lang: str | None = None, task: str | None = None, *, program: 
     manifest = {"program": choice.program, "lang": choice.key, "metric": choice.metric, "version": 0,
                 "program_options": dict(options or {}), "content_hash": "", "unfitted": True}
     return Detector(program=module, manifest=manifest, path=None, choice=choice)
+
+
+@dataclass
+class AutoDetector:
+    """What :func:`load_detector` gives for ``lang="auto"``: calling it identifies the answer's language (with
+    the question, which often says more than a short answer) and runs the detector :func:`load_detector` gives
+    that language; an unsure identification (a name, a number, "Yes.") gets the cross-lingual ``all`` artifact.
+    The detection is run with the identified language, so a language served by ``all`` is still told what it is.
+    ``detector_for(answer, question=...)`` returns the chosen :class:`Detector` (its ``why`` names the language)
+    without running it; ``last_why`` is the ``why`` of the latest call. Loaded detectors are kept, one per key."""
+
+    program: str | None = None
+    metric: str | None = None
+    lm: object = None
+    root: str | os.PathLike | None = None
+    trust_endpoints: bool = False
+    options: dict = field(default_factory=dict)
+    last_why: str = ""
+    _loaded: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def why(self) -> str:
+        return ("per answer: its language identified offline (langid), then the run policy for that language"
+                + (f"; last: {self.last_why}" if self.last_why else ""))
+
+    @property
+    def fitted(self) -> bool:
+        return all(d.fitted for d in self._loaded.values()) if self._loaded else True
+
+    def identify(self, answer: str, question: str = "") -> tuple[str | None, float]:
+        """The language code of ``question`` + ``answer`` (None when unsure) and the identifier's confidence."""
+        from halluscope.core.langid import identify  # noqa: PLC0415 - langid decodes its model on first use
+
+        return identify(f"{question or ''}\n{answer or ''}")
+
+    def for_lang(self, lang: str) -> Detector:
+        """The detector serving ``lang`` (loaded once): what a row that names its language gets."""
+        with self._lock:
+            det = self._loaded.get(lang)
+            if det is None:
+                det = load_detector(lang=lang, program=self.program, metric=self.metric, lm=self.lm,
+                                    root=self.root, trust_endpoints=self.trust_endpoints,
+                                    options=self.options or None)
+                self._loaded[lang] = det
+        return det
+
+    def detector_for(self, answer: str, question: str = "") -> tuple[Detector, str | None]:
+        """The detector serving this answer and the identified language (None when unsure)."""
+        code, conf = self.identify(answer, question)
+        det = self.for_lang(code or CROSS_LINGUAL)
+        said = f"language {code!r} (confidence {conf:.2f})" if code else "language unsure"
+        self.last_why = f"{said}: {det.why or f'{det.name} for {det.lang!r}'}"
+        return det, code
+
+    def __call__(self, answer: str, **kwargs):
+        lang = kwargs.get("lang")
+        if lang and str(lang).lower() != AUTO:  # the caller (or a JSONL row) named the language
+            det = self.for_lang(str(lang))
+            self.last_why = f"language {lang!r} as given: {det.why or f'{det.name} for {det.lang!r}'}"
+            return det(answer, **kwargs)
+        det, code = self.detector_for(answer, kwargs.get("question", "") or "")
+        kwargs["lang"] = code or None
+        return det(answer, **kwargs)
