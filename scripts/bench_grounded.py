@@ -32,7 +32,7 @@ import numpy as np
 
 from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
 from halluscope.metrics.mushroom import score_item
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 
 
 from halluscope.programs.grounded.program import GroundedDetector, fit_grounded
@@ -75,7 +75,7 @@ def score(examples, preds) -> dict:
 
 
 def baseline(name: str, examples) -> dict:
-    prog = get(name).make()
+    prog = get_program(name).make()
     return score(examples, [prog(**inputs_of(ex)) for ex in examples])
 
 
