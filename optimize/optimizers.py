@@ -21,7 +21,7 @@ cross-validated compile that runs them is :mod:`.cv`. Beyond DSPy's own:
   own set of ``max_labeled_demos`` gold cases drawn as *pairs*: the hallucinated and the correct answer of one
   source (both answers of one question), the sets disjoint across predictors while the training part has enough
   sources (:func:`contrastive_demo_sets`). Made for ``direct``/``direct+routing -O demo_sets=K``, which average
-  their K predictors' calibrated verdicts (BENCHMARKS.md, "#21 round five").
+  their K predictors' calibrated verdicts (BENCHMARKS.md, "`direct+routing` on HalluClean QA").
 """
 
 from __future__ import annotations

@@ -431,7 +431,7 @@ def cmd_response(args):
                       np.arange(offs[i], offs[i + 1]))
 
 
-#: the response head's columns that count units (the answer's length), BENCHMARKS.md "#19 response-level decision"
+#: the response head's columns that count units (the answer's length), BENCHMARKS.md "`grounded` on HalluClean"
 LENGTH_COLUMNS = ("log_units", "content_unsup_log", "unsup_run", "num_unsup_log", "cap_unsup_log")
 
 

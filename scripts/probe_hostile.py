@@ -1,5 +1,5 @@
 """Issue #35's hostile files and inputs (items 1-4, 9-12), each run in a fresh process: wall time, peak RSS and
-whether it ended in one line (docs/reliability.md, BENCHMARKS.md "#35 hostile files").
+whether it ended in one line (docs/reliability.md, BENCHMARKS.md "Hostile files and untrusted inputs").
 
     .venv/bin/python scripts/probe_hostile.py               # all probes (a few minutes; about 1.5 GB of disk I/O)
     .venv/bin/python scripts/probe_hostile.py --quick       # smaller bombs (seconds)

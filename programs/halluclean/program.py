@@ -190,7 +190,7 @@ def _verdict_outcome(raw, probability: float | None = None) -> tuple[bool, float
 
 CALIBRATIONS = ("content_free",)  # the ``calibrate`` option's values (None: off)
 # the answer of the content-free request of ``calibrate="content_free"``: none (the input shows "(empty)"); on
-# HalluClean QA an empty answer took out more of the per-question baseline than "N/A" (BENCHMARKS.md, #21 round three)
+# HalluClean QA an empty answer took out more of the per-question baseline than "N/A" (BENCHMARKS.md, "`direct+routing` on HalluClean QA")
 CONTENT_FREE_ANSWER = ""
 
 
