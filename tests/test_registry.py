@@ -362,3 +362,17 @@ def test_registry_imports_no_program_module():
     # the one extension registry below it (halluscope.core.extensions), never a program module
     assert {m for m in imported if m.startswith("halluscope")} == {"halluscope.core"}, imported
     assert "_load_builtin" not in vars(registry) and "_BUILTIN" not in vars(registry)
+
+
+def test_the_old_get_is_a_deprecated_alias_of_get_program():
+    """``registry.get`` was the program front's name before the fronts were named alike; the model code stored in an
+    already-registered MLflow model imports it, so it still resolves (with a DeprecationWarning). ``register`` and
+    ``names`` are gone: their callers were renamed."""
+    with pytest.warns(DeprecationWarning, match="use get_program"):
+        from halluscope.programs.registry import get
+    assert get is registry.get_program
+    assert halluscope.get_program is registry.get_program
+    assert not hasattr(registry, "register") and not hasattr(registry, "names")
+    from halluscope import programs
+    assert (programs.get_program, programs.program_names, programs.register_program) == (
+        registry.get_program, registry.program_names, registry.register_program)
