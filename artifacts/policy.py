@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from halluscope.artifacts.compiled import CompiledDetector
 from halluscope.artifacts.store import ArtifactNotFoundError, list_versions, load_compiled
 from halluscope.core.tasks import canonical_task
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 
 __all__ = ["Choice", "Detector", "AutoDetector", "choose", "load_detector", "is_embedded", "CROSS_LINGUAL", "AUTO"]
 
@@ -86,10 +86,10 @@ def choose(lang: str | None = None, task: str | None = None, *, program: str | N
                          "or task")
     explicit = program is not None
     if program is not None:
-        get(program)  # KeyError naming the registered programs
+        get_program(program)  # KeyError naming the registered programs
     embedded = is_embedded(lm)
     name = program or ("grounded" if embedded else "spans")
-    metric = metric or ("f1" if task and name == "grounded" else get(name).default_metric)
+    metric = metric or ("f1" if task and name == "grounded" else get_program(name).default_metric)
     default = "" if explicit else (" (the default with the embedded model; spans is the LM span detector)"
                                    if name == "grounded" else " (the default with a capable LM)")
     if version is not None or _has(name, key, metric, root):
@@ -143,7 +143,7 @@ def load_detector(lang: str | None = None, task: str | None = None, *, program: 
         loaded = load_compiled(choice.program, lang=choice.key, metric=choice.metric, version=choice.version,
                                root=root, trust_endpoints=trust_endpoints, options=options)
         return Detector(program=loaded.program, manifest=loaded.manifest, path=loaded.path, choice=choice)
-    spec = get(choice.program)
+    spec = get_program(choice.program)
     try:
         module = spec.make(**(options or {}))
     except (TypeError, ValueError) as e:

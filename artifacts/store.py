@@ -48,7 +48,7 @@ from halluscope.core import paths
 from halluscope.core.redact import redact, redact_obj
 from halluscope.artifacts.compiled import CompiledDetector
 from halluscope.artifacts.checks import checked_json, checked_state
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.core.tasks import HALLUCLEAN_TASKS
 
 __all__ = [
@@ -815,7 +815,7 @@ def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
     chosen = VersionInfo(version=int(manifest.get("version") or 0), path=path,
                          created_at=manifest.get("created_at"), score=selection_score(manifest), manifest=manifest)
     try:
-        spec = get(str(manifest.get("program")))
+        spec = get_program(str(manifest.get("program")))
     except KeyError as e:
         raise ArtifactMismatchError(str(e)) from None
     overrides = check_load_options(spec, options)

@@ -46,13 +46,13 @@ from halluscope.core.fileio import create_unique_dir, write_text_atomic
 from halluscope.core.safejson import check_regular_file
 from halluscope.loaders import DatasetArgumentError, dataset_names, get_dataset
 from halluscope.metrics.adapters import METRICS
-from halluscope.programs.registry import get, names
+from halluscope.programs.registry import get_program, program_names
 from halluscope.core.redact import error_text, redact
 
 
 def add_parser(subparsers) -> None:
     d = subparsers.add_parser("detect", help="run a compiled artifact on one answer or a JSONL file of answers")
-    d.add_argument("--program", choices=names(), default=None,
+    d.add_argument("--program", choices=program_names(), default=None,
                    help="default: grounded with the embedded model (--lm local; falls back to the cross-lingual "
                         "artifact for a language without its own), spans with any other --lm")
     d.add_argument("--dataset", choices=dataset_names(), default=None,
@@ -180,11 +180,11 @@ def cmd_detect(args) -> int:
         print(f"loaded {detector.path} (v{detector.version:04d}, {m.get('optimizer', {}).get('description', '?')}, "
               f"cv {args.metric}={_fmt((m.get('cv') or {}).get('mean', {}).get('compiled', {}).get(args.metric))})",
               file=sys.stderr)
-    lm = setup_lm(args, needed=get(args.program).needs_lm(m.get("program_options")))  # grounded: none
+    lm = setup_lm(args, needed=get_program(args.program).needs_lm(m.get("program_options")))  # grounded: none
     compiled_with = (m.get("task_lm") or {}).get("model")
     if lm is not None and compiled_with and compiled_with != lm.model:
         print(f"warning: the artifact was compiled with {compiled_with}; running it with {lm.model}", file=sys.stderr)
-    extra_inputs = get(args.program).extra_inputs
+    extra_inputs = get_program(args.program).extra_inputs
     with lm_tracing(args.trace, experiment=experiment_name(detector.name, detector.lang or key),
                     tracking_uri=args.tracking_uri, kind="detect"):
         if args.answer is not None:

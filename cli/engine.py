@@ -15,7 +15,7 @@ from halluscope.core import paths
 from halluscope.artifacts.store import ArtifactError
 from halluscope.cli.common import POSITIVE_INT, THREADS, failed_share_line, ranged
 from halluscope.core.contract import describe_failed
-from halluscope.programs.registry import get, number
+from halluscope.programs.registry import get_program, number
 from halluscope.evaluation.scale import LMConfig, RayOptions, detect_ray, evaluate_ray, parts_dir
 
 
@@ -54,7 +54,7 @@ def detect_with_ray(args, detector, *, lang: str | None, task: str | None) -> in
     """``halluscope detect --engine ray``: exit 1 when more than ``--max-failed-share`` of the output's rows failed
     (by default: any), 0 otherwise, 2 on bad input."""
     print(f"loaded {detector.path} (v{detector.version:04d}, hash {detector.content_hash[:12]})", file=sys.stderr)
-    spec = get(args.program)
+    spec = get_program(args.program)
     needs_lm = spec.needs_lm(detector.manifest.get("program_options"))
     out = Path(args.output) if args.output else paths.outputs_dir() / "detect" / time.strftime(
         "%Y%m%d-%H%M%S") / "detections.parquet"

@@ -26,14 +26,14 @@ from halluscope.loaders import DatasetSpec, get_dataset
 from halluscope.metrics.adapters import METRICS
 from halluscope.tracking.traces import lm_tracing
 from halluscope.tracking.runs import experiment_name, track_run
-from halluscope.programs.registry import get, names
+from halluscope.programs.registry import get_program, program_names
 from halluscope.core.redact import redact_obj
 from halluscope.evaluation.runner import run_eval
 
 
 def add_parser(sub) -> None:
     ev = sub.add_parser("evaluate", help="run a detector on a labelled dataset and score it")
-    ev.add_argument("--program", choices=names(), default=None,
+    ev.add_argument("--program", choices=program_names(), default=None,
                     help="the program to run (default spans); with --artifact, the artifact's program")
     ev.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
                     help="program build option, e.g. -O reasoning=true (repeatable)")
@@ -74,7 +74,7 @@ def cmd_evaluate(args) -> int:
     detector = None
     if args.artifact is not None:  # the artifact is loaded and verified before any data is loaded or LM set up
         detector = load_artifact_arg(args)
-        spec, program = get(detector.name), detector.program
+        spec, program = get_program(detector.name), detector.program
         options = dict(detector.manifest.get("program_options") or {})
         print(f"scoring the compiled artifact {detector.path} (v{detector.version:04d}, hash "
               f"{detector.content_hash[:12]}; compiled on {detector.manifest.get('source', '?')} with "
@@ -84,7 +84,7 @@ def cmd_evaluate(args) -> int:
             if getattr(args, flag) is not None:
                 usage_error(args, f"argument --{flag.replace('_', '-')}: goes with --artifact")
         args.program = args.program or "spans"
-        spec = get(args.program)
+        spec = get_program(args.program)
         try:  # options checked and the program built before any data is loaded or LM set up
             options = parse_options(args.option, spec)
             program = spec.make(**options)
@@ -195,7 +195,7 @@ def load_artifact_arg(args):
         if not key:
             usage_error(args, "argument --artifact: give --lang or --task (the artifact's key) or a PATH")
         args.program = args.program or "spans"
-        metric = args.metric or get(args.program).default_metric
+        metric = args.metric or get_program(args.program).default_metric
         return load_compiled(args.program, lang=key, metric=metric, version=args.version, root=args.compiled_dir,
                              trust_endpoints=trust)
     except (ArtifactError, ValueError) as e:

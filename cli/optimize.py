@@ -32,7 +32,7 @@ from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.run import OptimizeConfig, plan_run, run_optimize
 from halluscope.tracking.traces import lm_tracing
 from halluscope.tracking.runs import experiment_name
-from halluscope.programs.registry import get, names, number, whole
+from halluscope.programs.registry import get_program, program_names, number, whole
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ def add_parser(subparsers) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--program", choices=names(), default=None,
+    p.add_argument("--program", choices=program_names(), default=None,
                    help="detector program (registry name); default: grounded for span data on the embedded model "
                         "(--lm local: its combiner is fitted, no prompt to optimise), else spans (MIPROv2)")
     p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
@@ -179,7 +179,7 @@ def validate_args(p: argparse.ArgumentParser, args, *, injected_lm: bool = False
     problem = dataset.metric_problem(args.metric, METRIC_LEVEL[args.metric])
     if problem:
         p.error(f"argument --metric: {problem}")
-    spec = get(args.program)
+    spec = get_program(args.program)
     if spec.level == "response" and METRIC_LEVEL[args.metric] == "span":
         ok = [m for m, lvl in METRIC_LEVEL.items() if lvl == "response"]
         p.error(f"argument --metric: {args.metric!r} scores spans, but program {args.program!r} is response-level "

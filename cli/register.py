@@ -15,12 +15,12 @@ import sys
 from halluscope.artifacts.store import ArtifactError, best_version, list_versions
 from halluscope.metrics.adapters import METRICS
 from halluscope.tracking.model_registry import register_artifact
-from halluscope.programs.registry import names
+from halluscope.programs.registry import program_names
 
 
 def add_parser(subparsers) -> None:
     r = subparsers.add_parser("register", help="register a compiled artifact as an MLflow model (no pickle)")
-    r.add_argument("--program", choices=names(), default="spans", help="the artifact's program (default spans)")
+    r.add_argument("--program", choices=program_names(), default="spans", help="the artifact's program (default spans)")
     r.add_argument("--lang", required=True, metavar="LANG|TASK", help="the artifact's language (or HalluClean task)")
     r.add_argument("--metric", choices=list(METRICS), default="iou",
                    help="the metric the artifact was optimised for (default iou)")

@@ -41,7 +41,7 @@ from halluscope.core.tasks import HALLUCLEAN_TASKS
 from halluscope.artifacts.policy import load_detector
 from halluscope.artifacts.compiled import CompiledDetector
 from halluscope.metrics.adapters import METRICS
-from halluscope.programs.registry import get, names
+from halluscope.programs.registry import get_program, program_names
 from halluscope.serve.app import Limits, create_app, swagger_assets
 
 KEY_ENV = "HALLUSCOPE_SERVE_KEY"
@@ -50,7 +50,7 @@ KEY_ENV = "HALLUSCOPE_SERVE_KEY"
 def add_parser(subparsers) -> None:
     s = subparsers.add_parser("serve", help="serve compiled detectors over HTTP (JSON API + web page)")
     g = s.add_argument_group("what to serve")
-    g.add_argument("--program", choices=names(), default=None,
+    g.add_argument("--program", choices=program_names(), default=None,
                    help="default: grounded for a --lang with the embedded model (--lm local; the cross-lingual "
                         "artifact for a language without its own), spans otherwise")
     g.add_argument("--lang", action="append", default=[], metavar="LANG",
@@ -162,7 +162,7 @@ def build_app(args, *, detectors: list[CompiledDetector] | None = None, quiet: b
                     max_upload_bytes=args.max_upload_bytes)
     if detectors is None:
         detectors = resolve_detectors(args, quiet=quiet)
-    if not lm_ready and any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):
+    if not lm_ready and any(get_program(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):
         lm = setup_lm(args)  # else no LM configured
         compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
         if compiled_with and not quiet:
@@ -264,7 +264,7 @@ def cmd_serve(args) -> int:
     for d in detectors:
         print(f"loaded {d.name}/{d.lang}/{d.metric} v{d.version:04d} ({d.content_hash[:12]}) from {d.path}" if d.path
               else f"serving the unfitted {d.name} for {d.lang} (no artifact)", file=sys.stderr)
-    if any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):  # else no LM configured
+    if any(get_program(d.name).needs_lm(d.manifest.get("program_options")) for d in detectors):  # else no LM configured
         lm = setup_lm(args)
         compiled_with = {(d.manifest.get("task_lm") or {}).get("model") for d in detectors} - {None, lm.model}
         if compiled_with:

@@ -6,9 +6,12 @@
 
 What a spec is depends on the kind: a :class:`halluscope.programs.registry.ProgramSpec`, a
 :class:`halluscope.loaders.dataset_registry.DatasetSpec`, a retriever factory ``factory(arg) -> Retriever`` (for the spec
-string ``prefix:arg``), an :class:`halluscope.optimize.cv.OptimizerSpec`. Each kind's package keeps a
-typed front over this registry (``halluscope.programs.registry.register(spec)``, ``register_dataset``,
-``register_retriever``, ``register_optimizer``), which checks the spec and calls :func:`register`.
+string ``name:arg``), an :class:`halluscope.optimize.cv.OptimizerSpec`. Each kind's package keeps a typed front
+over this registry, named alike, which checks the spec: ``halluscope.programs`` (``get_program``, ``program_names``,
+``register_program``), ``halluscope.loaders`` (``get_dataset``, ``dataset_names``, ``register_dataset``),
+``halluscope.retrievers`` (``get_retriever``, ``retriever_names``, ``register_retriever``; ``make_retriever`` builds
+one from a spec string) and ``halluscope.optimize`` (``get_optimizer``, ``optimizer_names``, ``register_optimizer``).
+``get_X(name)`` is ``get(KIND, name)`` with the type checked; each built-in registers in the module defining it.
 
 The first :func:`get` or :func:`names` of a kind loads its extensions: the package that holds its built-ins
 (:data:`KINDS`; importing it registers them) and then every installed plugin that declares an entry point in the
@@ -40,7 +43,7 @@ KINDS: dict[str, str] = {
     "programs": "halluscope.programs",
     "datasets": "halluscope.loaders",
     "retrievers": "halluscope.retrievers",
-    "optimizers": "halluscope.optimize.cv",
+    "optimizers": "halluscope.optimize.optimizers",
 }
 
 _REGISTRY: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}

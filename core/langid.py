@@ -10,7 +10,7 @@ and is decoded on first use (about 2.5 s, once per process); nothing is download
 :data:`LANGUAGES` (43 widely written languages, the 14 of Mu-SHROOM among them), not all 97: minority languages
 close to a common one (Galician, Marathi, Nepali, Uyghur) took answers that were Spanish, Hindi or Arabic.
 Give it the question with the answer when there is one: an answer that is only names ("FC Zenit-2 Saint
-Petersburg") says little about its language, and the question usually does (BENCHMARKS.md, "#34 --lang auto").
+Petersburg") says little about its language, and the question usually does (BENCHMARKS.md, "Verdicts", `--lang auto`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The evidence seam: a :class:`Retriever` turns a query into ranked :class:`~halluscope.core.contract.Evidence`.
 
-Retrievers are configured like LMs: by a spec string (``"context"`` today; the knowledge-base, file, graph
-and search retrievers register their own prefixes) through :func:`make_retriever`, and cached on disk like
+Retrievers are configured like LMs: by a spec string (``"context"`` here; the knowledge-base, file, graph
+and search retrievers register their own names in their modules) through :func:`make_retriever`, which builds one
+from the factory :func:`get_retriever` finds (the front of the ``retrievers`` kind of
+:mod:`halluscope.core.extensions`, re-exported by :mod:`halluscope.retrievers`), and cached on disk like
 LM calls by wrapping them in :class:`CachedRetriever`. Programs take a retriever (or a spec) as a build
 option, so the same detector runs on the item's own context in a benchmark and on a knowledge base in
 production.
@@ -25,8 +27,8 @@ import diskcache
 from halluscope.core import extensions, paths
 from halluscope.core.contract import Evidence
 
-__all__ = ["Retriever", "ContextRetriever", "CachedRetriever", "register_retriever", "make_retriever",
-           "retriever_names"]
+__all__ = ["Retriever", "ContextRetriever", "CachedRetriever", "register_retriever", "get_retriever",
+           "retriever_names", "make_retriever"]
 
 
 @runtime_checkable
@@ -108,12 +110,23 @@ class CachedRetriever:
         return found
 
 
-_FACTORIES: dict[str, Callable[[str], Retriever]] = extensions.table("retrievers")  # the one extension registry's
-
-
 def register_retriever(prefix: str, factory: Callable[[str], Retriever]) -> None:
     """Make ``make_retriever("<prefix>")`` and ``make_retriever("<prefix>:<arg>")`` call ``factory(arg)``."""
     extensions.register("retrievers", prefix, factory)
+
+
+def get_retriever(name: str) -> Callable[[str], Retriever]:
+    """The factory registered as ``name`` (a built-in, or a plugin's through its ``halluscope.retrievers`` entry
+    point): ``get_retriever("files")("docs/")`` is a :class:`~halluscope.retrievers.files.FileRetriever` over
+    ``docs/``. ``KeyError`` naming the registered ones otherwise. To build a retriever from a spec string
+    (``"files:docs/"``), call :func:`make_retriever`, which looks the prefix up here."""
+    try:
+        factory = extensions.get("retrievers", name)
+    except KeyError:
+        raise KeyError(f"unknown retriever {name!r}; choose one of: {', '.join(retriever_names())}") from None
+    if not callable(factory):
+        raise TypeError(f"retriever {name!r} is registered as a {type(factory).__name__}, not a factory")
+    return factory
 
 
 def retriever_names() -> list[str]:
@@ -124,15 +137,15 @@ def retriever_names() -> list[str]:
 
 def make_retriever(spec: str | Retriever, *, cache: bool = False, cache_dir: str | Path | None = None,
                    **options: Any) -> Retriever:
-    """A retriever from a spec string (``"context"``, ``"context:800"`` = 800-character passages) or a ready
-    retriever; ``cache=True`` wraps it in :class:`CachedRetriever`. ``options`` go to the factory as keywords
+    """A retriever built from a spec string ``NAME[:ARG]`` (``"context"``, ``"context:800"`` = 800-character
+    passages): the factory :func:`get_retriever` returns for ``NAME``, called with ``ARG``; or a ready retriever; ``cache=True`` wraps it in :class:`CachedRetriever`. ``options`` go to the factory as keywords
     (``make_retriever("files:docs/", max_mb=5)``; a factory that takes none refuses them)."""
     if isinstance(spec, str):
         prefix, _, arg = spec.partition(":")
         names = retriever_names()  # loads the built-in retrievers and plugins on first use
         if prefix not in names:
             raise ValueError(f"unknown retriever {spec!r}; choose one of: {', '.join(names)}")
-        retriever = _FACTORIES[prefix](arg, **options)
+        retriever = get_retriever(prefix)(arg, **options)
     elif isinstance(spec, Retriever):
         retriever = spec
     else:

@@ -55,7 +55,7 @@ from halluscope.core.fileio import write_text_atomic
 from halluscope.core.signals import stop_on_sigterm
 from halluscope.lm.models import configure
 from halluscope.lm.usage import LMUsage, UsageMeter
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.core.redact import error_text
 from halluscope.evaluation.runner import EvalResult, score_predictions
 
@@ -774,7 +774,7 @@ class EvalWorker:
                                              f"started with {content_hash[:16]}…; refusing to use it")
             self.program = detector.program
         else:
-            self.program = get(program).make(**options)
+            self.program = get_program(program).make(**options)
         self.extra_inputs = tuple(extra_inputs)
         if lm is not None:
             lm.configure(n_threads=n_threads)
@@ -813,7 +813,7 @@ def evaluate_ray(program: str, options: dict, examples: Sequence[dspy.Example], 
     """:func:`halluscope.evaluation.runner.run_eval` on a pool of Ray actors: the same :class:`EvalResult` (scores,
     failures, LM usage summed over the actors, predictions in example order). ``artifact`` = ``(version folder,
     content hash)`` runs that compiled artifact instead of the program built from ``options``."""
-    spec = get(program)
+    spec = get_program(program)
     examples = list(examples)
     ray = init_ray(opts)
     _set_context(opts)

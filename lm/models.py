@@ -242,7 +242,7 @@ class LlamaCppEngine:
     #: the most token alternatives a log-probability request gets at each position (``top_logprobs`` is clamped to
     #: it). llama-cpp-python computes the whole distribution anyway; each alternative costs a detokenize call and
     #: its room in the reply (and DSPy's cache). ``core.decisions`` asks for this many only for a Choice of more
-    #: than two labels, whose rarer labels a small model often ranks below the 20th (#21 round five, BENCHMARKS.md)
+    #: than two labels, whose rarer labels a small model often ranks below the 20th (BENCHMARKS.md, "Constant answers and calibration")
     max_top_logprobs = 300
     #: context of the second model instance that answers requests asking for token log-probabilities
     #: (llama.cpp keeps every position's logits then: n_ctx x vocabulary floats, ~0.8 GB at 4096)

@@ -64,7 +64,7 @@ from halluscope.core.fileio import iter_jsonl
 from halluscope.core.safejson import check_regular_file
 from halluscope.core.literals import parse_text_value
 from halluscope.loaders.mushroom import check_gold, gold_from_record
-from halluscope.loaders.dataset_registry import DatasetArgumentError
+from halluscope.loaders.dataset_registry import ArgRole, DatasetArgumentError, DatasetSpec, register_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -496,3 +496,14 @@ def load_generic_dataset(data_dir=None, *, lang=None, task=None, split=None, con
     parts = ["generic", p.name if p.exists() else str(data_dir).replace("/", "_"), split,
              lang and f"lang={lang}", task and f"task={task}"]
     return examples, "/".join(x for x in parts if x)
+
+
+register_dataset(DatasetSpec(
+    name="generic",
+    description="any local .json/.jsonl/.csv/.tsv/.parquet file (or folder, or HuggingFace Hub name) given as "
+                "--data-dir, its columns mapped onto the common schema with --column FIELD=COLUMN",
+    loader=load_generic_dataset, level="auto",
+    lang=ArgRole("keep the rows of this language (with a lang column), else set it on every row"),
+    task=ArgRole("keep the rows of this task (with a task column), else set it on every row"),
+    columns=True,
+))

@@ -38,6 +38,7 @@ from pathlib import Path
 import dspy
 
 from halluscope.core import paths
+from halluscope.loaders.dataset_registry import ArgRole, DatasetSpec, register_dataset
 from halluscope.core.tasks import HALLUCLEAN_TASKS, TASK_ALIASES, canonical_task
 
 logger = logging.getLogger(__name__)
@@ -321,3 +322,22 @@ def load_halluclean_or_demo(
     if root is None:
         return halluclean_demo(task, limit), True
     return load_halluclean(root, task, limit), False
+
+
+# -- the dataset: registered here, where it is defined --------------------------------------------------
+
+def _load_halluclean_dataset(data_dir=None, *, lang=None, task=None, split="dev", context=None, limit=None,
+                             columns=None):
+    root = resolve_halluclean_dir(data_dir)
+    if root is None:  # no data configured: the demo cases stand in (halluclean_demo logs the notice)
+        return halluclean_demo(task, limit), f"halluclean-demo/{task}"
+    return load_halluclean(root, task, limit=limit, split=split), f"halluclean/{task}"
+
+
+register_dataset(DatasetSpec(
+    name="halluclean",
+    description="the five HalluClean evaluation sets: response-level labels; built-in demo cases stand in "
+                "when no data is configured (--data-dir or $HALLUSCOPE_HALLUCLEAN_DIR)",
+    loader=_load_halluclean_dataset, level="response", splits=("dev",), default_split="dev",
+    task=ArgRole("the HalluClean task", choices=HALLUCLEAN_TASKS, canonical=canonical_task, required=True),
+))

@@ -28,6 +28,7 @@ correct and fast.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -43,6 +44,8 @@ from halluscope.core.literals import TextValueError, parse_text_list
 
 from halluscope.core.contract import hard_labels_from_soft
 from halluscope.core import paths
+from halluscope.loaders.dataset_registry import ArgRole, DatasetArgumentError, DatasetSpec, register_dataset
+from halluscope.loaders.demo import DEMO_NOTICE, demo_data_dir
 
 __all__ = [
     "LANGS",
@@ -492,3 +495,42 @@ def write_submission(
         )
     out = write_text_atomic(path, "".join(line + "\n" for line in lines))
     return out
+
+
+logger = logging.getLogger(__name__)
+
+
+# -- the dataset: registered here, where it is defined --------------------------------------------------
+
+def _load_mushroom_dataset(data_dir=None, *, lang=None, task=None, split="val", context="none", limit=None,
+                           columns=None):
+    root = resolve_data_dir(data_dir)
+    if root is None:  # no data configured: the demo set stands in, in English unless a language is named
+        logger.warning(DEMO_NOTICE)
+        root, lang, source = demo_data_dir(), lang or "en", "demo"
+    else:
+        if lang is None and Path(root).is_dir():
+            raise DatasetArgumentError(f"argument --lang: required with a Mu-SHROOM data folder ({root}); "
+                                       f"choose from {', '.join(LANGS)}")
+        source = "mushroom"
+    # "all": every language with a file in the folder (one cross-lingual artifact, keyed "all")
+    examples = load_mushroom(root, lang=None if lang == "all" else lang, split=split, context=context or "none",
+                             limit=limit)
+    return examples, f"{source}/{lang or 'all'}/{split}/context={context or 'none'}"
+
+
+def _write_mushroom_submission(path, ids, predictions):
+    """The official Mu-SHROOM submission file; a failed prediction (``None``) is submitted as no spans."""
+    return write_submission(path, list(ids), [p if p is not None else {"hard_labels": [], "soft_labels": []}
+                                              for p in predictions])
+
+
+register_dataset(DatasetSpec(
+    name="mushroom",
+    description="Mu-SHROOM (SemEval-2025 Task 3): span-level gold in 14 languages; the built-in demo set "
+                "stands in when no data is configured (--data-dir or $HALLUSCOPE_DATA_DIR)",
+    loader=_load_mushroom_dataset, level="span", splits=SPLITS, default_split="val",
+    lang=ArgRole("the Mu-SHROOM language, or all (every language in the folder); required with a data folder, "
+                 "en for the demo set", choices=(*LANGS, "all")),
+    submission=_write_mushroom_submission,
+))

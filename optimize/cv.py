@@ -37,8 +37,6 @@ from halluscope.core import extensions
 from halluscope.evaluation import runner
 from halluscope.core.contract import Detection, describe_failed, failure_reason
 from halluscope.metrics.adapters import aggregate, get_metric
-from halluscope.optimize.optimizers import compile_gepa, compile_pairs, compile_reanchor
-from halluscope.optimize.proposals import robust_proposals
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +65,9 @@ __all__ = [
     "optimizer_specs",
 ]
 
-# The optimizers (mipro, bootstrap, gepa, reanchor, and fit = the program's own ProgramSpec.fit hook) are registered
-# at the end of this module (OptimizerSpec); "mipro+reanchor" (any prompt optimizer) calibrates the decisions after.
+# The optimizers (mipro, bootstrap, gepa, reanchor, pairs, and fit = the program's own ProgramSpec.fit hook) are
+# defined and registered in halluscope.optimize.optimizers (OptimizerSpec, below, is their front);
+# "mipro+reanchor" (any prompt optimizer) calibrates the decisions after.
 DECISION_PROBS = ("logprobs", "verbal")  # where ReAnchor's probabilities come from (halluscope.core.decisions)
 # Fields every example keeps for compiling and scoring (inputs + gold); the rest (logits, tokens, URLs) is
 # dropped so demos stored in the artifact stay small. Programs ask for more through ProgramSpec.extra_inputs.
@@ -497,8 +496,9 @@ def compile_program(
                 metric_name=metric_name, failures=failures, max_failed_share=max_failed_share)
             info.update(more)
             if cfg.reanchor and program is not None:  # calibrate the compiled program's decisions
-                program, more = compile_reanchor(_strip_run_state(program), trainset, metric, cfg, task_lm=task_lm)
-                info.update(more)
+                program, more = get_optimizer("reanchor").compile(_strip_run_state(program), trainset, metric, cfg,
+                                                                  task_lm=task_lm)
+                info.update({k: v for k, v in more.items() if k not in ("n_train", "n_val")})  # the prompts' split
             if cfg.then_fit and program is not None:  # the fit hook on the compiled program (its demos in use)
                 program = _strip_run_state(program)
                 info.update(fit(program, trainset, metric_name) or {})
@@ -702,7 +702,8 @@ def cross_validate(
 
 
 # ------------------------------------------------------------------------------------------------------
-# The optimizers: one kind of the extension registry (halluscope.core.extensions, kind "optimizers")
+# The optimizers: one kind of the extension registry (halluscope.core.extensions, kind "optimizers"); this is
+# its front, re-exported by halluscope.optimize; the built-ins register in halluscope.optimize.optimizers
 # ------------------------------------------------------------------------------------------------------
 
 
@@ -751,68 +752,3 @@ def optimizer_specs() -> list[OptimizerSpec]:
     """Every registered optimizer's spec, in registration order (what ``--optimizer`` may name)."""
     table = extensions.table("optimizers")
     return [table[name] for name in optimizer_names()]
-
-
-def _compile_fit(student, trainset, metric, cfg, *, fit, metric_name, task_lm=None, prompt_lm=None, **_):
-    info = {"n_train": len(trainset), "n_val": 0}
-    kwargs = {"optimizer": cfg.fit_with} if cfg.fit_with else {}
-    if cfg.fit_with == "gepa":  # the hook runs GEPA itself: its budget and its reflection LM
-        kwargs.update(reflection_lm=prompt_lm or task_lm, max_metric_calls=cfg.max_metric_calls, auto=cfg.auto,
-                      seed=cfg.seed)  # auto is None when max_metric_calls is given (OptimizerConfig sees to it)
-    info.update(fit(student, trainset, metric_name, **kwargs) or {})
-    return student, info
-
-
-def _compile_reanchor(student, trainset, metric, cfg, *, task_lm, **_):
-    program, more = compile_reanchor(student, trainset, metric, cfg, task_lm=task_lm)
-    return program, {"n_train": len(trainset), "n_val": 0, **more}
-
-
-def _compile_gepa(student, trainset, metric, cfg, *, task_lm, prompt_lm, metric_name, **_):
-    train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
-    return compile_gepa(student, train, val, metric, cfg, metric_name=metric_name, task_lm=task_lm,
-                        prompt_lm=prompt_lm)
-
-
-def _compile_pairs(student, trainset, metric, cfg, **_):
-    program, more = compile_pairs(student, trainset, cfg, pair_by=cfg.pair_by)
-    return program, {"n_train": len(trainset), "n_val": 0, **more}
-
-
-def _compile_bootstrap(student, trainset, metric, cfg, **_):
-    opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
-                                max_labeled_demos=cfg.max_labeled_demos, max_errors=cfg.max_errors)
-    return opt.compile(student, trainset=trainset), {"n_train": len(trainset), "n_val": 0}
-
-
-def _compile_mipro(student, trainset, metric, cfg, *, task_lm, prompt_lm, failures, max_failed_share, **_):
-    train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
-    # Without --max-errors, failed task-LM calls do not abort MIPROv2 (DSPy stops at 10): they are
-    # counted (failures) and the compile is judged by their share (compile_program).
-    max_errors = cfg.max_errors if cfg.max_errors is not None else (
-        10**9 if failures is not None and max_failed_share is not None else None)
-    opt = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm or task_lm, task_model=task_lm,
-                       max_bootstrapped_demos=cfg.max_bootstrapped_demos,
-                       max_labeled_demos=cfg.max_labeled_demos, auto=cfg.auto,
-                       num_candidates=cfg.candidates, num_threads=cfg.threads,
-                       max_errors=max_errors, seed=cfg.seed, init_temperature=cfg.init_temperature,
-                       verbose=False)
-    kwargs: dict[str, Any] = {}
-    if cfg.auto is None:
-        kwargs.update(num_trials=cfg.trials, minibatch=len(val) > 50)
-    with robust_proposals(cfg.proposal_attempts) as proposals:  # a bad proposal reply never aborts
-        program = opt.compile(student, trainset=train, valset=val, seed=cfg.seed, **kwargs)
-    info = {"n_train": len(train), "n_val": len(val), **proposals.to_dict()}
-    score = getattr(program, "score", None)
-    if isinstance(score, (int, float)):
-        info["val_score"] = float(score) / 100.0  # DSPy reports percent
-    return program, info
-
-
-# MIPROv2 needs one item to bootstrap demos from and one to validate on (GEPA likewise); the others one.
-register_optimizer(OptimizerSpec("mipro", _compile_mipro, "MIPROv2", min_items=2, prompts=True))
-register_optimizer(OptimizerSpec("bootstrap", _compile_bootstrap, "BootstrapFewShot", prompts=True))
-register_optimizer(OptimizerSpec("gepa", _compile_gepa, "GEPA", min_items=2, prompts=True))
-register_optimizer(OptimizerSpec("reanchor", _compile_reanchor, "ReAnchor"))
-register_optimizer(OptimizerSpec("pairs", _compile_pairs, "contrastive labelled demos", min_items=2, prompts=True))
-register_optimizer(OptimizerSpec("fit", _compile_fit, "the fit hook", listed=False))

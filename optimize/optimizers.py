@@ -1,4 +1,7 @@
-"""The optimizers beyond MIPROv2/BootstrapFewShot: ``dspy.GEPA`` and ``dspy.ReAnchor`` (see :mod:`.cv`).
+"""The built-in optimizers (``--optimizer NAME``), each registered here with
+:func:`halluscope.optimize.cv.register_optimizer`: ``mipro`` (``dspy.MIPROv2``), ``bootstrap``
+(``dspy.BootstrapFewShot``), ``gepa``, ``reanchor``, ``pairs`` and ``fit`` (the program's own fit hook); the
+cross-validated compile that runs them is :mod:`.cv`. Beyond DSPy's own:
 
 * :func:`compile_gepa`: reflective prompt evolution. The project metric's feedback twin
   (:func:`halluscope.metrics.feedback.feedback_metric`: missed/false spans quoted with offsets, FP/FN with the
@@ -18,7 +21,7 @@
   own set of ``max_labeled_demos`` gold cases drawn as *pairs*: the hallucinated and the correct answer of one
   source (both answers of one question), the sets disjoint across predictors while the training part has enough
   sources (:func:`contrastive_demo_sets`). Made for ``direct``/``direct+routing -O demo_sets=K``, which average
-  their K predictors' calibrated verdicts (BENCHMARKS.md, "#21 round five").
+  their K predictors' calibrated verdicts (BENCHMARKS.md, "`direct+routing` on HalluClean QA").
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from dspy.teleprompt.reanchor import ReAnchor  # experimental in DSPy 3.4: not e
 
 from halluscope.core.decisions import LOGPROB_SETTING, has_decision_outputs, logprobs_problem, with_logprob_decisions
 from halluscope.metrics.feedback import FEEDBACK_METRICS
+from halluscope.optimize.cv import OptimizerSpec, register_optimizer, train_val_split
+from halluscope.optimize.proposals import robust_proposals
 
 logger = logging.getLogger(__name__)
 
@@ -194,3 +199,72 @@ def compile_pairs(student: dspy.Module, trainset: Sequence, cfg, *, pair_by: str
         drawn = f"both answers of {cfg.max_labeled_demos // 2} {info['pair_by']} groups, no group shown twice"
     log(f"pairs: {len(named)} predictor(s), {cfg.max_labeled_demos} labelled demos each ({drawn})")
     return program, {"pairs": info}
+
+
+# -- the built-in optimizers: registered here, where they are defined ------------------------------------------
+# compile(student, trainset, metric, cfg, *, task_lm, prompt_lm, fit, metric_name, failures, max_failed_share)
+# -> (program, info): see OptimizerSpec.
+
+def _compile_fit(student, trainset, metric, cfg, *, fit, metric_name, task_lm=None, prompt_lm=None, **_):
+    info = {"n_train": len(trainset), "n_val": 0}
+    kwargs = {"optimizer": cfg.fit_with} if cfg.fit_with else {}
+    if cfg.fit_with == "gepa":  # the hook runs GEPA itself: its budget and its reflection LM
+        kwargs.update(reflection_lm=prompt_lm or task_lm, max_metric_calls=cfg.max_metric_calls, auto=cfg.auto,
+                      seed=cfg.seed)  # auto is None when max_metric_calls is given (OptimizerConfig sees to it)
+    info.update(fit(student, trainset, metric_name, **kwargs) or {})
+    return student, info
+
+
+def _compile_reanchor(student, trainset, metric, cfg, *, task_lm, **_):
+    program, more = compile_reanchor(student, trainset, metric, cfg, task_lm=task_lm)
+    return program, {"n_train": len(trainset), "n_val": 0, **more}
+
+
+def _compile_gepa(student, trainset, metric, cfg, *, task_lm, prompt_lm, metric_name, **_):
+    train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
+    return compile_gepa(student, train, val, metric, cfg, metric_name=metric_name, task_lm=task_lm,
+                        prompt_lm=prompt_lm)
+
+
+def _compile_pairs(student, trainset, metric, cfg, **_):
+    program, more = compile_pairs(student, trainset, cfg, pair_by=cfg.pair_by)
+    return program, {"n_train": len(trainset), "n_val": 0, **more}
+
+
+def _compile_bootstrap(student, trainset, metric, cfg, **_):
+    opt = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
+                                max_labeled_demos=cfg.max_labeled_demos, max_errors=cfg.max_errors)
+    return opt.compile(student, trainset=trainset), {"n_train": len(trainset), "n_val": 0}
+
+
+def _compile_mipro(student, trainset, metric, cfg, *, task_lm, prompt_lm, failures, max_failed_share, **_):
+    train, val = train_val_split(trainset, cfg.val_fraction, cfg.seed)
+    # Without --max-errors, failed task-LM calls do not abort MIPROv2 (DSPy stops at 10): they are
+    # counted (failures) and the compile is judged by their share (compile_program).
+    max_errors = cfg.max_errors if cfg.max_errors is not None else (
+        10**9 if failures is not None and max_failed_share is not None else None)
+    opt = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm or task_lm, task_model=task_lm,
+                       max_bootstrapped_demos=cfg.max_bootstrapped_demos,
+                       max_labeled_demos=cfg.max_labeled_demos, auto=cfg.auto,
+                       num_candidates=cfg.candidates, num_threads=cfg.threads,
+                       max_errors=max_errors, seed=cfg.seed, init_temperature=cfg.init_temperature,
+                       verbose=False)
+    kwargs: dict[str, Any] = {}
+    if cfg.auto is None:
+        kwargs.update(num_trials=cfg.trials, minibatch=len(val) > 50)
+    with robust_proposals(cfg.proposal_attempts) as proposals:  # a bad proposal reply never aborts
+        program = opt.compile(student, trainset=train, valset=val, seed=cfg.seed, **kwargs)
+    info = {"n_train": len(train), "n_val": len(val), **proposals.to_dict()}
+    score = getattr(program, "score", None)
+    if isinstance(score, (int, float)):
+        info["val_score"] = float(score) / 100.0  # DSPy reports percent
+    return program, info
+
+
+# MIPROv2 needs one item to bootstrap demos from and one to validate on (GEPA likewise); the others one.
+register_optimizer(OptimizerSpec("mipro", _compile_mipro, "MIPROv2", min_items=2, prompts=True))
+register_optimizer(OptimizerSpec("bootstrap", _compile_bootstrap, "BootstrapFewShot", prompts=True))
+register_optimizer(OptimizerSpec("gepa", _compile_gepa, "GEPA", min_items=2, prompts=True))
+register_optimizer(OptimizerSpec("reanchor", _compile_reanchor, "ReAnchor"))
+register_optimizer(OptimizerSpec("pairs", _compile_pairs, "contrastive labelled demos", min_items=2, prompts=True))
+register_optimizer(OptimizerSpec("fit", _compile_fit, "the fit hook", listed=False))

@@ -66,7 +66,7 @@ from halluscope.metrics.adapters import METRIC_LEVEL, get_metric
 from halluscope.core.decisions import LOGPROB_SETTING, with_logprob_decisions
 from halluscope.optimize.optimizers import DECISION_PROGRAMS, reanchor_problem
 from halluscope.tracking.runs import metric_key, track_run
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.core.fileio import create_unique_dir
 from halluscope.core.signals import stop_on_sigterm
 from halluscope.optimize.changes import state_changes
@@ -313,7 +313,7 @@ def plan_run(config: OptimizeConfig, examples: Sequence[Any], *, spec=None,
     (``FoldSizeError`` among them) naming the problem. ``optimize.py`` calls it before it loads an LM and hands
     the plan to :func:`run_optimize`."""
     log = log or logger.info
-    spec = spec if spec is not None else get(config.program)
+    spec = spec if spec is not None else get_program(config.program)
     fit = getattr(spec, "fit", None)
     if fit is not None and "load_compiled" in inspect.signature(fit).parameters:
         # a fit hook that builds on committed artifacts (grounded on response labels takes the unit part of the

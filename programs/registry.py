@@ -19,7 +19,7 @@ Programs live in the one extension registry (:mod:`halluscope.core.extensions`, 
 is its typed front. The built-in programs are imported explicitly by ``halluscope.programs`` (the package
 ``__init__``), which runs before this module whenever it is imported; this module imports no program module. A
 plugin package declares its programs as ``[project.entry-points."halluscope.programs"]``; they load on the first
-:func:`get` or :func:`names`.
+:func:`get_program` or :func:`program_names`.
 
 Common example schema (every loader): ``id``, ``task`` ("mushroom", "qa", "dialogue", "summarization",
 "mwp", "self_contradiction"), ``lang``, ``question``, ``answer``, ``context`` ("" when none) as inputs;
@@ -56,10 +56,9 @@ __all__ = [
     "OptionError",
     "UnknownOptionError",
     "InvalidOptionError",
-    "register",
-    "get",
-    "names",
+    "register_program",
     "get_program",
+    "program_names",
     "REGISTRY",
 ]
 
@@ -436,28 +435,37 @@ class ProgramSpec:
 REGISTRY: dict[str, ProgramSpec] = extensions.table("programs")  # the programs of the one extension registry
 
 
-def register(spec: ProgramSpec) -> ProgramSpec:
+def register_program(spec: ProgramSpec) -> ProgramSpec:
     """Register ``spec`` under ``spec.name`` (:func:`halluscope.core.extensions.register`; a taken name is replaced)."""
     if not isinstance(spec, ProgramSpec):
-        raise TypeError(f"register takes a ProgramSpec, not {type(spec).__name__}")
+        raise TypeError(f"register_program takes a ProgramSpec, not {type(spec).__name__}")
     return extensions.register("programs", spec.name, spec)
 
 
-def names() -> list[str]:
+def program_names() -> list[str]:
     """The registered programs (built-ins and installed plugins), sorted."""
     return sorted(extensions.names("programs"))
 
 
-def get(name: str) -> ProgramSpec:
+def get_program(name: str) -> ProgramSpec:
     """The program registered as ``name`` (a built-in, or a plugin's through its ``halluscope.programs`` entry
     point); ``KeyError`` naming the registered ones otherwise."""
     try:
         spec = extensions.get("programs", name)
     except KeyError:
-        raise KeyError(f"unknown program {name!r}; choose one of: {', '.join(names())}") from None
+        raise KeyError(f"unknown program {name!r}; choose one of: {', '.join(program_names())}") from None
     if not isinstance(spec, ProgramSpec):
         raise TypeError(f"program {name!r} is registered as a {type(spec).__name__}, not a ProgramSpec")
     return spec
 
 
-get_program = get
+def __getattr__(name: str):
+    # ``get``: the old name of get_program. The model code an MLflow model stores when it is registered
+    # (tracking/mlflow_model.py) imported it until the fronts were named alike, so such a model still loads.
+    if name == "get":
+        import warnings
+
+        warnings.warn("halluscope.programs.registry.get is deprecated; use get_program", DeprecationWarning,
+                      stacklevel=2)
+        return get_program
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

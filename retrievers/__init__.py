@@ -1,6 +1,6 @@
 """Evidence sources beyond the item's own context, each a :class:`halluscope.core.retrieval.Retriever`.
 
-Importing this package registers their spec prefixes with :func:`halluscope.core.retrieval.register_retriever`:
+Each module registers its retriever's name where the class is defined (importing this package imports them all):
 
 ==================  ============================================================================
 spec                retriever
@@ -14,17 +14,17 @@ spec                retriever
 ``search:URL``      :class:`~halluscope.retrievers.search.SearchRetriever` — an HTTP JSON search API
                     (off unless configured; key from ``$HALLUSCOPE_SEARCH_KEY``)
 ==================  ============================================================================
+
+The front of the ``retrievers`` kind (defined in :mod:`halluscope.core.retrieval`, where ``context`` is):
+``get_retriever(name)`` (the factory), ``retriever_names()``, ``register_retriever(name, factory)``, and
+``make_retriever("NAME:ARG")``, which *builds* a retriever: ``get_retriever(NAME)(ARG)``, optionally cached.
 """
 
-from halluscope.core.retrieval import register_retriever
+from halluscope.core.retrieval import get_retriever, make_retriever, register_retriever, retriever_names
 from halluscope.retrievers.files import FileRetriever
 from halluscope.retrievers.kb import KBRetriever, build_index
 from halluscope.retrievers.kg import KGRetriever
 from halluscope.retrievers.search import SearchRetriever
 
-__all__ = ["FileRetriever", "KBRetriever", "KGRetriever", "SearchRetriever", "build_index"]
-
-register_retriever("kb", KBRetriever)
-register_retriever("files", FileRetriever)
-register_retriever("kg", KGRetriever)
-register_retriever("search", SearchRetriever)
+__all__ = ["FileRetriever", "KBRetriever", "KGRetriever", "SearchRetriever", "build_index", "get_retriever",
+           "make_retriever", "register_retriever", "retriever_names"]

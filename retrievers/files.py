@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from halluscope.core.contract import Evidence
+from halluscope.core.retrieval import register_retriever
 from halluscope.retrievers.bm25 import BM25Index, content_hash, passages_of
 
 __all__ = ["TEXT_SUFFIXES", "SUFFIXES", "ExtractionLimits", "FileSkipped", "DocumentTooLarge", "DocumentTooSlow",
@@ -405,3 +406,6 @@ class FileRetriever:
 
     def cache_key(self) -> str:
         return f"files?sha256={self.hash}"
+
+
+register_retriever("files", FileRetriever)  # make_retriever("files:ARG") builds FileRetriever(ARG)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halluscope.core.contract import Evidence
+from halluscope.core.retrieval import register_retriever
 from halluscope.core.fileio import read_jsonl
 from halluscope.retrievers.bm25 import BM25Index, content_hash, passages_of
 from halluscope.retrievers.files import FileSkipped, collect_files, read_document
@@ -127,3 +128,6 @@ class KBRetriever:
 
     def cache_key(self) -> str:
         return f"kb?hash={self.index.meta.get('hash', '')}"
+
+
+register_retriever("kb", KBRetriever)  # make_retriever("kb:ARG") builds KBRetriever(ARG)

@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from halluscope.core.contract import Evidence
+from halluscope.core.retrieval import register_retriever
 from halluscope.retrievers.bm25 import BM25Index, Passage, content_hash
 
 __all__ = ["TripleFormatError", "read_triples", "linearize", "KGRetriever", "DEFAULT_TEMPLATE"]
@@ -122,3 +123,6 @@ class KGRetriever:
 
     def cache_key(self) -> str:
         return f"kg?sha256={self.hash}"
+
+
+register_retriever("kg", KGRetriever)  # make_retriever("kg:ARG") builds KGRetriever(ARG)

@@ -23,6 +23,7 @@ import urllib.parse
 import urllib.request
 
 from halluscope.core.contract import Evidence
+from halluscope.core.retrieval import register_retriever
 
 __all__ = ["SearchError", "SearchRetriever", "URL_ENV", "KEY_ENV"]
 
@@ -110,3 +111,6 @@ class SearchRetriever:
 
     def cache_key(self) -> str:
         return f"search?url={self.url}"
+
+
+register_retriever("search", SearchRetriever)  # make_retriever("search:ARG") builds SearchRetriever(ARG)

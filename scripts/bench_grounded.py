@@ -32,7 +32,7 @@ import numpy as np
 
 from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
 from halluscope.metrics.mushroom import score_item
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 
 
 from halluscope.programs.grounded.program import GroundedDetector, fit_grounded
@@ -75,7 +75,7 @@ def score(examples, preds) -> dict:
 
 
 def baseline(name: str, examples) -> dict:
-    prog = get(name).make()
+    prog = get_program(name).make()
     return score(examples, [prog(**inputs_of(ex)) for ex in examples])
 
 
@@ -431,7 +431,7 @@ def cmd_response(args):
                       np.arange(offs[i], offs[i + 1]))
 
 
-#: the response head's columns that count units (the answer's length), BENCHMARKS.md "#19 response-level decision"
+#: the response head's columns that count units (the answer's length), BENCHMARKS.md "`grounded` on HalluClean"
 LENGTH_COLUMNS = ("log_units", "content_unsup_log", "unsup_run", "num_unsup_log", "cap_unsup_log")
 
 

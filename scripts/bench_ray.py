@@ -28,7 +28,7 @@ from halluscope.artifacts.store import load_compiled, write_artifact
 from halluscope.artifacts.compiled import detect_jsonl
 from halluscope.lm.models import configure
 from halluscope.lm.usage import UsageMeter
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.evaluation.scale import LMConfig, RayOptions, detect_ray, init_ray
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,9 +100,9 @@ def cmd_nolm(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     rows = synthetic_rows(args.rows)
     jsonl, parquet = write_inputs(rows, work)
-    detector = write_artifact(get("logits").make(), {"source": "synthetic"}, program_name="logits", lang="en",
+    detector = write_artifact(get_program("logits").make(), {"source": "synthetic"}, program_name="logits", lang="en",
                               metric="iou", root=work / "compiled")
-    extra = get("logits").extra_inputs
+    extra = get_program("logits").extra_inputs
     t0 = time.perf_counter()
     init_ray(RayOptions(workers=max(args.workers)))
     print(f"ray.init: {time.perf_counter() - t0:.1f} s (load {load()})")

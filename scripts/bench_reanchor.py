@@ -45,7 +45,7 @@ from halluscope.loaders.mushroom import load_mushroom
 from halluscope.metrics.mushroom import iou
 from halluscope.optimize.cv import make_folds
 from halluscope.programs.grounded.response import auc, pair_ranking
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 
 
 def _decision_predictors(program):
@@ -187,7 +187,7 @@ def main() -> None:
 
     # the programs whose decision outputs are typed only on request (direct, halluclean, jointcq) take
     # ``decisions``; the others (medico, finch, spans) always type theirs
-    options = {"decisions": True} if "decisions" in get(args.program).options else {}
+    options = {"decisions": True} if "decisions" in get_program(args.program).options else {}
     for kv in args.option:
         k, v = kv.split("=", 1)
         try:
@@ -203,7 +203,7 @@ def main() -> None:
     if args.slice:
         bounds = [tuple(int(x) if x else None for x in sl.split(":")) for sl in args.slice]
         cases = [ex for a, b in bounds for ex in cases[a:b]]
-    program = get(args.program).make(**options)
+    program = get_program(args.program).make(**options)
     for predictor, name in _decision_predictors(program):  # the type's neutral setting (see the module docstring)
         predictor.fields = {**(predictor.fields or {}), name: effective(predictor, name)}
     # every LM's calls, counted one by one (FINCH-ZK's samplers are LMs of their own, outside ``lm.history``)

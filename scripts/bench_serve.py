@@ -142,9 +142,9 @@ def summarise(latencies: list[float], errors: dict, n: int, concurrency: int, wa
 
 def bench_no_lm(env: dict, compiled: Path, requests: int, levels: list[int]) -> dict:
     from halluscope.artifacts import store as A
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    A.write_artifact(get("mark-all").make(), {"source": "bench"}, program_name="mark-all", lang="en", metric="iou",
+    A.write_artifact(get_program("mark-all").make(), {"source": "bench"}, program_name="mark-all", lang="en", metric="iou",
                      root=compiled)
     proc, base, startup, health = start_server(["--program", "mark-all", "--lang", "en", "--compiled-dir",
                                                 str(compiled)], env)

@@ -129,7 +129,7 @@ def cmd_cv(args):
 
 def cmd_halluclean(args):
     """HalluClean dev (qa, dialogue, summarization): the served default's unit part (``detect --lang en``) with the
-    pooled response head by nested 5-fold CV grouped by item (the protocol of BENCHMARKS "#19 round three"). Each
+    pooled response head by nested 5-fold CV grouped by item (the protocol of BENCHMARKS.md, "`grounded` on HalluClean"). Each
     answer is asked with and without its question (the heads are fitted on the answers with their question).
     Rows: the head as before #34, alone and OR a hard span in a one-sentence answer (the #34 label; a longer answer
     the head judges correct has its flagged units held at 0.5), beside head OR any hard span (a design not taken);

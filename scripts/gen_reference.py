@@ -141,11 +141,11 @@ def render_options() -> str:
              "`load_compiled(options=...)`); every other option is refused there. **endpoint**: chooses where "
              "requests go; an artifact that sets it is refused on load unless it is the default, `self` or "
              "`local`, or you pass `--trust-artifact-endpoints`.\n\n"]
-    names = registry.names()
-    lines += [f"- [`{n}`](#{re.sub(r'[^a-z0-9-]', '', n.lower())}): {cell(registry.get(n).description)}\n"
+    names = registry.program_names()
+    lines += [f"- [`{n}`](#{re.sub(r'[^a-z0-9-]', '', n.lower())}): {cell(registry.get_program(n).description)}\n"
               for n in names]
     for n in names:
-        spec = registry.get(n)
+        spec = registry.get_program(n)
         lines.append(f"\n## {n}\n\n{cell(spec.description)}\n\n")
         lines.append(f"Level: {spec.level}; default metric: `{spec.default_metric}`; calls an LM: "
                      f"{'yes' if spec.uses_lm else 'no'} (with the default options).\n\n")
@@ -167,7 +167,7 @@ def render_options() -> str:
 def program_options() -> dict[str, list[str]]:
     from halluscope.programs import registry
 
-    return {n: list(registry.get(n).types) for n in registry.names()}
+    return {n: list(registry.get_program(n).types) for n in registry.program_names()}
 
 
 # ----------------------------------------------------------------------------------------------- contract

@@ -1,5 +1,5 @@
 """Issue #35's hostile files and inputs (items 1-4, 9-12), each run in a fresh process: wall time, peak RSS and
-whether it ended in one line (docs/reliability.md, BENCHMARKS.md "#35 hostile files").
+whether it ended in one line (docs/reliability.md, BENCHMARKS.md "Hostile files and untrusted inputs").
 
     .venv/bin/python scripts/probe_hostile.py               # all probes (a few minutes; about 1.5 GB of disk I/O)
     .venv/bin/python scripts/probe_hostile.py --quick       # smaller bombs (seconds)
@@ -139,7 +139,7 @@ def main() -> None:
             f.write(json.dumps({"id": f"r{i}", "answer": _long_answer(1300)}) + "\n")
     mark = tmp / "markall"
     subprocess.run([PY, "-c", "import sys; from halluscope.artifacts.store import write_artifact; "
-                    "from halluscope.programs import registry; write_artifact(registry.get('mark-all').make(), "
+                    "from halluscope.programs import registry; write_artifact(registry.get_program('mark-all').make(), "
                     "{'source': 'probe'}, program_name='mark-all', lang='en', metric='iou', root=sys.argv[1])",
                     str(mark)], env=env, check=True, capture_output=True)
     detect_markall = [*HALLUSCOPE, "detect", "--program", "mark-all", "--lang", "en", "--compiled-dir", str(mark),

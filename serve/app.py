@@ -59,7 +59,7 @@ from halluscope import __version__
 from halluscope.artifacts.store import selection_score
 from halluscope.core.contract import Evidence, counts, describe_counts, display_marks
 from halluscope.artifacts.compiled import CompiledDetector, detect
-from halluscope.programs.registry import get as get_spec
+from halluscope.programs.registry import get_program as get_spec
 from halluscope.retrievers.files import ExtractionLimits
 from halluscope.serve.evidence import EvidenceFileError, read_uploaded
 from halluscope.core.tasks import HALLUCLEAN_TASKS

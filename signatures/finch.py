@@ -188,7 +188,7 @@ class JudgeBlockDecision(dspy.Signature):
     block: str = dspy.InputField(desc="the block of the answer to rate")
     sample: str = dspy.InputField(desc="another answer to the same question")
     # bounded: the explanation comes first and the 135M model's sometimes loops until max_tokens; the cut reply
-    # was a parse failure and lost its rating (#21 round four, BENCHMARKS.md)
+    # was a parse failure and lost its rating (CHANGELOG.md, superseded measurements)
     explanation: str = dspy.OutputField(desc="one short sentence: what the sample says about the block's claims",
                                         max_length=EXPLANATION_CHARS)
     rating: Literal["accurate", "contradiction", "neutral"] = dspy.OutputField(

@@ -72,7 +72,7 @@ class VerifyClaimDecision(VerifyClaim):
     label: Literal["correct", "hallucinated", "unverifiable"] = dspy.OutputField(
         desc="correct, hallucinated or unverifiable")
     # bounded: the 135M model sometimes repeats a phrase of the rationale until the stage's 160 tokens run out;
-    # the cut reply was a parse failure and lost the label it had already written (#21 round four, BENCHMARKS.md)
+    # the cut reply was a parse failure and lost the label it had already written (CHANGELOG.md, superseded measurements)
     rationale: str = dspy.OutputField(desc="why, citing a snippet", max_length=RATIONALE_CHARS)
 
 

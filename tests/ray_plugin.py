@@ -16,7 +16,7 @@ from pathlib import Path
 import dspy
 
 from halluscope.core.contract import Detection, to_prediction
-from halluscope.programs.registry import ProgramSpec, register
+from halluscope.programs.registry import ProgramSpec, register_program
 from halluscope.lm.scripted import scripted_lm
 
 NAME = "test-crash-once"
@@ -40,7 +40,7 @@ def build() -> CrashOnce:
     return CrashOnce()
 
 
-register(ProgramSpec(name=NAME, build=build, description="test: kills its worker once", uses_lm=False))
+register_program(ProgramSpec(name=NAME, build=build, description="test: kills its worker once", uses_lm=False))
 
 
 class AskOnce(dspy.Module):
@@ -60,7 +60,7 @@ def build_lm() -> AskOnce:
     return AskOnce()
 
 
-register(ProgramSpec(name=LM_NAME, build=build_lm, description="test: one scripted LM call per answer",
+register_program(ProgramSpec(name=LM_NAME, build=build_lm, description="test: one scripted LM call per answer",
                      uses_lm=False))
 
 
@@ -77,5 +77,5 @@ def build_garbage() -> Garbage:
     return Garbage()
 
 
-register(ProgramSpec(name=GARBAGE_NAME, build=build_garbage, description="test: every output unreadable",
+register_program(ProgramSpec(name=GARBAGE_NAME, build=build_garbage, description="test: every output unreadable",
                      uses_lm=False))

@@ -348,26 +348,26 @@ def test_logit_baseline_string_logits_are_parsed():
 
 
 def test_registry_entries():
-    logits = registry.get("logits")
+    logits = registry.get_program("logits")
     assert logits.extra_inputs == ("model_output_tokens", "model_output_logits")
     assert logits.uses_lm is False
     assert logits.options == {"shift": 0.0}
-    mark_all = registry.get("mark-all")
+    mark_all = registry.get_program("mark-all")
     assert mark_all.uses_lm is False
     assert mark_all.extra_inputs == ()
-    assert {"logits", "mark-all"} <= set(registry.names())
+    assert {"logits", "mark-all"} <= set(registry.program_names())
 
 
 def test_registry_builds_modules():
-    assert isinstance(registry.get("mark-all").build(), MarkAll)
-    m = registry.get("logits").build(shift="1.5")
+    assert isinstance(registry.get_program("mark-all").build(), MarkAll)
+    m = registry.get_program("logits").build(shift="1.5")
     assert isinstance(m, LogitBaseline) and m.shift == 1.5
-    assert registry.get("logits").build().shift == 0.0
+    assert registry.get_program("logits").build().shift == 0.0
 
 
 def test_registry_unknown_name():
     with pytest.raises(KeyError):
-        registry.get("no-such-program")
+        registry.get_program("no-such-program")
 
 
 def test_plain_tokens_with_latin1_letters_are_not_byte_level():

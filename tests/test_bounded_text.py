@@ -60,12 +60,12 @@ class _SchemaEngine(ScriptedEngine):
 
 
 def _jointcq(engine_cls, adapter):
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
     _install_tap()
     engine = engine_cls({"pairs": lambda call: [{"claim": "Berlin holds item 0", "query": "item 0"}],
                          "label": "correct", "rationale": LOOP}, logprobs=lambda call: {"label": DIST})
-    program = get("jointcq").make(decisions=True)
+    program = get_program("jointcq").make(decisions=True)
     program.verify.fields = {"label": {"weights": dict.fromkeys(DIST, 1.0)}}
     with dspy.context(lm=dspy.LM("scripted/test", engine=engine, cache=False),
                       adapter=with_logprob_decisions(adapter)):

@@ -105,9 +105,9 @@ def test_the_users_versions_compete_with_the_bundled_ones(empty_home):
 
 def test_new_versions_are_numbered_after_the_bundled_ones(empty_home):
     """Version numbers are unique across the user's and the bundled store, so --version N names one version."""
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    written = store.write_artifact(get("grounded").make(), {"source": "test"}, program_name="grounded", lang="de",
+    written = store.write_artifact(get_program("grounded").make(), {"source": "test"}, program_name="grounded", lang="de",
                                    metric="iou")
     highest = max(v.version for v in store.list_versions("grounded", "de", "iou", root=store.bundled_dir()))
     assert written.version == highest + 1 and written.path.is_relative_to(empty_home / "compiled")

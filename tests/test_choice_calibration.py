@@ -8,7 +8,7 @@ import pytest
 
 from halluscope.core.decisions import contextual_choice, decision_evidence, with_logprob_decisions
 from halluscope.lm.scripted import scripted_lm
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 
 # The verifier always leans "correct"; it leans a little less when the claim says Berlin (the context says Paris),
 # and most when it has no claim at all: dividing by the content-free prior turns the Berlin claim "hallucinated".
@@ -57,9 +57,9 @@ def _verify_calls(lm) -> list:
 @pytest.mark.parametrize("city, uncalibrated, calibrated", [("Berlin", "correct", "hallucinated"),
                                                              ("Paris", "correct", "correct")])
 def test_jointcq_content_free_divides_the_label_probabilities_by_the_empty_claims(city, uncalibrated, calibrated):
-    plain, _ = _run(get("jointcq").make(decisions=True), _jointcq_lm(), _example(city))
+    plain, _ = _run(get_program("jointcq").make(decisions=True), _jointcq_lm(), _example(city))
     lm = _jointcq_lm()
-    program = get("jointcq").make(calibrate="content_free")
+    program = get_program("jointcq").make(calibrate="content_free")
     pred, log = _run(program, lm, _example(city))
     assert [c["label"] for c in plain.claims] == [uncalibrated]
     assert [c["label"] for c in pred.claims] == [calibrated] and pred.label is (calibrated == "hallucinated")
@@ -78,7 +78,7 @@ def test_jointcq_content_free_divides_the_label_probabilities_by_the_empty_claim
 
 def test_jointcq_no_evidence_empties_the_snippets_instead():
     lm = _jointcq_lm()
-    pred, _ = _run(get("jointcq").make(calibrate="no_evidence"), lm, _example("Berlin"))
+    pred, _ = _run(get_program("jointcq").make(calibrate="no_evidence"), lm, _example("Berlin"))
     calls = _verify_calls(lm)
     assert [c.inputs["snippets"] for c in calls][0] == "" and calls[1].inputs["snippets"]
     assert calls[0].inputs["claim"] == calls[1].inputs["claim"] == "The tower is in Berlin"
@@ -87,7 +87,7 @@ def test_jointcq_no_evidence_empties_the_snippets_instead():
 
 
 def test_jointcq_failed_content_free_request_is_counted_and_the_claim_is_read_uncalibrated():
-    pred, _ = _run(get("jointcq").make(calibrate="content_free"), _jointcq_lm(parse_content_free=False),
+    pred, _ = _run(get_program("jointcq").make(calibrate="content_free"), _jointcq_lm(parse_content_free=False),
                    _example("Berlin"))
     assert pred.failures.get("content_free") == 1
     assert pred.claims[0]["label"] == "correct"
@@ -100,13 +100,13 @@ def test_calibrate_refuses_an_unknown_value_and_the_batched_verifier_in_one_line
 
     with pytest.raises(ValueError, match="option 'calibrate' of program 'jointcq': expected one of 'content_free', "
                                          "'no_evidence' or null, got 'prior'"):
-        get("jointcq").make(calibrate="prior")
+        get_program("jointcq").make(calibrate="prior")
     with pytest.raises(ValueError, match="jointcq: calibrate must be one of content_free, no_evidence or null"):
         JointCQ(calibrate="prior")
     with pytest.raises(ValueError, match="decisions needs batch_verify=false"):
-        get("jointcq").make(calibrate="content_free", batch_verify=True)
+        get_program("jointcq").make(calibrate="content_free", batch_verify=True)
     with pytest.raises(ValueError, match="option 'calibrate' of program 'finch'"):
-        get("finch").make(calibrate="prior")
+        get_program("finch").make(calibrate="prior")
     with pytest.raises(ValueError, match="finch: calibrate must be one of content_free, no_evidence or null"):
         FinchZK(calibrate="prior")
 
@@ -220,4 +220,4 @@ def test_medico_failed_content_free_request_is_counted_and_the_verdict_read_unca
     assert pred.failures.get("content_free") == 1
     assert pred.label is True and pred.score == pytest.approx(0.81)
     with pytest.raises(ValueError, match="option 'calibrate' of program 'medico'"):
-        get("medico").make(calibrate="no_evidence")
+        get_program("medico").make(calibrate="no_evidence")

@@ -17,7 +17,7 @@ from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.optimizers import contrastive_demo_sets
 from halluscope.optimize.run import FINISHED, OptimizeConfig, run_optimize
 from halluscope.programs.halluclean.program import DirectAsk, build_direct_routing, combine_verdicts
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 
 
 def _cases(n_questions: int = 8) -> list[dspy.Example]:
@@ -211,10 +211,10 @@ def test_a_predictor_that_does_not_parse_is_counted_and_the_others_decide():
 
 def test_demo_sets_is_checked_by_the_registry():
     with pytest.raises(ValueError, match="demo_sets"):
-        get("direct").check_options({"demo_sets": 0})
+        get_program("direct").check_options({"demo_sets": 0})
     with pytest.raises(ValueError, match="demo_sets must be a whole number"):
         DirectAsk(demo_sets=0)
-    assert get("direct").check_options({"demo_sets": 3})["demo_sets"] == 3
+    assert get_program("direct").check_options({"demo_sets": 3})["demo_sets"] == 3
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from halluscope.programs import registry
 def setup(tmp_path, monkeypatch):
     monkeypatch.setenv("HALLUSCOPE_HOME", str(tmp_path / "home"))
     root = tmp_path / "compiled"
-    write_artifact(registry.get("mark-all").make(), {"source": "test"}, program_name="mark-all", lang="en",
+    write_artifact(registry.get_program("mark-all").make(), {"source": "test"}, program_name="mark-all", lang="en",
                    metric="iou", root=root)
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps({"id": f"r{i}", "answer": f"Answer {i}."}) + "\n" for i in range(3)),

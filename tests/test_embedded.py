@@ -57,10 +57,10 @@ def test_medico_reads_p_true_from_the_embedded_models_token_logprobs():
     MEDICO's likelihood comes from the verdict's token distribution, not the ±1/τ fallback."""
     from halluscope.lm.models import configure
     from halluscope.programs.medico.ensemble import verdict_probability
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
     configure("local")
-    pred = get("medico").make(sources="context", correct=False)(
+    pred = get_program("medico").make(sources="context", correct=False)(
         question="What is the capital of France?", answer="The capital of France is Berlin.",
         context="Paris is the capital and largest city of France.", lang="en")
     assert pred.likelihood == "logprobs", pred.failures

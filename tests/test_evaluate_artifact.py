@@ -35,7 +35,7 @@ def test_evaluate_artifact_scores_the_compiled_program_and_records_it(tmp_path, 
     from halluscope.loaders.demo import demo_data_dir
     from halluscope.tracking.views import add_run_settings, run_setting
     from halluscope.tracking.runs import runs_table
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
     from halluscope.evaluation.runner import run_eval
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -51,7 +51,7 @@ def test_evaluate_artifact_scores_the_compiled_program_and_records_it(tmp_path, 
     # ... and exactly what the artifact detect serves scores on the same items
     detector = load_compiled("grounded", lang="de", metric="iou", root=COMPILED)
     examples = load_mushroom(demo_data_dir(), lang="de", context="native")  # as the CLI loads it
-    ref = run_eval(detector.program, examples, progress=False, extra_inputs=get("grounded").extra_inputs)
+    ref = run_eval(detector.program, examples, progress=False, extra_inputs=get_program("grounded").extra_inputs)
     assert fitted["iou"] == pytest.approx(ref.scores["iou"]) and fitted["corr"] == pytest.approx(ref.scores["corr"])
 
     # a path to the version folder (here a copy outside compiled/) gives the same score

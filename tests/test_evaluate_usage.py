@@ -128,7 +128,7 @@ def test_ray_eval_worker_counts_its_item_with_a_meter_without_history():
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
         out = worker.one(row)
     assert out["ok"], out["error"]
-    assert registry.get("spans").uses_lm
+    assert registry.get_program("spans").uses_lm
     assert out["lm_calls"] == len(lm.engine.calls) > 0 and out["lm_cache_hits"] == 0
     assert (out["lm_input_tokens"], out["lm_output_tokens"]) == _engine_tokens(lm)
     assert lm.history == []

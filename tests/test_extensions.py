@@ -100,13 +100,13 @@ def test_an_installed_plugin_registers_every_kind_through_entry_points(tmp_path)
     site = _install_plugin(tmp_path / "site")
     proc = _run('''
         from halluscope.core import extensions
-        from halluscope.core.retrieval import make_retriever, retriever_names
+        from halluscope.retrievers import make_retriever, retriever_names
         from halluscope.loaders import dataset_names, get_dataset
-        from halluscope.optimize.cv import OptimizerConfig, compile_program, get_optimizer, optimizer_names
-        from halluscope.programs.registry import get, names
+        from halluscope.optimize import OptimizerConfig, compile_program, get_optimizer, optimizer_names
+        from halluscope.programs import get_program, program_names
 
-        assert "toy-everything" in names() and "spans" in names(), names()
-        program = get("toy-everything").make()
+        assert "toy-everything" in program_names() and "spans" in program_names(), program_names()
+        program = get_program("toy-everything").make()
         assert program(answer="Paris").detection.hard_labels == [[0, 5]]
         assert dataset_names()[-1] == "toy-data" and get_dataset("toy-data").load()[1] == "toy"
         assert "echo" in retriever_names() and make_retriever("echo:x").retrieve("q")[0].text == "x:q"
@@ -114,7 +114,7 @@ def test_an_installed_plugin_registers_every_kind_through_entry_points(tmp_path)
         same, info = compile_program(program, get_dataset("toy-data").load()[0], lambda g, p, t=None: 1.0,
                                      OptimizerConfig(name="toy-unchanged"))
         assert info["n_train"] == 1, info
-        assert "toy-broken" not in names()  # its module is missing: a warning, and the others still load
+        assert "toy-broken" not in program_names()  # its module is missing: a warning, and the others still load
         print("OK")
     ''', site)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -173,3 +173,108 @@ def test_a_retriever_needs_no_import_of_the_retrievers_package():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "['context', 'files', 'kb', 'kg', 'search']"
+
+
+# -- one front per kind, named alike: get_<kind>(name) is extensions.get(kind, name) -------------------------------
+
+def _echo_factory(arg):
+    class Echo:
+        source = "echo"
+
+        def retrieve(self, query, *, k=5, context=""):
+            from halluscope.core.contract import Evidence
+            return [Evidence(text=f"{arg}:{query}", source="echo", id="echo#0", score=1.0)][:k]
+
+    return Echo()
+
+
+def _toy(kind):
+    """A plug-in of ``kind``, the front's register, get and names functions (from the documented package)."""
+    import dspy
+
+    if kind == "programs":
+        from halluscope.programs import ProgramSpec, get_program, program_names, register_program
+
+        class Nothing(dspy.Module):
+            def forward(self, answer="", **_):
+                from halluscope.core.contract import Detection, to_prediction
+                return to_prediction(Detection(answer=answer, spans=[], label=False))
+
+        spec = ProgramSpec(name="zz-toy", build=Nothing, description="flags nothing", uses_lm=False)
+        return spec, register_program, get_program, program_names
+    if kind == "datasets":
+        from halluscope.loaders import DatasetSpec, dataset_names, get_dataset, register_dataset
+
+        spec = DatasetSpec(name="zz-toy", description="nothing", loader=lambda *a, **k: ([], "toy"), level="response")
+        return spec, register_dataset, get_dataset, dataset_names
+    if kind == "retrievers":
+        from halluscope.retrievers import get_retriever, register_retriever, retriever_names
+        return _echo_factory, lambda f: register_retriever("zz-toy", f), get_retriever, retriever_names
+    from halluscope.optimize import OptimizerSpec, get_optimizer, optimizer_names, register_optimizer
+
+    spec = OptimizerSpec("zz-toy", lambda student, trainset, *a, **k: (student, {"n_train": len(trainset)}), "toy")
+    return spec, register_optimizer, get_optimizer, optimizer_names
+
+
+@pytest.mark.parametrize("kind", ["programs", "datasets", "retrievers", "optimizers"])
+def test_a_registered_plugin_is_reached_through_its_front_and_through_extensions_get(kind):
+    spec, register, get, names = _toy(kind)
+    extensions.names(kind)  # the built-ins loaded
+    before = dict(extensions.table(kind))
+    try:
+        register(spec)
+        assert get("zz-toy") is spec
+        assert extensions.get(kind, "zz-toy") is spec
+        assert "zz-toy" in names() and "zz-toy" in extensions.names(kind)
+        with pytest.raises(KeyError, match=f"unknown {kind[:-1]} 'zz-nope'; choose one of: .*zz-toy"):
+            get("zz-nope")
+    finally:
+        extensions.table(kind).clear()
+        extensions.table(kind).update(before)
+
+
+def test_make_retriever_builds_from_the_factory_get_retriever_returns():
+    from halluscope.retrievers import get_retriever, make_retriever, register_retriever
+
+    before = dict(extensions.table("retrievers"))
+    try:
+        register_retriever("zz-echo", _echo_factory)
+        assert get_retriever("zz-echo") is _echo_factory
+        assert make_retriever("zz-echo:abc").retrieve("q")[0].text == "abc:q"
+    finally:
+        extensions.table("retrievers").clear()
+        extensions.table("retrievers").update(before)
+
+
+def test_every_builtin_registers_in_the_module_that_defines_it():
+    """Each built-in's register call sits in the module defining it: a retriever's class, a dataset's loader, the
+    optimizers' compile functions (not a package ``__init__``, not the end of the cross-validation module); a
+    program registers inside its own package."""
+    code = textwrap.dedent('''
+        import sys
+        from halluscope.core import extensions
+        calls = {}
+        real = extensions.register
+        def spy(kind, name, spec):
+            frame = sys._getframe(1)  # the front (register_program, register_dataset, ...), then its caller
+            if frame.f_code.co_name.startswith("register_"):
+                frame = frame.f_back
+            calls[(kind, name)] = frame.f_globals["__name__"]
+            return real(kind, name, spec)
+        extensions.register = spy
+        for kind in ("programs", "datasets", "retrievers", "optimizers"):
+            for name in extensions.names(kind):
+                print(kind, name, calls[(kind, name)], sep="|")
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    where = {tuple(line.split("|")[:2]): line.split("|")[2] for line in proc.stdout.split()}
+    expected = {("retrievers", "context"): "halluscope.core.retrieval",
+                **{("retrievers", n): f"halluscope.retrievers.{n}" for n in ("kb", "files", "kg", "search")},
+                **{("datasets", n): f"halluscope.loaders.{n}" for n in ("mushroom", "halluclean", "generic")},
+                **{("optimizers", n): "halluscope.optimize.optimizers"
+                   for n in ("mipro", "bootstrap", "gepa", "reanchor", "pairs", "fit")}}
+    assert {k: where.get(k) for k in expected} == expected
+    programs = {k[1]: v for k, v in where.items() if k[0] == "programs"}
+    assert len(programs) >= 10, programs
+    assert all(v.startswith("halluscope.programs.") and v != "halluscope.programs" for v in programs.values()), programs

@@ -82,11 +82,11 @@ def _examples(n=4):
 
 
 def test_run_eval_counts_parse_failures_as_failed_items():
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
     from halluscope.evaluation.runner import run_eval
 
     with dspy.context(lm=_garbage_lm(), adapter=dspy.JSONAdapter()):
-        res = run_eval(get("spans").build(), _examples(), progress=False)
+        res = run_eval(get_program("spans").build(), _examples(), progress=False)
     assert all(p is not None for p in res.predictions)  # nothing raised...
     assert res.failed_items == 4 and res.failed_kinds() == {"parse": 4}  # ...yet every item failed
     assert res.summary()["failed_items"] == 4

@@ -114,7 +114,7 @@ def test_failed_share_threshold(tmp_path, demo_env, monkeypatch, capsys):
             calls["n"] += 1
             if calls["n"] % 2:
                 raise RuntimeError("flaky")
-            return registry.get("mark-all").make()(answer=answer)
+            return registry.get_program("mark-all").make()(answer=answer)
 
     spec = registry.ProgramSpec(name="half-test", build=Half, description="half fail", uses_lm=False)
     monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
@@ -256,9 +256,9 @@ def test_a_compile_whose_lm_calls_fail_beyond_the_share_is_a_compile_error():
     lm = _failing_lm()
     with dspy.context(adapter=dspy.JSONAdapter()):
         with pytest.raises(CompileError, match=r"3 of 3 LM calls of the compile failed .*server went away"):
-            compile_program(registry.get("spans").build(), trainset, get_metric("iou"), cfg, task_lm=lm,
+            compile_program(registry.get_program("spans").build(), trainset, get_metric("iou"), cfg, task_lm=lm,
                             failures=FailureCounter(), max_failed_share=0.5)
-        _, info = compile_program(registry.get("spans").build(), trainset, get_metric("iou"), cfg, task_lm=lm,
+        _, info = compile_program(registry.get_program("spans").build(), trainset, get_metric("iou"), cfg, task_lm=lm,
                                   failures=FailureCounter(), max_failed_share=1.0)
     assert info["lm_calls"] == info["lm_errors"] == 3
 

@@ -12,7 +12,7 @@ from halluscope.programs.finch.sampling import (DEFAULT_SAMPLERS, VARIANTS, Samp
                                                 representatives, round_robin, sampler_lm)
 from halluscope.programs.finch.scoring import (NO_VOTE_SCORE, block_label, block_score, number_blocks, reconstruct,
                                                response_label, response_score)
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.signatures.finch import parse_rating
 
 # -- rating parsing -----------------------------------------------------------------------------------
@@ -469,7 +469,7 @@ def test_blank_correction_keeps_the_block():
 
 
 def test_registry_build_and_optimizable_predictors():
-    spec = get("finch")
+    spec = get_program("finch")
     assert spec.level == "span" and spec.default_metric == "iou"
     for key in ("batch_judge", "n_samples", "samplers", "correct"):
         assert key in spec.options
@@ -486,6 +486,6 @@ def test_report_means_calls_per_item(lm):
     prog = FinchZK(n_samples=2, correct=False)
     preds = [run(prog, lm, question=QUESTION, answer=ANSWER), None,
              run(prog, lm, question=QUESTION, answer="")]
-    rep = get("finch").report([None] * 3, preds)
+    rep = get_program("finch").report([None] * 3, preds)
     assert rep["finch_lm_calls_per_item"] == sum(preds[0].calls.values()) / 2
     assert rep["finch_judge_calls_per_item"] == 1.0

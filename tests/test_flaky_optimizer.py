@@ -14,7 +14,7 @@ from halluscope.lm.models import GuardedJSONAdapter
 from halluscope.metrics.adapters import get_metric
 from halluscope.optimize.cv import CompileError, FailureCounter, OptimizerConfig, compile_program
 from halluscope.optimize.proposals import robust_proposals
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.lm.scripted import ScriptedEngine, _install_tap
 from tests.test_optimize import _ex, _responder
 
@@ -57,7 +57,7 @@ def test_a_flaky_lm_does_not_abort_mipro(mode):
     lm = flaky_lm(mode, 0.3)
     dspy.configure(lm=lm, adapter=GuardedJSONAdapter())
     examples = [_ex(i, i % 3 != 0) for i in range(12)]
-    program, info = compile_program(get("spans").make(), examples, get_metric("iou"),
+    program, info = compile_program(get_program("spans").make(), examples, get_metric("iou"),
                                     OptimizerConfig(candidates=3, trials=3, seed=0), task_lm=lm,
                                     failures=FailureCounter(), max_failed_share=0.5)
     assert lm.engine.bad > 5  # the LM really was flaky
@@ -73,7 +73,7 @@ def test_proposals_that_always_fail_are_counted_and_fail_the_compile():
     dspy.configure(lm=good, adapter=GuardedJSONAdapter())
     examples = [_ex(i, i % 3 != 0) for i in range(8)]
     with pytest.raises(CompileError, match="3 of 3 instruction proposals of the compile failed"):
-        compile_program(get("spans").make(), examples, get_metric("iou"),
+        compile_program(get_program("spans").make(), examples, get_metric("iou"),
                         OptimizerConfig(candidates=3, trials=2, seed=0), task_lm=good, prompt_lm=bad,
                         failures=FailureCounter(), max_failed_share=0.5)
 

@@ -21,7 +21,7 @@ from halluscope.programs.grounded.features import feature_names, item_features
 from halluscope.programs.grounded.genlogits import gen_features
 from halluscope.programs.grounded.support import IdfTable, TextIndex, lcp_ratio, support_features
 from halluscope.programs.grounded.units import normalize, normalize_number, tokens_of, units_of
-from halluscope.programs.registry import get, names
+from halluscope.programs.registry import get_program, program_names
 
 # ---------------------------------------------------------------------------------------------------
 # units
@@ -200,7 +200,7 @@ def test_gen_features_leave_out_and_count_nonfinite_logits():
 
 def test_grounded_detector_uses_string_encoded_and_unequal_logits(tmp_path):
     """The whole detector: string-encoded lists feed the generator-logit features instead of failing."""
-    prog = get("grounded").make(lm=False, evidence_free=True)  # no context: the words are scored all the same
+    prog = get_program("grounded").make(lm=False, evidence_free=True)  # no context: the words are scored all the same
     base = prog(answer=ANSWER, question="", context="", model_output_tokens=TOKENS, model_output_logits=LOGITS)
     enc = prog(answer=ANSWER, question="", context="", model_output_tokens=json.dumps(TOKENS),
                model_output_logits=json.dumps(LOGITS + [0.0]))
@@ -365,8 +365,8 @@ def inputs(ex) -> dict:
 
 
 def test_registered_without_lm_with_a_fit_hook_and_documented_options():
-    assert "grounded" in names()
-    spec = get("grounded")
+    assert "grounded" in program_names()
+    spec = get_program("grounded")
     assert spec.uses_lm is False and spec.fit is fit_grounded and spec.level == "span"
     assert set(spec.extra_inputs) == {"model_output_tokens", "model_output_logits"}
     assert {"support", "idf", "genlogits", "lm", "window", "l2"} <= set(spec.options)
@@ -375,7 +375,7 @@ def test_registered_without_lm_with_a_fit_hook_and_documented_options():
 
 
 def test_hand_set_weights_mark_the_unsupported_word():
-    det = get("grounded").make()(question="Was ist die Hauptstadt von Frankreich?",
+    det = get_program("grounded").make()(question="Was ist die Hauptstadt von Frankreich?",
                                  answer="Die Hauptstadt von Frankreich ist Lyon.",
                                  context="Paris ist die Hauptstadt von Frankreich.").detection
     answer = det.answer
@@ -386,7 +386,7 @@ def test_hand_set_weights_mark_the_unsupported_word():
 
 
 def test_bad_inputs_fall_back_with_counted_failures_and_valid_offsets():
-    prog = get("grounded").make()
+    prog = get_program("grounded").make()
     p = prog(answer="...!?", question="q", context="ctx")
     assert p.hard_labels == [] and p.soft_labels == [] and p.failures == {"no_units": 1}
     p = prog(answer="", question="q")
@@ -422,41 +422,41 @@ def test_unit_targets_are_the_annotators_share():
 
 def test_fit_learns_the_fixture_and_the_state_round_trips_as_plain_json():
     exs = fixture_examples()
-    m = get("grounded").make()
+    m = get_program("grounded").make()
     info = fit_grounded(m, exs, "iou")
     assert info["n_items"] == 16 and info["n_units"] > 16 and info["converged"]
     assert info["train_iou"] == pytest.approx(1.0)
     assert 0.0 <= info["floor"] <= info["threshold"] <= 1.0 and len(info["train_hash"]) == 64
     assert info["weights"]["unsup"] > 0
     state = json.loads(json.dumps(m.dump_state()))  # plain JSON, nothing else
-    fresh = get("grounded").make().load_state(state)
+    fresh = get_program("grounded").make().load_state(state)
     for ex in exs:
         a, b = m(**inputs(ex)), fresh(**inputs(ex))
         assert a.hard_labels == b.hard_labels == ex.hard_labels
         assert a.soft_labels == b.soft_labels
     # a state made with other options, another version or an invalid threshold is refused
     with pytest.raises(ValueError, match="features"):
-        get("grounded").make(genlogits=False).load_state(state)
+        get_program("grounded").make(genlogits=False).load_state(state)
     bad = json.loads(json.dumps(state))
     bad["grounded"]["version"] = 99
     with pytest.raises(ValueError, match="version"):
-        get("grounded").make().load_state(bad)
+        get_program("grounded").make().load_state(bad)
     bad = json.loads(json.dumps(state))
     bad["grounded"]["threshold"] = float("nan")
     with pytest.raises(ValueError, match="threshold"):
-        get("grounded").make().load_state(bad)
+        get_program("grounded").make().load_state(bad)
     with pytest.raises(ValueError, match="no 'grounded' entry"):
-        get("grounded").make().load_state({})
+        get_program("grounded").make().load_state({})
 
 
 def test_fit_refuses_unlabelled_data():
     ex = dspy.Example(answer="x", question="q").with_inputs("answer", "question")
     with pytest.raises(ValueError, match="span labels"):
-        fit_grounded(get("grounded").make(), [ex], "iou")
+        fit_grounded(get_program("grounded").make(), [ex], "iou")
 
 
 def test_fit_metric_corr_chooses_the_floor_first():
-    m = get("grounded").make()
+    m = get_program("grounded").make()
     info = fit_grounded(m, fixture_examples(), "corr")
     assert info["threshold_metric"] == "corr" and info["train_corr"] == pytest.approx(1.0)
 
@@ -505,7 +505,7 @@ def test_optimize_cli_fits_with_kfold_cv_writes_json_and_load_compiled_serves_it
 
 
 def test_lm_option_without_a_scorer_falls_back_and_counts(monkeypatch):
-    prog = get("grounded").make(lm=True)
+    prog = get_program("grounded").make(lm=True)
 
     class Broken:
         def unit_features(self, *a, **k):
@@ -519,7 +519,7 @@ def test_lm_option_without_a_scorer_falls_back_and_counts(monkeypatch):
 
 
 def test_items_without_logits_get_the_training_means_for_the_logit_features():
-    m = get("grounded").make()
+    m = get_program("grounded").make()
     fit_grounded(m, fixture_examples(), "iou")
     ex = fixture_examples()[0]
     no_logits = {**inputs(ex), "model_output_tokens": None, "model_output_logits": None}
@@ -670,8 +670,8 @@ def test_lm_scorer_item_budget_cuts_a_long_answer_and_counts_it(tmp_path):
     assert all(r["lm_missing"] == 0.0 for r in rows)
 
     with pytest.raises(ValueError, match=r"option 'lm_item_tokens' of program 'grounded': expected a whole number in \[0, 1000000\], got -1"):
-        get("grounded").make(lm=True, lm_item_tokens=-1)
-    prog = get("grounded").make(lm=True, lm_item_tokens=400)
+        get_program("grounded").make(lm=True, lm_item_tokens=-1)
+    prog = get_program("grounded").make(lm=True, lm_item_tokens=400)
     prog._scorer = LMScorer(cache_dir=tmp_path / "p", backend=StubBackend(), max_item_tokens=400)
     feats = prog.item_features(question="Where?", answer=answer, context=context)
     assert feats.failures.get("lm_answer_cut") == 1 and "lm_missing" not in feats.failures
@@ -682,7 +682,7 @@ def test_lm_scorer_item_budget_cuts_a_long_answer_and_counts_it(tmp_path):
 def test_lm_signal_through_the_program_with_a_stub(tmp_path):
     from halluscope.programs.grounded.lmscore import LMScorer
 
-    prog = get("grounded").make(lm=True)
+    prog = get_program("grounded").make(lm=True)
     prog._scorer = LMScorer(cache_dir=tmp_path, backend=StubBackend())
     assert "lm_delta" in prog.features
     fit_grounded(prog, fixture_examples(8), "iou")
@@ -776,7 +776,7 @@ def _oracle_spans_lm(fail_on: str = ""):
 
 
 def test_detectors_option_validated_and_needs_an_lm_only_when_set():
-    spec = get("grounded")
+    spec = get_program("grounded")
     assert spec.needs_lm({}) is False and spec.needs_lm({"detectors": "spans"}) is True
     with pytest.raises(ValueError, match="not a span detector to combine; choose from"):
         spec.make(detectors="grounded")
@@ -792,9 +792,9 @@ def test_detectors_option_validated_and_needs_an_lm_only_when_set():
 def test_another_detector_as_a_feature_is_fitted_saved_and_imputed_when_it_fails():
     exs = fixture_examples(16)
     with dspy.context(lm=_oracle_spans_lm(fail_on="Turku"), adapter=dspy.JSONAdapter()):
-        alone = get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False)
+        alone = get_program("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False)
         fit_grounded(alone, exs[:12], "iou")
-        m = get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False, detectors="spans")
+        m = get_program("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False, detectors="spans")
         info = fit_grounded(m, exs[:12], "iou")
         assert info["weights"]["det_spans"] > 1.0  # the combiner learnt to trust the oracle detector
         bad = exs[12]  # "Brocken" instead of "Zugspitze": the detector quotes it
@@ -809,10 +809,10 @@ def test_another_detector_as_a_feature_is_fitted_saved_and_imputed_when_it_fails
         # the sub-detector's state travels with the combiner (JSON), and a program without it refuses it
         state = json.loads(json.dumps(m.dump_state()))
         assert state["grounded"]["detectors"] == ["spans"] and state["detectors[0].extract"]["signature"]
-        again = get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False, detectors="spans").load_state(state)
+        again = get_program("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False, detectors="spans").load_state(state)
         assert again(**inputs(bad)).hard_labels == p.hard_labels
         with pytest.raises(ValueError, match="features"):
-            get("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False).load_state(state)
+            get_program("grounded").make(support=False, idf=False, genlogits=False, numbers=False, align=False).load_state(state)
 
 
 def test_optimize_compiles_the_fused_detectors_prompts_then_fits_the_combiner(tmp_path, monkeypatch, capsys):
@@ -847,10 +847,10 @@ def test_a_state_fitted_before_the_19_signals_loads_and_computes_its_own_feature
     """An artifact written before numbers/align/encoder existed (its feature list has none of them) loads into
     today's default program and computes exactly its own features (#19)."""
     exs = fixture_examples()
-    old = get("grounded").make(numbers=False, align=False, encoder=False)
+    old = get_program("grounded").make(numbers=False, align=False, encoder=False)
     fit_grounded(old, exs, "iou")
     state = json.loads(json.dumps(old.dump_state()))
-    fresh = get("grounded").make().load_state(state)
+    fresh = get_program("grounded").make().load_state(state)
     assert fresh.features == old.features and not ({"ctx_value", "al_subst", "al_sim"} & set(fresh.features))
     for ex in exs:
         assert fresh(**inputs(ex)).soft_labels == old(**inputs(ex)).soft_labels

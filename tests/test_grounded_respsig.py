@@ -16,7 +16,7 @@ from halluscope.programs.grounded.program import fit_grounded, response_rows
 from halluscope.programs.grounded.lmscore import LMScorer
 from halluscope.programs.grounded.respsig import (RESP_LM, RESP_LM_ITEM_TOKENS, RESP_SIM, lm_response_features, response_signals,
                                                   sim_response_features)
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from tests.test_grounded import StubBackend
 from tests.test_grounded_response import qa_examples
 
@@ -86,7 +86,7 @@ def test_head_with_response_signals_fits_saves_reloads_and_falls_back(tmp_path, 
     enc = BagEncoder()
     monkeypatch.setattr(det_mod, "shared_encoder", lambda: enc)
     opts = {"units_from": "none", "resp_sim": True, "resp_lm": True, **FAST}
-    m = get("grounded").make(**opts)
+    m = get_program("grounded").make(**opts)
     m._resp_scorer = LMScorer(cache_dir=tmp_path, backend=StubBackend())
     assert m.response_features[-len(RESP_LM + RESP_SIM):] == list(RESP_LM + RESP_SIM)
     exs = qa_examples()
@@ -99,16 +99,16 @@ def test_head_with_response_signals_fits_saves_reloads_and_falls_back(tmp_path, 
     wrong = m(question=q, answer="The capital of Chile is Valparaiso, founded by Romans in 1204.", context=ctx)
     assert wrong.label is True and "resp_lm" in wrong.rationale and "resp_sim" in wrong.rationale
     state = json.loads(json.dumps(m.dump_state()))
-    again = get("grounded").make(**opts).load_state(state)
+    again = get_program("grounded").make(**opts).load_state(state)
     again._resp_scorer = LMScorer(cache_dir=tmp_path, backend=StubBackend())
     assert again(question=q, answer="Santiago", context=ctx).score == m(question=q, answer="Santiago", context=ctx).score
     with pytest.raises(ValueError, match="response head's features"):  # built without the signals: refused
-        get("grounded").make(units_from="none", **FAST).load_state(state)
+        get_program("grounded").make(units_from="none", **FAST).load_state(state)
     # the encoder and the model gone at prediction time: the head's training means, two counted notes
     monkeypatch.setattr(det_mod, "shared_encoder", lambda: MissingEncoder())
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
-    gone = get("grounded").make(**{**opts, "lm_model": str(model)}).load_state(state)
+    gone = get_program("grounded").make(**{**opts, "lm_model": str(model)}).load_state(state)
     model.unlink()  # deleted after the program was built
     answer = "The capital of Chile is Valparaiso, founded by Romans in 1204."
     p = gone(question=q, answer=answer, context=ctx)
@@ -122,7 +122,7 @@ def test_head_with_response_signals_fits_saves_reloads_and_falls_back(tmp_path, 
 
 def test_resp_lm_option_checks_the_model_file():
     with pytest.raises(ValueError, match="no GGUF file"):
-        get("grounded").make(resp_lm=True, lm_model="/nowhere/model.gguf")
+        get_program("grounded").make(resp_lm=True, lm_model="/nowhere/model.gguf")
 
 
 def test_lm_signal_with_its_model_file_gone_counts_and_goes_on(tmp_path):
@@ -130,7 +130,7 @@ def test_lm_signal_with_its_model_file_gone_counts_and_goes_on(tmp_path):
     item is still predicted from the other signals, the LM columns imputed, and the loss counted."""
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
-    prog = get("grounded").make(lm=True, lm_model=str(model), lm_cache_dir=str(tmp_path / "cache"), **FAST)
+    prog = get_program("grounded").make(lm=True, lm_model=str(model), lm_cache_dir=str(tmp_path / "cache"), **FAST)
     model.unlink()
     p = prog(answer="Die Hauptstadt ist Lyon.", context="Paris ist die Hauptstadt.", question="Hauptstadt?")
     assert p.failures.get("lm_error") == 1 and p.failures.get("lm_missing") == 1
@@ -152,7 +152,7 @@ def test_coverage_counts_the_evidence_words_the_answer_repeats_beyond_the_questi
 
 
 def test_a_head_without_unit_stats_reads_only_the_aggregates_and_the_signals():
-    m = get("grounded").make(units_from="none", resp_cov=True, head_unit_stats=False, **FAST)
+    m = get_program("grounded").make(units_from="none", resp_cov=True, head_unit_stats=False, **FAST)
     from halluscope.programs.grounded.response import RESPONSE_BASE
 
     assert m.response_features == list(RESPONSE_BASE) + ["r_cov", "r_cov_new"]
@@ -160,8 +160,8 @@ def test_a_head_without_unit_stats_reads_only_the_aggregates_and_the_signals():
     assert info["response"]["held_out"]["auc"] > 0.9 and len(m.head.model.features) == len(RESPONSE_BASE) + 2
     state = json.loads(json.dumps(m.dump_state()))
     with pytest.raises(ValueError, match="response head's features"):
-        get("grounded").make(units_from="none", resp_cov=True, **FAST).load_state(state)
-    again = get("grounded").make(units_from="none", resp_cov=True, head_unit_stats=False, **FAST).load_state(state)
+        get_program("grounded").make(units_from="none", resp_cov=True, **FAST).load_state(state)
+    again = get_program("grounded").make(units_from="none", resp_cov=True, head_unit_stats=False, **FAST).load_state(state)
     assert "resp_cov" in again(question="q", answer="Valparaiso 1204", context="Santiago").rationale
 
 
@@ -171,7 +171,7 @@ def _hs_program(tmp_path, **kw):
     from tests.test_grounded_hidden import FakeBackend
     from halluscope.programs.grounded.hidden import HiddenScorer
 
-    m = get("grounded").make(units_from="none", resp_hs=True, head_unit_stats=False, **FAST, **kw)
+    m = get_program("grounded").make(units_from="none", resp_hs=True, head_unit_stats=False, **FAST, **kw)
     m._resp_hidden = HiddenScorer(cache_dir=tmp_path / "hs", backend=FakeBackend())
     return m
 
@@ -234,7 +234,7 @@ def test_head_with_the_hidden_state_probe_fits_saves_reloads_and_falls_back(tmp_
     # llama_cpp's model gone at prediction time: a counted note, the head's training means for the columns
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
-    gone = get("grounded").make(units_from="none", resp_hs=True, head_unit_stats=False, hidden_model=str(model),
+    gone = get_program("grounded").make(units_from="none", resp_hs=True, head_unit_stats=False, hidden_model=str(model),
                                 hidden_cache_dir=str(tmp_path / "empty"), **FAST).load_state(state)
     model.unlink()
     p = gone(question=q, answer="Valparaiso was founded by Romans in 1204.", context=ctx)

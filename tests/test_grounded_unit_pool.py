@@ -11,7 +11,7 @@ import pytest
 from halluscope.loaders.mushroom import load_mushroom
 from halluscope.programs.grounded.program import GroundedDetector, fit_grounded
 from halluscope.programs.grounded.units import units_of
-from halluscope.programs.registry import OptionError, get
+from halluscope.programs.registry import OptionError, get_program
 from tests.test_grounded import fixture_examples, fixture_records
 
 
@@ -66,7 +66,7 @@ def test_unit_pool_refuses_a_training_set_of_several_languages_and_the_hidden_si
     with pytest.raises(ValueError, match="unit_pool and hidden"):
         GroundedDetector(unit_pool=str(root), hidden=True)
     with pytest.raises(OptionError, match="unit_pool_weight"):
-        get("grounded").make(unit_pool=str(root), unit_pool_weight=0)
+        get_program("grounded").make(unit_pool=str(root), unit_pool_weight=0)
 
 
 def test_a_pool_folder_without_other_languages_leaves_the_fit_alone(tmp_path):

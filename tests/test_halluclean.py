@@ -38,7 +38,7 @@ from halluscope.programs.halluclean.program import (
     route_inputs,
     same_text,
 )
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.signatures.halluclean import Judge, Plan, Reason, Revise, parse_verdict
 from halluscope.signatures.halluclean import DirectAsk as DirectAskSig
 
@@ -351,18 +351,18 @@ def test_direct_ask_parse_error_is_a_failure():
 
 def test_programs_are_registered_as_response_level_f1():
     for name in ("halluclean", "direct", "direct+routing"):
-        spec = get(name)
+        spec = get_program(name)
         assert spec.level == "response" and spec.default_metric == "f1" and spec.uses_lm
-    spec = get("halluclean")
+    spec = get_program("halluclean")
     assert spec.options["task"] is None and spec.options["revise"] is True and spec.report is halluclean_report
-    assert get("direct+routing").options["task"] is None
+    assert get_program("direct+routing").options["task"] is None
     prog = spec.build(task="qa", revise=False)
     assert isinstance(prog, HalluClean) and prog.task == "qa" and prog.do_revise is False
-    assert get("direct").build().routing is False and get("direct+routing").build(task="mwp").task == "mwp"
+    assert get_program("direct").build().routing is False and get_program("direct+routing").build(task="mwp").task == "mwp"
 
 
 def test_detection_predictors_are_plain_predict_with_stage_budgets():
-    prog = get("halluclean").build()
+    prog = get_program("halluclean").build()
     named = dict(prog.named_predictors())
     assert list(named) == ["plan", "reason", "judge", "revise"]
     assert all(type(p) is dspy.Predict for p in named.values())
@@ -698,7 +698,7 @@ def test_mipro_compiles_the_detection_stages_with_a_scripted_lm():
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
         opt = dspy.MIPROv2(metric=f1_metric, auto=None, num_candidates=2, max_bootstrapped_demos=1,
                            max_labeled_demos=1, verbose=False, num_threads=1)
-        compiled = opt.compile(get("halluclean").build(revise=False), trainset=examples[:4], valset=examples[4:],
+        compiled = opt.compile(get_program("halluclean").build(revise=False), trainset=examples[:4], valset=examples[4:],
                                num_trials=2, minibatch=False)
         pred = compiled(**QA)
     assert isinstance(compiled, HalluClean)

@@ -12,7 +12,7 @@ from halluscope.core.decisions import contextual_probability, with_logprob_decis
 from halluscope.lm.scripted import scripted_lm
 from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.run import FINISHED, OptimizeConfig, run_optimize
-from halluscope.programs.registry import OptionError, get
+from halluscope.programs.registry import OptionError, get_program
 
 from tests.test_reanchor_gepa import _baseline_examples
 
@@ -53,9 +53,9 @@ def _lm(respond=_respond):
 def test_the_content_free_judge_request_has_no_answer_and_no_analysis_and_divides_p_yes():
     examples = _examples()
     lm = _lm()
-    raw = get("halluclean").make(revise=False, decisions=True)
+    raw = get_program("halluclean").make(revise=False, decisions=True)
     raw.judge.fields = {"verdict": {"threshold": 0.5}}
-    program = get("halluclean").make(revise=False, calibrate="content_free")
+    program = get_program("halluclean").make(revise=False, calibrate="content_free")
     assert program.judge.fields == {"verdict": {"threshold": 0.5}}  # a decision from the start
     with dspy.context(lm=lm, adapter=with_logprob_decisions(dspy.JSONAdapter())):
         raw_preds = [raw(**e.inputs()) for e in examples]
@@ -82,7 +82,7 @@ def test_the_content_free_judge_request_has_no_answer_and_no_analysis_and_divide
 def test_the_content_free_judge_request_is_not_traced_nor_a_decision_reanchor_sees():
     from halluscope.core.decisions import decision_evidence
 
-    program = get("halluclean").make(revise=False, calibrate="content_free")
+    program = get_program("halluclean").make(revise=False, calibrate="content_free")
     with dspy.context(lm=_lm(), adapter=with_logprob_decisions(dspy.JSONAdapter()), trace=[]), \
             decision_evidence() as log:
         program(**_examples()[0].inputs())
@@ -98,7 +98,7 @@ def test_a_content_free_judge_request_that_fails_counts_a_failure_and_the_case_g
             return "not json at all"
         return _respond(call)
 
-    program = get("halluclean").make(revise=False, calibrate="content_free")
+    program = get_program("halluclean").make(revise=False, calibrate="content_free")
     with dspy.context(lm=_lm(respond), adapter=with_logprob_decisions(dspy.JSONAdapter())):
         pred = program(**_examples()[0].inputs())
     assert pred.failures.get("content_free") == 1
@@ -106,10 +106,10 @@ def test_a_content_free_judge_request_that_fails_counts_a_failure_and_the_case_g
 
 
 def test_halluclean_calibrate_option_is_checked_by_the_registry():
-    assert get("halluclean").make(calibrate="content_free").calibrate == "content_free"
-    assert get("halluclean").make().calibrate is None
+    assert get_program("halluclean").make(calibrate="content_free").calibrate == "content_free"
+    assert get_program("halluclean").make().calibrate is None
     with pytest.raises(OptionError, match="calibrate"):
-        get("halluclean").make(calibrate="contentfree")
+        get_program("halluclean").make(calibrate="contentfree")
 
 
 def test_reanchor_fits_the_calibrated_judge(tmp_path):

@@ -371,7 +371,7 @@ def test_detect_input_that_is_no_regular_file_or_nests_too_deep_is_one_line(tmp_
     from halluscope.programs import registry
 
     root = tmp_path / "compiled"
-    write_artifact(registry.get("mark-all").make(), {"source": "test"}, program_name="mark-all", lang="en",
+    write_artifact(registry.get_program("mark-all").make(), {"source": "test"}, program_name="mark-all", lang="en",
                    metric="iou", root=root)
     fifo, zero, deep = tmp_path / "in.fifo", tmp_path / "zero.jsonl", tmp_path / "deep.jsonl"
     os.mkfifo(fifo)

@@ -14,7 +14,7 @@ from halluscope.programs.jointcq.align import (CORRECT, HALLUCINATED, UNCHECKED,
                                                asserted_spans, claim_score, parse_label, similarity)
 from halluscope.programs.jointcq.demo_filter import (CriteriaJudge, compile_claim_queries, coverage, criteria_metric,
                                                 export_filtered_pairs)
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.core.retrieval import register_retriever
 from halluscope.retrievers.kb import build_index
 from halluscope.signatures.jointcq import ClaimQuery, ClaimsAndQueries
@@ -135,7 +135,7 @@ def test_aggregate_sentence_and_response_labels():
 
 def test_claims_verified_aligned_and_aggregated_in_the_common_contract():
     lm = scripted_lm(responder())
-    pred = run(get("jointcq").make(), lm)
+    pred = run(get_program("jointcq").make(), lm)
     det = pred.detection
     assert det.label is True and det.score == 1.0
     assert [ANSWER[s:e] for s, e in det.hard_labels] == ["capital of Germany"]
@@ -161,54 +161,54 @@ def test_claims_verified_aligned_and_aggregated_in_the_common_contract():
 def test_queries_are_searched_top_k_and_the_without_queries_ablation_searches_claims():
     lm = scripted_lm(responder())
     Recorder.queries = []
-    pred = run(get("jointcq").make(retriever="jcq-rec", top_k=4), lm)
+    pred = run(get_program("jointcq").make(retriever="jcq-rec", top_k=4), lm)
     assert Recorder.queries == ["capital of Germany", "Paris population"]
     verify = [c for c in lm.engine.calls if "label" in c.outputs]
     assert all(c.inputs["snippets"].count("\n") == 3 for c in verify)  # top_k = 4 snippets of 7 found
     assert len(pred.detection.evidence) == 8
     Recorder.queries = []
-    run(get("jointcq").make(retriever="jcq-rec", use_queries=False), lm)
+    run(get_program("jointcq").make(retriever="jcq-rec", use_queries=False), lm)
     assert Recorder.queries == [c for c, _ in PAIRS]
     # a claim without a query is searched with the claim itself and counted
     Recorder.queries = []
-    pred = run(get("jointcq").make(retriever="jcq-rec"), scripted_lm(responder(pairs=[(PAIRS[0][0], "")])))
+    pred = run(get_program("jointcq").make(retriever="jcq-rec"), scripted_lm(responder(pairs=[(PAIRS[0][0], "")])))
     assert Recorder.queries == [PAIRS[0][0]] and pred.counts["query_fallback"] == 1
 
 
 def test_no_factual_claim_is_a_valid_result_not_an_error():
     lm = scripted_lm(responder(pairs=[]))
-    pred = run(get("jointcq").make(), lm, answer="I am not sure, sorry.")
+    pred = run(get_program("jointcq").make(), lm, answer="I am not sure, sorry.")
     det = pred.detection
     assert det.label is False and det.spans == [] and det.failures == {}
     assert det.rationale == "no factual claim: nothing to check"
     assert pred.calls == {"generate": 1} and pred.search_calls == 0 and pred.judgements == 0
     assert [u.label for u in det.units] == [UNCHECKED]
     # an empty answer makes no call at all
-    pred = run(get("jointcq").make(), lm, answer="  ")
+    pred = run(get_program("jointcq").make(), lm, answer="  ")
     assert pred.calls == {} and pred.label is False and len(lm.engine.calls) == 1
 
 
 def test_unaligned_claims_are_counted_and_kept_as_response_evidence():
     pairs = [("Tokyo hosted the Olympic Games in 1964 in Germany.", "Tokyo Olympics"), PAIRS[1]]
     lm = scripted_lm(responder(pairs=pairs))
-    pred = run(get("jointcq").make(), lm)
+    pred = run(get_program("jointcq").make(), lm)
     det = pred.detection
     assert pred.counts["unaligned"] == 1 and pred.claims[0]["sentence"] is None
     claim = [u for u in det.units if u.kind == "claim"][0]
     assert (claim.start, claim.end, claim.label) == (0, 0, HALLUCINATED)  # kept, without offsets
     assert det.hard_labels == [] and det.label is True  # no span, but the response is hallucinated
     assert [u.label for u in det.units if u.kind == "sentence"] == [UNCHECKED, CORRECT]
-    pred = run(get("jointcq").make(unaligned_counts=False), lm)
+    pred = run(get_program("jointcq").make(unaligned_counts=False), lm)
     assert pred.label is False and pred.counts["unaligned"] == 1
     # a stricter threshold unaligns more: 3 of the 4 content words of this claim are in its sentence
     lm = scripted_lm(responder(pairs=[pairs[0], ("Paris has roughly two million inhabitants.", "q")]))
-    assert run(get("jointcq").make(), lm).counts["unaligned"] == 1
-    assert run(get("jointcq").make(align_threshold=0.8), lm).counts["unaligned"] == 2
+    assert run(get_program("jointcq").make(), lm).counts["unaligned"] == 1
+    assert run(get_program("jointcq").make(align_threshold=0.8), lm).counts["unaligned"] == 2
 
 
 def test_a_label_outside_the_three_is_unverifiable_and_counted():
     lm = scripted_lm(responder(label=lambda claim: "maybe?" if "Germany" in claim else "correct"))
-    pred = run(get("jointcq").make(unverifiable_score=0.2), lm)
+    pred = run(get_program("jointcq").make(unverifiable_score=0.2), lm)
     det = pred.detection
     assert det.failures == {"label": 1} and pred.counts["status_label_unparsed"] == 1
     assert det.label is False and det.hard_labels == []
@@ -221,7 +221,7 @@ def test_a_failing_search_makes_that_claim_unverifiable_and_the_others_go_on():
     pairs = [("Paris is the capital of Germany.", "boom"), ("Paris has two million inhabitants.", "nothing"),
              ("Paris is in France.", "France")]
     lm = scripted_lm(responder(pairs=pairs))
-    pred = run(get("jointcq").make(retriever="jcq-flaky"), lm, answer="Paris is the capital of Germany. "
+    pred = run(get_program("jointcq").make(retriever="jcq-flaky"), lm, answer="Paris is the capital of Germany. "
                "It has two million inhabitants. It is in France.")
     by = {c["claim"]: c for c in pred.claims}
     assert by[pairs[0][0]]["status"] == "search_failed" and "TimeoutError" in by[pairs[0][0]]["rationale"]
@@ -236,7 +236,7 @@ def test_batched_verification_is_one_call_and_a_skipped_claim_is_unverifiable():
     batch = lambda call: [{"index": 1, "label": "hallucinated", "rationale": "[1] says Berlin"},  # noqa: E731
                           {"index": 5, "label": "correct", "rationale": "no such claim"}]
     lm = scripted_lm(responder(batch=batch))
-    pred = run(get("jointcq").make(batch_verify=True), lm)
+    pred = run(get_program("jointcq").make(batch_verify=True), lm)
     assert pred.calls == {"generate": 1, "verify": 1} and pred.lm_requests == 2
     assert [c["label"] for c in pred.claims] == [HALLUCINATED, UNVERIFIABLE]
     assert pred.detection.failures == {"label": 1} and pred.label is True
@@ -246,11 +246,11 @@ def test_batched_verification_is_one_call_and_a_skipped_claim_is_unverifiable():
 
 def test_unparseable_model_output_is_a_counted_failure():
     lm = scripted_lm(lambda call: {"pairs": "no list here"} if "pairs" in call.outputs else {})
-    pred = run(get("jointcq").make(), lm)
+    pred = run(get_program("jointcq").make(), lm)
     assert pred.detection.failures == {"generate_parse": 1} and pred.label is False and pred.judgements == 0
     lm = scripted_lm(lambda call: {"pairs": [ClaimQuery(claim=PAIRS[0][0], query="q")]} if "pairs" in call.outputs
                      else {"verdicts": "broken"} if "verdicts" in call.outputs else {})
-    pred = run(get("jointcq").make(batch_verify=True), lm)
+    pred = run(get_program("jointcq").make(batch_verify=True), lm)
     assert pred.detection.failures == {"verify_parse": 1} and pred.claims[0]["status"] == "verify_failed"
 
 
@@ -260,7 +260,7 @@ def test_knowledge_base_pooled_corpus_as_the_search_corpus(tmp_path):
         ["Berlin is the capital of Germany.", "Paris has two million inhabitants.", "Tokyo is in Japan."])))
     build_index(corpus, tmp_path / "kb")
     lm = scripted_lm(responder())
-    pred = run(get("jointcq").make(retriever=f"kb:{tmp_path / 'kb'}", top_k=1), lm, context="")
+    pred = run(get_program("jointcq").make(retriever=f"kb:{tmp_path / 'kb'}", top_k=1), lm, context="")
     verify = {c.inputs["claim"]: c for c in lm.engine.calls if "label" in c.outputs}
     assert verify[PAIRS[0][0]].inputs["snippets"] == "[1] Berlin is the capital of Germany."
     assert {e.source for e in pred.detection.evidence} == {"kb"} and pred.search_calls == 2
@@ -268,18 +268,18 @@ def test_knowledge_base_pooled_corpus_as_the_search_corpus(tmp_path):
 
 def test_bad_options_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown retriever"):
-        get("jointcq").make(retriever="nosuch")
+        get_program("jointcq").make(retriever="nosuch")
     with pytest.raises(ValueError, match="top_k"):
-        get("jointcq").make(top_k=0)
+        get_program("jointcq").make(top_k=0)
     with pytest.raises(ValueError, match="unverifiable_score"):
-        get("jointcq").make(unverifiable_score=0.7)
+        get_program("jointcq").make(unverifiable_score=0.7)
     with pytest.raises(ValueError, match="align_threshold"):
-        get("jointcq").make(align_threshold=1.5)
+        get_program("jointcq").make(align_threshold=1.5)
 
 
 def test_report_counts_inferences_per_sample_and_search_calls_per_judgement():
     lm = scripted_lm(responder())
-    module = get("jointcq").make()
+    module = get_program("jointcq").make()
     preds = [run(module, lm), run(module, scripted_lm(responder(pairs=[]))), None]
     rep = jointcq_report([None] * 3, preds)
     assert rep["jointcq_inferences_per_sample"] == 2.0  # (3 + 1) / 2 answered items
@@ -339,7 +339,7 @@ def test_compiling_the_claim_query_stage_keeps_only_demos_that_pass_the_criteria
     train = [dspy.Example(question=Q, answer=ANSWER),
              dspy.Example(question="Rome?", answer="Rome is old."),
              dspy.Example(question="Berlin?", answer="Berlin is the capital of Germany.")]
-    program = get("jointcq").make()
+    program = get_program("jointcq").make()
     with dspy.context(lm=lm):
         compile_claim_queries(program, train, max_bootstrapped_demos=4)
     assert [d["answer"] for d in program.generate.demos] == ["Berlin is the capital of Germany."]
@@ -440,7 +440,7 @@ def test_parse_errors_in_the_verifier_and_the_criteria_judges_are_counted(monkey
     def broken(**kwargs):
         raise AdapterParseError(adapter_name="ChatAdapter", signature=ClaimsAndQueries, lm_response="???")
 
-    module = get("jointcq").make()
+    module = get_program("jointcq").make()
     monkeypatch.setattr(module, "verify", broken)
     pred = run(module, scripted_lm(responder()))
     assert pred.detection.failures == {"verify_parse": 2} and pred.label is False
@@ -459,7 +459,7 @@ def test_parse_errors_in_the_verifier_and_the_criteria_judges_are_counted(monkey
 def test_a_repeated_claim_is_checked_once_and_counted():
     pairs = [PAIRS[0], (" paris is the capital of  GERMANY.", "again"), PAIRS[0], ("", "orphan query")]
     lm = scripted_lm(responder(pairs=pairs))
-    pred = run(get("jointcq").make(), lm)
+    pred = run(get_program("jointcq").make(), lm)
     assert pred.judgements == 1 and pred.search_calls == 1 and pred.calls == {"generate": 1, "verify": 1}
     assert pred.counts["repeated_claims_dropped"] == 2 and pred.detection.failures == {"empty_claim": 1}
     assert len(pred.detection.spans) == len(set(pred.detection.spans))

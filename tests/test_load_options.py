@@ -13,7 +13,7 @@ from halluscope.artifacts import store as A
 from halluscope.cli import build_parser, main
 from halluscope.cli.serve import resolve_detectors
 from halluscope.core.contract import Detection, Span, to_prediction
-from halluscope.programs.registry import REGISTRY, ProgramSpec, get
+from halluscope.programs.registry import REGISTRY, ProgramSpec, get_program
 
 
 class KbFixture(dspy.Module):
@@ -33,7 +33,7 @@ def root(tmp_path, monkeypatch):
     monkeypatch.setitem(REGISTRY, "kb-fixture", ProgramSpec(name="kb-fixture", build=KbFixture, uses_lm=False,
                                                             description="load-option fixture",
                                                             load_options=("kb", "k")))
-    A.write_artifact(get("kb-fixture").make(kb="compiled-kb"), {"source": "fixture",
+    A.write_artifact(get_program("kb-fixture").make(kb="compiled-kb"), {"source": "fixture",
                                                                "program_options": {"kb": "compiled-kb"}},
                      program_name="kb-fixture", lang="en", metric="iou", root=tmp_path)
     return tmp_path

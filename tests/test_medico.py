@@ -12,7 +12,7 @@ import pytest
 
 from halluscope.programs.medico.program import (Medico, fit_combiner, medico_report, preservation, quoted,
                                         verdict_probability)
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.retrievers.kb import build_index
 from halluscope.lm.scripted import scripted_lm
 
@@ -57,7 +57,7 @@ def test_helpers():
 
 def test_approved_in_the_first_round_with_spans_and_evidence():
     lm = scripted_lm(responder())
-    pred = run(get("medico").make(), lm)
+    pred = run(get_program("medico").make(), lm)
     det = pred.detection
     assert det.label is True and det.score == pytest.approx(verdict_probability(True))
     assert [WRONG[s.start:s.end] for s in det.spans] == ["Lyon"]  # "Paris" (an evidence quote) does not map
@@ -75,28 +75,28 @@ def test_approved_in_the_first_round_with_spans_and_evidence():
 
 def test_supported_answer_is_not_flagged_and_correction_can_be_disabled():
     lm = scripted_lm(responder())
-    pred = run(get("medico").make(), lm, answer="The capital of France is Paris.")
+    pred = run(get_program("medico").make(), lm, answer="The capital of France is Paris.")
     assert pred.label is False and pred.correction == "not_flagged" and pred.rounds == [] and pred.revision is None
-    pred = run(get("medico").make(correct=False), lm)
+    pred = run(get_program("medico").make(correct=False), lm)
     assert pred.label is True and pred.correction == "disabled" and pred.revision is None
-    assert run(get("medico").make(), lm, answer="  ").correction == "not_flagged"
+    assert run(get_program("medico").make(), lm, answer="  ").correction == "not_flagged"
 
 
 def test_revision_rejected_by_preservation_every_round():
     lm = scripted_lm(responder(revise=lambda a: "Paris."))
-    pred = run(get("medico").make(max_rounds=3, delta=0.5), lm)
+    pred = run(get_program("medico").make(max_rounds=3, delta=0.5), lm)
     assert pred.correction == "max_rounds" and pred.revision is None and len(pred.rounds) == 3
     assert all(not r["accepted"] and "below delta 0.5" in r["reason"] for r in pred.rounds)
     assert all(r["preservation"] < 0.5 for r in pred.rounds)
     revise_calls = [c for c in lm.engine.calls if "revision" in c.outputs]
     assert [c.temperature for c in revise_calls][1:] == [0.7, 0.7]  # retried as a fresh sample
     # the same revision passes a looser gate
-    assert run(get("medico").make(max_rounds=3, delta=0.0), lm).rounds[0]["accepted"]
+    assert run(get_program("medico").make(max_rounds=3, delta=0.0), lm).rounds[0]["accepted"]
 
 
 def test_max_rounds_when_the_detector_never_approves():
     lm = scripted_lm(responder(revise=lambda a: a.replace("Lyon", "Marseille").replace("Marseille,", "Marseille,")))
-    pred = run(get("medico").make(max_rounds=3), lm)
+    pred = run(get_program("medico").make(max_rounds=3), lm)
     assert pred.correction == "max_rounds" and len(pred.rounds) == 3
     first = pred.rounds[0]
     assert first["accepted"] and not first["approved"] and first["reason"] == "still flagged"
@@ -109,10 +109,10 @@ def test_max_rounds_when_the_detector_never_approves():
 def test_approved_after_two_rounds_is_reported_per_round():
     lm = scripted_lm(responder(revise=lambda a: a.replace("Lyon", "Marseille") if "Lyon" in a
                                else a.replace("Marseille", "Paris")))
-    pred = run(get("medico").make(), lm)
+    pred = run(get_program("medico").make(), lm)
     assert pred.correction == "approved" and [r["approved"] for r in pred.rounds] == [False, True]
     assert pred.revision.startswith("The capital of France is Paris")
-    rep = medico_report([None, None], [pred, run(get("medico").make(), lm, answer="Paris.")])
+    rep = medico_report([None, None], [pred, run(get_program("medico").make(), lm, answer="Paris.")])
     assert rep["flagged"] == 1 and rep["approved_after_round_1"] == 0.0 and rep["approved_after_round_2"] == 1.0
 
 
@@ -130,7 +130,7 @@ def test_failed_sources_are_counted_named_and_detection_goes_on(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/s"
-        module = get("medico").make(sources="context,kb,files,search", kb=str(tmp_path / "no-index"),
+        module = get_program("medico").make(sources="context,kb,files,search", kb=str(tmp_path / "no-index"),
                                     files=str(tmp_path / "missing.pdf"), search=url)
         pred = run(module, scripted_lm(responder()))
     finally:
@@ -142,7 +142,7 @@ def test_failed_sources_are_counted_named_and_detection_goes_on(tmp_path):
     assert pred.label is True and pred.detection.evidence[0].source == "context"
     assert medico_report([None], [pred])["failed_source_search"] == 1
     with pytest.raises(ValueError, match="unknown evidence source"):
-        get("medico").make(sources="context,wiki")
+        get_program("medico").make(sources="context,wiki")
 
 
 def test_kb_files_kg_pooled_reranked_and_top_l(tmp_path):
@@ -155,7 +155,7 @@ def test_kb_files_kg_pooled_reranked_and_top_l(tmp_path):
     (tmp_path / "docs" / "a.md").write_text("France's capital city is Paris.")
     (tmp_path / "docs" / "empty.txt").write_text("")
     (tmp_path / "kg.tsv").write_text("Paris\tcapital_of\tFrance\n")
-    module = get("medico").make(sources="kb,files,kg", kb=str(tmp_path / "ix"), files=str(tmp_path / "docs"),
+    module = get_program("medico").make(sources="kb,files,kg", kb=str(tmp_path / "ix"), files=str(tmp_path / "docs"),
                                 kg=str(tmp_path / "kg.tsv"), top_l=3)
     pred = run(module, scripted_lm(responder()), context="")
     texts = [e.text for e in pred.detection.evidence]
@@ -168,10 +168,10 @@ def test_kb_files_kg_pooled_reranked_and_top_l(tmp_path):
 
 def test_summary_fusion_and_its_fallback():
     lm = scripted_lm(responder(summary="Paris is the capital."))
-    pred = run(get("medico").make(fuse="summary", correct=False), lm)
+    pred = run(get_program("medico").make(fuse="summary", correct=False), lm)
     assert [c.inputs["evidence"] for c in lm.engine.calls if "verdict" in c.outputs] == ["Paris is the capital."]
     lm = scripted_lm(responder(summary=""))
-    pred = run(get("medico").make(fuse="summary", correct=False), lm)
+    pred = run(get_program("medico").make(fuse="summary", correct=False), lm)
     assert pred.failures == {"fuse": 1}
     assert [c.inputs["evidence"] for c in lm.engine.calls if "verdict" in c.outputs][0].startswith("[1] (context)")
 
@@ -182,27 +182,27 @@ def test_ensemble_fitted_saved_as_json_and_used(tmp_path):
              for a, lab in [(WRONG, True), ("Paris is the capital.", False), ("It is Marseille.", True),
                             ("The capital is Paris.", False), ("Lyon.", None)]]
     lm = scripted_lm(responder())
-    module = get("medico").make(sources="context,kg", kg=str(tmp_path / "kg.tsv"))
+    module = get_program("medico").make(sources="context,kg", kg=str(tmp_path / "kg.tsv"))
     assert module.dump_state()["combiner"] == {"fitted": False}
     with dspy.context(lm=lm):
         info = fit_combiner(module, train, "f1")
     assert info["n"] == 4 and info["features"] == ["context", "kg", "fused"] and info["train_accuracy"] == 1.0
     state = json.loads(json.dumps(module.dump_state()))
-    fresh = get("medico").make(sources="context,kg", kg=str(tmp_path / "kg.tsv"))
+    fresh = get_program("medico").make(sources="context,kg", kg=str(tmp_path / "kg.tsv"))
     fresh.load_state(state)
     assert fresh.combiner == module.combiner
     pred = run(fresh, lm, answer=WRONG)
     assert set(pred.source_p) == {"fused", "context", "kg"} and pred.label is True and pred.score > 0.5
     assert pred.score == pytest.approx(fresh.combine(pred.source_p))
     assert run(fresh, lm, answer="The capital is Paris.").label is False
-    assert run(get("medico").make(sources="context,kg", kg=str(tmp_path / "kg.tsv"), ensemble=False)
+    assert run(get_program("medico").make(sources="context,kg", kg=str(tmp_path / "kg.tsv"), ensemble=False)
                .load_state(state), lm).source_p == {"fused": pytest.approx(verdict_probability(True))}
     with pytest.raises(ValueError, match="no training example"):
         fit_combiner(module, train[-1:], "f1")
 
 
 def test_registered_with_a_fit_hook_and_documented_options():
-    spec = get("medico")
+    spec = get_program("medico")
     assert spec.fit is fit_combiner and spec.level == "response" and spec.default_metric == "f1"
     assert all(spec.option_help[name] for name in spec.options)
     assert isinstance(spec.make(), Medico)
@@ -210,7 +210,7 @@ def test_registered_with_a_fit_hook_and_documented_options():
 
 def test_zero_evidence_source():
     lm = scripted_lm(responder())
-    pred = run(get("medico").make(sources="none", correct=False), lm)
+    pred = run(get_program("medico").make(sources="none", correct=False), lm)
     assert pred.detection.evidence == [] and pred.failed_sources == {} and pred.label is True
     assert [c.inputs["evidence"] for c in lm.engine.calls if "verdict" in c.outputs] == [""]
 
@@ -271,11 +271,11 @@ def _logprob_lm(p_true: float):
 def test_likelihood_from_token_logprobs_where_the_lm_gives_them():
     from halluscope.programs.medico.program import logprob_probability
 
-    pred = run(get("medico").make(correct=False), _logprob_lm(0.9))
+    pred = run(get_program("medico").make(correct=False), _logprob_lm(0.9))
     assert pred.likelihood == "logprobs" and pred.score == pytest.approx(0.9, abs=1e-6) and pred.label is True
-    pred = run(get("medico").make(correct=False, tau=0.5), _logprob_lm(0.9))
+    pred = run(get_program("medico").make(correct=False, tau=0.5), _logprob_lm(0.9))
     assert pred.score == pytest.approx(1 / (1 + (0.1 / 0.9) ** 2), abs=1e-6)  # sharpened by the temperature
-    pred = run(get("medico").make(correct=False), scripted_lm(responder()))
+    pred = run(get_program("medico").make(correct=False), scripted_lm(responder()))
     assert pred.likelihood == "verdict" and pred.score == pytest.approx(verdict_probability(True))
     # JSON-style output, the other side missing from the alternatives
     entries = {"content": [{"token": '{"verdict": ', "logprob": -0.1, "top_logprobs": []},
@@ -311,7 +311,7 @@ def test_lm_rerank_orders_the_pool_and_falls_back_to_bm25_when_unparseable():
         return respond
 
     lm = scripted_lm(ranked([2, 1]))
-    pred = run(get("medico").make(rerank="lm", correct=False), lm, context=context)
+    pred = run(get_program("medico").make(rerank="lm", correct=False), lm, context=context)
     rerank_calls = [c for c in lm.engine.calls if "ranking" in c.outputs]
     assert len(rerank_calls) == 1
     shown = rerank_calls[0].inputs["passages"].splitlines()
@@ -319,23 +319,23 @@ def test_lm_rerank_orders_the_pool_and_falls_back_to_bm25_when_unparseable():
     texts = [line.split(") ", 1)[1] for line in shown]
     assert texts[0].startswith("Paris")  # BM25's order: the question's words are in the Paris paragraph
     assert [e.text for e in pred.detection.evidence] == texts[::-1] and pred.failures == {}  # the LM's order wins
-    assert "reranker.rank" in dict(get("medico").make(rerank="lm").named_predictors())
-    assert "reranker.rank" not in dict(get("medico").make().named_predictors())  # other settings: state unchanged
+    assert "reranker.rank" in dict(get_program("medico").make(rerank="lm").named_predictors())
+    assert "reranker.rank" not in dict(get_program("medico").make().named_predictors())  # other settings: state unchanged
     # top_l after the LM's order; rerank_pool limits what the LM sees
     lm = scripted_lm(ranked([2, 1]))
-    pred = run(get("medico").make(rerank="lm", top_l=1, correct=False), lm, context=context)
+    pred = run(get_program("medico").make(rerank="lm", top_l=1, correct=False), lm, context=context)
     assert [e.text for e in pred.detection.evidence] == texts[1:]
-    pred = run(get("medico").make(rerank="lm", top_l=1, rerank_pool=1, correct=False), lm, context=context)
+    pred = run(get_program("medico").make(rerank="lm", top_l=1, rerank_pool=1, correct=False), lm, context=context)
     assert [e.text for e in pred.detection.evidence] == texts[:1]  # a pool of one: nothing to ask the LM
     assert len([c for c in lm.engine.calls if "ranking" in c.outputs]) == 1
     # an unparseable ranking keeps the BM25 order and is counted
     lm = scripted_lm(ranked("not a list"))
-    bm25 = run(get("medico").make(correct=False), scripted_lm(responder()), context=context)
-    pred = run(get("medico").make(rerank="lm", correct=False), lm, context=context)
+    bm25 = run(get_program("medico").make(correct=False), scripted_lm(responder()), context=context)
+    pred = run(get_program("medico").make(rerank="lm", correct=False), lm, context=context)
     assert pred.failures == {"rerank": 1}
     assert [e.text for e in pred.detection.evidence] == [e.text for e in bm25.detection.evidence]
     with pytest.raises(ValueError, match="expected one of 'bm25', 'lm', 'none'"):
-        get("medico").make(rerank="cross-encoder")
+        get_program("medico").make(rerank="cross-encoder")
 
 
 class _Slow(BaseHTTPRequestHandler):
@@ -408,7 +408,7 @@ def test_every_bad_input_is_a_counted_named_source_and_detection_goes_on(kind, s
         options = _bad_source(kind, tmp_path, f"http://127.0.0.1:{server.server_address[1]}/s")
         with caplog.at_level("WARNING", logger="halluscope.programs.medico.program"):
             lm = scripted_lm(responder())
-            module = get("medico").make(correct=False, **options)
+            module = get_program("medico").make(correct=False, **options)
             preds = [run(module, lm), run(module, lm)]
     finally:
         server.shutdown()
@@ -515,7 +515,7 @@ def test_optimize_py_with_an_optimizer_bootstraps_detect_demos_then_fits_the_ens
         seen_demos.append(len(module.detect.demos))  # what the ensemble's features are computed with
         return fit_combiner(module, trainset, metric_name)
 
-    monkeypatch.setitem(registry.REGISTRY, "medico", dataclasses.replace(get("medico"), fit=recording_fit))
+    monkeypatch.setitem(registry.REGISTRY, "medico", dataclasses.replace(get_program("medico"), fit=recording_fit))
     lm = scripted_lm(responder())
     p = build_parser()
     args = p.parse_args(["--program", "medico", "--task", "qa", "--metric", "f1", "--data-dir",
@@ -548,10 +548,10 @@ def test_optimize_py_with_an_optimizer_bootstraps_detect_demos_then_fits_the_ens
 def test_label_agrees_with_the_score_when_the_verdict_is_read_with_a_low_likelihood():
     """#34: a "True" verdict whose token probability is 0.36 is not labelled hallucinated beside a score of 0.36;
     no span is shown for it either (the spans are the rationale's quotes of a labelled answer)."""
-    pred = run(get("medico").make(correct=False), _logprob_lm(0.36))
+    pred = run(get_program("medico").make(correct=False), _logprob_lm(0.36))
     assert pred.likelihood == "logprobs" and pred.score == pytest.approx(0.36, abs=1e-6)
     assert pred.label is False and pred.hard_labels == [] and pred.detection.verdict == "correct"
-    pred = run(get("medico").make(correct=False), _logprob_lm(0.64))
+    pred = run(get_program("medico").make(correct=False), _logprob_lm(0.64))
     assert pred.label is True and pred.score > 0.5
 
 

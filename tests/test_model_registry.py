@@ -22,7 +22,7 @@ from halluscope.artifacts import store as A
 from halluscope.cli.ui import OFFLINE_ENV, free_port
 from halluscope.tracking.model_registry import MODEL_CODE, register_artifact
 from halluscope.optimize.run import run_optimize
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from tests.test_optimize_stages import PROGRAM, _config, _examples, fit_program  # noqa: F401  (fixture)
 
 
@@ -131,7 +131,7 @@ def _post(url: str, body: dict) -> dict:
 
 def test_mlflow_models_serve_offline(tmp_path, store):
     """``mlflow models serve --env-manager local`` on the registered alias (a program without an LM)."""
-    art = A.write_artifact(get("mark-all").make(), {"source": "fixture"}, program_name="mark-all", lang="de",
+    art = A.write_artifact(get_program("mark-all").make(), {"source": "fixture"}, program_name="mark-all", lang="de",
                            metric="iou", root=tmp_path / "compiled")
     reg = register_artifact(art.path, tracking_uri=store)
     port = free_port()
@@ -183,9 +183,9 @@ def test_serve_model_uri_from_the_registry(tmp_path, store, monkeypatch, capsys)
     from fastapi.testclient import TestClient
 
     root = tmp_path / "compiled"
-    de = A.write_artifact(get("mark-all").make(), {"source": "fixture"}, program_name="mark-all", lang="de",
+    de = A.write_artifact(get_program("mark-all").make(), {"source": "fixture"}, program_name="mark-all", lang="de",
                           metric="iou", root=root)
-    en = A.write_artifact(get("mark-all").make(), {"source": "fixture"}, program_name="mark-all", lang="en",
+    en = A.write_artifact(get_program("mark-all").make(), {"source": "fixture"}, program_name="mark-all", lang="en",
                           metric="iou", root=root)
     reg = register_artifact(de.path, tracking_uri=store)
     assert reg.uri == "models:/halluscope-mark-all-de@champion"
@@ -225,7 +225,7 @@ def test_serve_model_uri_from_the_registry(tmp_path, store, monkeypatch, capsys)
 
     # a different artifact under the same program/language/version as the registered one is refused
     other = tmp_path / "other"
-    A.write_artifact(get("mark-all").make(), {"source": "another fixture"}, program_name="mark-all", lang="de",
+    A.write_artifact(get_program("mark-all").make(), {"source": "another fixture"}, program_name="mark-all", lang="de",
                      metric="iou", root=other)
     rc, app = _serve_app(["--model", reg.uri, "--tracking-uri", store, "--program", "mark-all", "--lang", "de",
                           "--compiled-dir", str(other)], monkeypatch)

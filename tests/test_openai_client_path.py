@@ -27,7 +27,7 @@ from halluscope.artifacts import store as A
 from halluscope.cli import main as cli_main
 from halluscope.artifacts.compiled import detect
 from halluscope.lm.models import SchemaJSONAdapter, configure
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.serve.openai_compat import LlamaBackend, SchemaBackend, create_openai_app, schema_instance
 
 SECRET = "sk-halluscope-LEAK-CHECK-7f3a9c"
@@ -108,7 +108,7 @@ def test_schema_adapter_sends_the_bounded_schema_and_each_stages_budget(home):
     with running(app) as base:
         lm = configure("openai/stand-in", api_base=base, max_tokens=300)
         assert isinstance(dspy.settings.adapter, SchemaJSONAdapter)
-        det = detect(get("spans").make(), "Canberra is the capital.", lang="en")
+        det = detect(get_program("spans").make(), "Canberra is the capital.", lang="en")
         assert [(s.start, s.end) for s in det.spans] == [(0, 8)]
 
         class Stage(dspy.Signature):
@@ -137,13 +137,13 @@ def test_without_the_schema_a_free_text_server_costs_two_calls(home):
     app = create_openai_app(SchemaBackend())  # free text when no schema is sent
     with running(app) as base:
         configure("openai/stand-in", api_base=base, response_schema=False)
-        det = detect(get("spans").make(), "Canberra is the capital.", lang="en")
+        det = detect(get_program("spans").make(), "Canberra is the capital.", lang="en")
         assert det.failures == {} and det.spans == []
         first, second = app.state.requests
         assert "response_format" not in first and first["max_tokens"] == 512  # max_tokens even without a schema
         assert second["response_format"]["type"] == "json_schema"
         configure("openai/stand-in", api_base=base)
-        det = detect(get("spans").make(), "Canberra is the capital.", lang="en")
+        det = detect(get_program("spans").make(), "Canberra is the capital.", lang="en")
         assert det.failures == {} and len(app.state.requests) == 3
     with pytest.raises(ValueError, match="JSON adapter"):
         configure("openai/stand-in", api_base="http://127.0.0.1:9/v1", adapter="chat", response_schema=True)
@@ -216,7 +216,7 @@ def test_retries_recover_from_server_errors_and_timeouts_fail_the_item_fast(home
     flaky = create_openai_app(SchemaBackend(first_word_of_answer), fail_first=2)
     with running(flaky) as base:
         configure("openai/stand-in", api_base=base, num_retries=3, cache_dir=home / "c1")
-        det = detect(get("spans").make(), "Canberra is the capital.", lang="en")
+        det = detect(get_program("spans").make(), "Canberra is the capital.", lang="en")
         assert [(s.start, s.end) for s in det.spans] == [(0, 8)]
         assert len(flaky.state.requests) == 3  # two 500s, then the answer
     slow = create_openai_app(SchemaBackend(first_word_of_answer), delay_s=5)
@@ -224,7 +224,7 @@ def test_retries_recover_from_server_errors_and_timeouts_fail_the_item_fast(home
         configure("openai/stand-in", api_base=base, num_retries=0, timeout=0.5, cache_dir=home / "c2")
         t0 = time.perf_counter()
         with pytest.raises(Exception, match="(?i)time"):
-            detect(get("spans").make(), "Canberra is the capital.", lang="en")
+            detect(get_program("spans").make(), "Canberra is the capital.", lang="en")
         assert time.perf_counter() - t0 < 4.5
 
 

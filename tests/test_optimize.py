@@ -47,9 +47,9 @@ def scripted():
 
 @pytest.fixture
 def spans_program():
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    return get("spans").build()
+    return get_program("spans").build()
 
 
 def _manifest(score: float | None = None, metric: str = "iou") -> dict:
@@ -249,7 +249,7 @@ def test_signature_mismatch_is_refused(tmp_path, spans_program, monkeypatch):
     from halluscope.programs import registry
     from halluscope.programs.spans.program import SpanDetector
 
-    spec = registry.get("spans")
+    spec = registry.get_program("spans")
 
     def renamed(reasoning=False, use_context=True):
         p = SpanDetector(reasoning=reasoning, use_context=use_context)

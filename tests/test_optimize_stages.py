@@ -72,7 +72,7 @@ FIT_CALLS: list[int] = []
 def fit_program(monkeypatch):
     spec = registry.ProgramSpec(name=PROGRAM, build=LengthThreshold, description="test only: a length threshold",
                                 level="response", default_metric="f1", uses_lm=False, fit=fit_threshold)
-    registry.get("spans")  # load the built-in programs first
+    registry.get_program("spans")  # load the built-in programs first
     monkeypatch.setitem(registry.REGISTRY, PROGRAM, spec)
     LengthThreshold.calls = []
     FIT_CALLS.clear()
@@ -380,7 +380,7 @@ def test_optimizer_for_a_program_with_a_fit_hook():
     assert default.name == "mipro" and not default.chosen and chosen.chosen
     assert "chosen" not in default.to_dict() and "then_fit" not in default.to_dict()
     # no fit hook: the config as given (MIPROv2 by default)
-    assert optimizer_for(registry.get("spans"), default) is default
+    assert optimizer_for(registry.get_program("spans"), default) is default
     # a fit hook, no optimizer chosen, or no LM: the hook alone
     for s, c in ((spec(plain_fit), default), (spec(plain_fit, uses_lm=False), chosen),
                  (spec(compiling_fit, uses_lm=False), chosen)):
@@ -426,12 +426,12 @@ def test_compile_program_runs_the_fit_hook_after_the_optimizer_or_hands_it_the_o
                 for i in range(3)]
     lm = scripted_lm(respond)
     with dspy.context(adapter=dspy.JSONAdapter()):
-        program, info = compile_program(registry.get("spans").build(), examples, get_metric("iou"),
+        program, info = compile_program(registry.get_program("spans").build(), examples, get_metric("iou"),
                                         OptimizerConfig(name="bootstrap", then_fit=True), task_lm=lm,
                                         failures=FailureCounter(), fit=fit_after, metric_name="iou")
     assert info["fitted_after"] == 1 and seen["demos"] == 2 == sum(len(p.demos) for p in program.predictors())
     assert info["lm_errors"] == 0 and info["lm_calls"] >= 2
-    compile_program(registry.get("spans").build(), examples, get_metric("iou"),
+    compile_program(registry.get_program("spans").build(), examples, get_metric("iou"),
                     OptimizerConfig(name="fit", fit_with="mipro"), task_lm=lm, fit=fit_with, metric_name="iou")
     assert seen["optimizer"] == "mipro"
 
@@ -442,7 +442,7 @@ def test_jointcq_gets_the_chosen_optimizer(monkeypatch):
     import halluscope.programs.jointcq.demo_filter as jf
     from halluscope.optimize.run import optimizer_for
 
-    spec = registry.get("jointcq")
+    spec = registry.get_program("jointcq")
     assert optimizer_for(spec, OptimizerConfig()).fit_with is None
     cfg = optimizer_for(spec, OptimizerConfig(name="mipro"))
     assert cfg.name == "fit" and cfg.fit_with == "mipro"

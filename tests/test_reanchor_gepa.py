@@ -189,9 +189,9 @@ def test_content_free_calibration_without_a_content_free_probability_counts_a_fa
 
 
 def test_calibrate_option_is_checked_by_the_registry():
-    from halluscope.programs.registry import OptionError, get
+    from halluscope.programs.registry import OptionError, get_program
 
-    spec = get("direct")
+    spec = get_program("direct")
     assert spec.make(calibrate="content_free").calibrate == "content_free"
     with pytest.raises(OptionError, match="calibrate"):
         spec.make(calibrate="contentfree")
@@ -346,16 +346,16 @@ def test_cli_reanchor_without_logprobs_exits_2_naming_the_backend(tmp_path, caps
 
 def test_jointcq_hands_gepa_to_its_hook_refuses_staged_reanchor_in_one_line_and_runs_reanchor_alone():
     from halluscope.optimize.run import optimizer_for
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    cfg = optimizer_for(get("jointcq"), OptimizerConfig(name="gepa", max_metric_calls=30), {})
+    cfg = optimizer_for(get_program("jointcq"), OptimizerConfig(name="gepa", max_metric_calls=30), {})
     assert (cfg.name, cfg.fit_with, cfg.max_metric_calls, cfg.label) == ("fit", "gepa", 30, "fit(gepa)")
-    assert optimizer_for(get("jointcq"), OptimizerConfig(name="gepa", auto="medium"), {}).auto == "medium"
+    assert optimizer_for(get_program("jointcq"), OptimizerConfig(name="gepa", auto="medium"), {}).auto == "medium"
     with pytest.raises(ValueError, match="'jointcq' compiles its prompts in its own fit hook"):
-        optimizer_for(get("jointcq"), OptimizerConfig(name="gepa+reanchor", max_metric_calls=30), {})
+        optimizer_for(get_program("jointcq"), OptimizerConfig(name="gepa+reanchor", max_metric_calls=30), {})
     with pytest.raises(ValueError, match="--optimizer mipro\\+reanchor is not supported"):
-        optimizer_for(get("jointcq"), OptimizerConfig(name="mipro+reanchor"), {})
-    cfg = optimizer_for(get("jointcq"), OptimizerConfig(name="reanchor"), {})
+        optimizer_for(get_program("jointcq"), OptimizerConfig(name="mipro+reanchor"), {})
+    cfg = optimizer_for(get_program("jointcq"), OptimizerConfig(name="reanchor"), {})
     assert (cfg.name, cfg.fit_with, cfg.then_fit) == ("reanchor", None, False)
 
 
@@ -487,9 +487,9 @@ def _jointcq_lm(**kw):
 
 
 def test_jointcq_verifier_label_is_a_choice_whose_fitted_weights_change_the_decision():
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    program = get("jointcq").make(decisions=True)
+    program = get_program("jointcq").make(decisions=True)
     lm = scripted_lm({"pairs": lambda call: [{"claim": "Berlin holds item 0", "query": "item 0"}],
                       "label": "correct", "rationale": "see [1]"},
                      logprobs=lambda call: {"label": JCQ_DIST})
@@ -506,10 +506,10 @@ def test_jointcq_verifier_label_is_a_choice_whose_fitted_weights_change_the_deci
 
 
 def test_jointcq_decisions_refuse_the_batched_verifier_in_one_line():
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
     with pytest.raises(ValueError, match="decisions needs batch_verify=false"):
-        get("jointcq").make(decisions=True, batch_verify=True)
+        get_program("jointcq").make(decisions=True, batch_verify=True)
 
 
 def test_reanchor_fits_jointcq_verifier_weights_under_cross_validation(tmp_path):

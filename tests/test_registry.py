@@ -16,7 +16,7 @@ import halluscope
 from halluscope.artifacts import store as A
 from halluscope.programs import registry
 from halluscope.programs.registry import (InvalidOptionError, OptionError, ProgramSpec, UnknownOptionError,
-                                          get, names)
+                                          get_program, program_names)
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN = ["direct", "direct+routing", "finch", "grounded", "halluclean", "jointcq", "logits", "mark-all", "medico",
@@ -29,12 +29,12 @@ BUILTIN = ["direct", "direct+routing", "finch", "grounded", "halluclean", "joint
 
 
 def test_builtin_programs_are_registered():
-    assert names() == BUILTIN
+    assert program_names() == BUILTIN
 
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_options_are_the_build_signature_defaults(name):
-    spec = get(name)
+    spec = get_program(name)
     build = spec.build.__init__ if isinstance(spec.build, type) else spec.build
     params = [p for p in inspect.signature(build).parameters.values() if p.name != "self"]
     assert spec.options == {p.name: p.default for p in params}
@@ -48,36 +48,36 @@ def test_options_are_the_build_signature_defaults(name):
 
 
 def test_option_values_match_what_the_programs_build_with():
-    assert get("spans").options == {"reasoning": False, "use_context": True, "fuzzy_threshold": 0.85,
+    assert get_program("spans").options == {"reasoning": False, "use_context": True, "fuzzy_threshold": 0.85,
                                    "decisions": False}
-    assert get("logits").options == {"shift": 0.0}
-    assert get("mark-all").options == {}
-    assert get("halluclean").options == {"task": None, "revise": True, "max_tokens": None, "decisions": False,
+    assert get_program("logits").options == {"shift": 0.0}
+    assert get_program("mark-all").options == {}
+    assert get_program("halluclean").options == {"task": None, "revise": True, "max_tokens": None, "decisions": False,
                                          "calibrate": None}
-    assert get("direct").options == {"max_tokens": None, "decisions": False, "calibrate": None, "demo_sets": 1}
-    assert get("direct+routing").options == {"task": None, "max_tokens": None, "decisions": False, "calibrate": None,
+    assert get_program("direct").options == {"max_tokens": None, "decisions": False, "calibrate": None, "demo_sets": 1}
+    assert get_program("direct+routing").options == {"task": None, "max_tokens": None, "decisions": False, "calibrate": None,
                                              "demo_sets": 1}
     from halluscope.programs.finch.sampling import DEFAULT_SAMPLERS
     from halluscope.programs.finch.scoring import DEFAULT_TAU
 
-    finch = get("finch").options
+    finch = get_program("finch").options
     assert finch["samplers"] == DEFAULT_SAMPLERS and finch["tau"] == DEFAULT_TAU and finch["n_samples"] == 10
-    prog = get("finch").make()
+    prog = get_program("finch").make()
     assert prog.sampler.samplers == list(DEFAULT_SAMPLERS) and prog.n_samples == 10 and prog.tau == DEFAULT_TAU
-    assert get("spans").make().fuzzy_threshold == 0.85
+    assert get_program("spans").make().fuzzy_threshold == 0.85
 
 
 def test_options_are_a_fresh_copy():
-    opts = get("finch").options
+    opts = get_program("finch").options
     opts["n_samples"] = 99
-    assert get("finch").options["n_samples"] == 10
+    assert get_program("finch").options["n_samples"] == 10
 
 
 def test_option_help_comes_from_the_docstring():
-    help_ = get("spans").option_help
+    help_ = get_program("spans").option_help
     assert "ChainOfThought" in help_["reasoning"]
     assert "quotes below are dropped" in help_["fuzzy_threshold"]  # a continuation line is kept
-    finch = get("finch").option_help
+    finch = get_program("finch").option_help
     assert finch["judge_max_tokens"] == finch["sample_max_tokens"] and "max_tokens" in finch["judge_max_tokens"]
 
     def build(alpha: float = 1.0, beta: int = 2, gamma: str = "x") -> dspy.Module:
@@ -115,7 +115,7 @@ def test_catch_all_and_missing_defaults_are_refused_at_registration():
 def test_fit_is_an_optional_field():
     # medico fits its ensemble combiner; jointcq compiles its claim-query stage on criteria-filtered demos;
     # grounded fits its unit combiner
-    assert all(get(n).fit is None for n in BUILTIN if n not in ("medico", "jointcq", "grounded"))
+    assert all(get_program(n).fit is None for n in BUILTIN if n not in ("medico", "jointcq", "grounded"))
 
     def fit(module, trainset, metric_name):
         return {"n": len(trainset), "metric": metric_name}
@@ -131,7 +131,7 @@ def test_fit_is_an_optional_field():
 
 def test_unknown_option_from_python_names_the_program_and_the_valid_options():
     with pytest.raises(UnknownOptionError) as e:
-        get("spans").make(reasonning=True)
+        get_program("spans").make(reasonning=True)
     msg = str(e.value)
     assert msg == ("unknown option 'reasonning' for program 'spans'; "
                    "valid options: decisions, fuzzy_threshold, reasoning, use_context")
@@ -139,13 +139,13 @@ def test_unknown_option_from_python_names_the_program_and_the_valid_options():
     assert e.value.unknown == ["reasonning"] and e.value.program == "spans"
 
     with pytest.raises(UnknownOptionError, match="for program 'mark-all'; valid options: \\(none\\)"):
-        get("mark-all").make(shift=1)
+        get_program("mark-all").make(shift=1)
     with pytest.raises(UnknownOptionError, match="unknown options 'a', 'b'"):
-        get("logits").make(b=1, a=2)
+        get_program("logits").make(b=1, a=2)
 
 
 def test_public_facade_get_program_make():
-    assert halluscope.get_program is registry.get
+    assert halluscope.get_program is registry.get_program
     with pytest.raises(UnknownOptionError, match="nonsense"):
         halluscope.get_program("spans").make(nonsense=1)
     prog = halluscope.get_program("spans").make(reasoning=True)
@@ -154,9 +154,9 @@ def test_public_facade_get_program_make():
 
 def test_raw_build_no_longer_swallows_typos():
     with pytest.raises(TypeError, match="reasonning"):
-        get("spans").build(reasonning=True)
+        get_program("spans").build(reasonning=True)
     with pytest.raises(TypeError, match="samplerz"):
-        get("finch").build(samplerz=["self"])
+        get_program("finch").build(samplerz=["self"])
 
 
 @pytest.mark.parametrize("name, option, value", [
@@ -170,25 +170,25 @@ def test_raw_build_no_longer_swallows_typos():
 def test_non_finite_numbers_are_refused_naming_the_option(name, option, value):
     with pytest.raises(InvalidOptionError, match=f"option '{option}' of program '{name}': expected a (finite|whole) "
                                                  f"number"):
-        get(name).make(**{option: value})
+        get_program(name).make(**{option: value})
 
 
 def test_finite_values_and_conversions_still_work():
-    assert get("logits").make(shift="1.5").shift == 1.5
-    assert get("spans").make(fuzzy_threshold=0.5).fuzzy_threshold == 0.5
-    finch = get("finch").make(n_samples="4", batch_judge="false", samplers="self?seed=1,self?seed=2")
+    assert get_program("logits").make(shift="1.5").shift == 1.5
+    assert get_program("spans").make(fuzzy_threshold=0.5).fuzzy_threshold == 0.5
+    finch = get_program("finch").make(n_samples="4", batch_judge="false", samplers="self?seed=1,self?seed=2")
     assert finch.n_samples == 4 and finch.batch_judge is False and finch.sampler.samplers == ["self?seed=1",
                                                                                               "self?seed=2"]
 
 
 def test_unknown_program_names_the_valid_programs():
     with pytest.raises(KeyError) as e:
-        get("spam")
+        get_program("spam")
     assert "unknown program 'spam'" in str(e.value) and "halluclean" in str(e.value) and "spans" in str(e.value)
 
 
 def test_check_options_overlays_the_defaults():
-    assert get("spans").check_options({"reasoning": True}) == {"reasoning": True, "use_context": True,
+    assert get_program("spans").check_options({"reasoning": True}) == {"reasoning": True, "use_context": True,
                                                                "fuzzy_threshold": 0.85, "decisions": False}
 
 
@@ -203,17 +203,17 @@ def test_parse_options_with_a_spec():
     from halluscope.cli.common import parse_options
 
     assert parse_options(["shift=0.5"]) == {"shift": 0.5}
-    assert parse_options(["reasoning=true"], get("spans")) == {"reasoning": True, "use_context": True,
+    assert parse_options(["reasoning=true"], get_program("spans")) == {"reasoning": True, "use_context": True,
                                                                "fuzzy_threshold": 0.85, "decisions": False}
     with pytest.raises(argparse.ArgumentTypeError,
                        match="valid options: decisions, fuzzy_threshold, reasoning, use_context"):
-        parse_options(["nonsense=1"], get("spans"))
+        parse_options(["nonsense=1"], get_program("spans"))
     with pytest.raises(argparse.ArgumentTypeError, match="not KEY=VALUE"):
         parse_options(["novalue"])
     with pytest.raises(argparse.ArgumentTypeError, match="no name"):
         parse_options(["=1"])
     with pytest.raises(argparse.ArgumentTypeError, match="finite"):
-        parse_options(["shift=NaN"], get("logits"))  # JSON NaN -> float('nan')
+        parse_options(["shift=NaN"], get_program("logits"))  # JSON NaN -> float('nan')
 
 
 @pytest.fixture
@@ -299,7 +299,7 @@ def test_optimize_py_script_bad_option_exits_2(no_data_dir):
 
 
 def _artifact(root, options):
-    return A.write_artifact(get("spans").make(), {"program_options": options}, program_name="spans", lang="de",
+    return A.write_artifact(get_program("spans").make(), {"program_options": options}, program_name="spans", lang="de",
                             metric="iou", root=root)
 
 
@@ -319,7 +319,7 @@ def test_artifact_with_an_option_the_code_no_longer_accepts_is_refused(tmp_path)
 
     # an option value the code refuses is a mismatch too (a task that no longer exists)
     root = tmp_path / "task"
-    A.write_artifact(get("halluclean").make(), {"program_options": {"task": "poetry"}}, program_name="halluclean",
+    A.write_artifact(get_program("halluclean").make(), {"program_options": {"task": "poetry"}}, program_name="halluclean",
                      lang="qa", metric="f1", root=root)
     with pytest.raises(A.ArtifactMismatchError, match="unknown task 'poetry'"):
         A.load_compiled("halluclean", lang="qa", metric="f1", root=root)
@@ -328,7 +328,7 @@ def test_artifact_with_an_option_the_code_no_longer_accepts_is_refused(tmp_path)
 @pytest.mark.parametrize("manifest", sorted((ROOT / "compiled").rglob("manifest.json")), ids=str)
 def test_shipped_artifacts_options_are_still_accepted(manifest):
     man = json.loads(manifest.read_text(encoding="utf-8"))
-    spec = get(man["program"])
+    spec = get_program(man["program"])
     assert isinstance(spec.make(**man.get("program_options", {})), dspy.Module)
 
 
@@ -338,7 +338,7 @@ def test_shipped_artifacts_options_are_still_accepted(manifest):
 
 
 def test_importing_the_registry_alone_registers_every_builtin():
-    code = "from halluscope.programs.registry import names; print(','.join(names()))"
+    code = "from halluscope.programs.registry import program_names; print(','.join(program_names()))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().split(",") == BUILTIN
@@ -347,7 +347,7 @@ def test_importing_the_registry_alone_registers_every_builtin():
 @pytest.mark.parametrize("first", ["halluscope.programs.finch.program", "halluscope.programs.spans.program",
                                    "halluscope.programs.halluclean.program", "halluscope.programs.baselines.program"])
 def test_any_program_module_imported_first_works(first):
-    code = f"import {first}\nfrom halluscope.programs.registry import names\nprint(','.join(names()))"
+    code = f"import {first}\nfrom halluscope.programs.registry import program_names\nprint(','.join(program_names()))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().split(",") == BUILTIN
@@ -362,3 +362,17 @@ def test_registry_imports_no_program_module():
     # the one extension registry below it (halluscope.core.extensions), never a program module
     assert {m for m in imported if m.startswith("halluscope")} == {"halluscope.core"}, imported
     assert "_load_builtin" not in vars(registry) and "_BUILTIN" not in vars(registry)
+
+
+def test_the_old_get_is_a_deprecated_alias_of_get_program():
+    """``registry.get`` was the program front's name before the fronts were named alike; the model code stored in an
+    already-registered MLflow model imports it, so it still resolves (with a DeprecationWarning). ``register`` and
+    ``names`` are gone: their callers were renamed."""
+    with pytest.warns(DeprecationWarning, match="use get_program"):
+        from halluscope.programs.registry import get
+    assert get is registry.get_program
+    assert halluscope.get_program is registry.get_program
+    assert not hasattr(registry, "register") and not hasattr(registry, "names")
+    from halluscope import programs
+    assert (programs.get_program, programs.program_names, programs.register_program) == (
+        registry.get_program, registry.program_names, registry.register_program)

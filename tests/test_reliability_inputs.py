@@ -57,14 +57,14 @@ def test_the_catalan_test_file_format_loads(tmp_path):
 
 
 def test_catalan_logits_feed_grounded_and_the_logits_baseline():
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    grounded = get("grounded").make()
+    grounded = get_program("grounded").make()
     as_lists = grounded(answer=CA_ANSWER, model_output_tokens=CA_TOKENS, model_output_logits=CA_LOGITS)
     as_repr = grounded(answer=CA_ANSWER, model_output_tokens=repr(CA_TOKENS), model_output_logits=repr(CA_LOGITS))
     assert "malformed_logits" not in as_repr.failures and "no_logits" not in as_repr.failures
     assert as_repr.soft_labels == as_lists.soft_labels
-    logits = get("logits").make()(answer=CA_ANSWER, model_output_tokens=repr(CA_TOKENS),
+    logits = get_program("logits").make()(answer=CA_ANSWER, model_output_tokens=repr(CA_TOKENS),
                                    model_output_logits=repr(CA_LOGITS))
     assert "malformed_logits" not in logits.failures
     assert [CA_ANSWER[s:e] for s, e in logits.hard_labels] == ["Lió"]  # the one low-logit token
@@ -349,9 +349,9 @@ def test_bad_options_and_numbers_are_refused_up_front_by_name(command, argv, nam
 
     monkeypatch.chdir(tmp_path)  # nothing may be written: no outputs/, no mlruns/
     monkeypatch.setenv("HALLUSCOPE_DATA_DIR", str(tmp_path / "no-data-loaded"))  # any load would fail differently
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    if command == "optimize" and get(argv[1]).level == "response":
+    if command == "optimize" and get_program(argv[1]).level == "response":
         argv = [*argv, "--metric", "f1"]
     with pytest.raises(SystemExit) as e:
         cli.main([command, "--lang", "de", "--no-mlflow", *argv])

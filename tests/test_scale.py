@@ -147,7 +147,7 @@ def test_ray_options_refuse_bad_values():
 
 
 def _artifact(root: Path, program: str = "mark-all", source: str = "test"):
-    return write_artifact(registry.get(program).make(), {"source": source}, program_name=program, lang="en",
+    return write_artifact(registry.get_program(program).make(), {"source": source}, program_name=program, lang="en",
                           metric="iou", root=root)
 
 
@@ -395,8 +395,8 @@ def test_cli_detect_and_evaluate_with_the_ray_engine(ray_session, tmp_path, caps
                "--no-mlflow"])
     assert rc == 0
     summary = json.loads(next((tmp_path / "ev").rglob("logits.summary.json")).read_text())["summary"]
-    ref = run_eval(registry.get("logits").make(), load_mushroom(data, lang="de"), progress=False,
-                   extra_inputs=registry.get("logits").extra_inputs).summary()
+    ref = run_eval(registry.get_program("logits").make(), load_mushroom(data, lang="de"), progress=False,
+                   extra_inputs=registry.get_program("logits").extra_inputs).summary()
     for k in ("n", "iou", "corr", "lm_calls"):
         assert summary[k] == ref[k], k
 
@@ -461,7 +461,7 @@ def test_ray_jobs_fail_when_every_row_has_unusable_output(plugin, tmp_path, caps
     from halluscope.loaders.demo import write_demo_data
 
     root = tmp_path / "compiled"
-    write_artifact(registry.get(plugin.GARBAGE_NAME).make(), {"source": "test"}, program_name=plugin.GARBAGE_NAME,
+    write_artifact(registry.get_program(plugin.GARBAGE_NAME).make(), {"source": "test"}, program_name=plugin.GARBAGE_NAME,
                    lang="en", metric="iou", root=root)
     src = _jsonl(tmp_path / "in.jsonl", _rows(4))
     out = tmp_path / "out.jsonl"

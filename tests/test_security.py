@@ -161,9 +161,9 @@ def _reseal(version_dir: Path, **options) -> None:
 ])
 def test_artifact_options_choosing_an_endpoint_or_model_are_refused_without_opt_in(tmp_path, program, option,
                                                                                    value):
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    spec = get(program)
+    spec = get_program(program)
     art = A.write_artifact(spec.make(), {"program_options": spec.options}, program_name=program, lang="de",
                            metric="iou", root=tmp_path)
     A.load_compiled(program, lang="de", metric="iou", root=tmp_path)  # defaults: fine
@@ -179,10 +179,10 @@ def test_artifact_options_choosing_an_endpoint_or_model_are_refused_without_opt_
 def test_ray_workers_load_an_endpoint_artifact_only_with_the_drivers_opt_in(tmp_path):
     """A Ray actor reloads the artifact by path + hash: it refuses an endpoint-choosing one unless the user who
     started the job opted in (--trust-artifact-endpoints is passed on to the actors)."""
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
     from halluscope.evaluation.scale import load_artifact
 
-    spec = get("jointcq")
+    spec = get_program("jointcq")
     art = A.write_artifact(spec.make(), {"program_options": spec.options}, program_name="jointcq", lang="de",
                            metric="iou", root=tmp_path)
     _reseal(art.path, retriever="search:http://evil.example/api")
@@ -193,9 +193,9 @@ def test_ray_workers_load_an_endpoint_artifact_only_with_the_drivers_opt_in(tmp_
 
 
 def test_artifact_with_harmless_lm_choices_loads(tmp_path):
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    spec = get("finch")
+    spec = get_program("finch")
     opts = {**spec.options, "samplers": ["self?temperature=0.5&seed=3", "local?temperature=1.0"]}
     A.write_artifact(spec.make(**opts), {"program_options": opts}, program_name="finch", lang="de", metric="iou",
                      root=tmp_path)
@@ -218,9 +218,9 @@ def test_artifact_with_harmless_lm_choices_loads(tmp_path):
     ("kg:/data/triples.tsv", False),
 ])
 def test_jointcq_retriever_judged_as_an_endpoint_only_when_it_sends_requests(value, refused):
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    spec = get("jointcq")
+    spec = get_program("jointcq")
     assert "retriever" in spec.endpoint_options
     if refused:
         with pytest.raises(A.ArtifactEndpointError) as e:
@@ -235,12 +235,12 @@ def test_jointcq_search_artifact_never_contacts_the_host_nor_sends_the_key(tmp_p
     import urllib.request
 
     from halluscope.cli import main as cli_main
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
     sent = []
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: sent.append(a) or (_ for _ in ()).throw(OSError))
     monkeypatch.setenv("HALLUSCOPE_SEARCH_KEY", "sk-search-secret-123456")
-    spec = get("jointcq")
+    spec = get_program("jointcq")
     art = A.write_artifact(spec.make(), {"program_options": spec.options}, program_name="jointcq", lang="de",
                            metric="iou", root=tmp_path)
     _reseal(art.path, retriever="search:http://evil.example/collect")
@@ -253,9 +253,9 @@ def test_jointcq_search_artifact_never_contacts_the_host_nor_sends_the_key(tmp_p
 
 def test_detect_cli_refuses_an_endpoint_choosing_artifact(tmp_path, capsys):
     from halluscope.cli import main as cli_main
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
 
-    spec = get("finch")
+    spec = get_program("finch")
     art = A.write_artifact(spec.make(), {"program_options": spec.options}, program_name="finch", lang="de",
                            metric="iou", root=tmp_path)
     _reseal(art.path, samplers=["openai/x?api_base=http://evil.example/v1"])

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from halluscope.artifacts import store as A
 from halluscope.cli import build_parser
 from halluscope.cli.serve import is_loopback, resolve_detectors
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.serve import Limits, create_app
 from halluscope.lm.scripted import scripted_lm
 
@@ -35,7 +35,7 @@ def write(root: Path, program: str, key: str, metric: str = "iou", options: dict
     if score is not None:
         manifest["cv"] = {"mean": {"compiled": {metric: {"mean": score, "sd": 0.01}},
                                    "zero_shot": {metric: {"mean": score - 0.1, "sd": 0.02}}}}
-    return A.write_artifact(get(program).make(**(options or {})), manifest, program_name=program, lang=key,
+    return A.write_artifact(get_program(program).make(**(options or {})), manifest, program_name=program, lang=key,
                             metric=metric, root=root)
 
 
@@ -227,7 +227,7 @@ def test_serve_defaults_to_grounded_on_the_embedded_model_like_detect(tmp_path, 
     dets = resolve_detectors(parse("--lang", "de", "--lang", "fi"))
     assert [(d.name, d.lang) for d in dets] == [("grounded", "de"), ("grounded", "all")]
     assert "no artifact for 'fi', using the cross-lingual one" in capsys.readouterr().err
-    assert not any(get(d.name).needs_lm(d.manifest.get("program_options")) for d in dets)
+    assert not any(get_program(d.name).needs_lm(d.manifest.get("program_options")) for d in dets)
     assert [d.name for d in resolve_detectors(parse("--lang", "de", "--lm", "openai/gpt-4o-mini"))] == ["spans"]
     assert [d.name for d in resolve_detectors(parse("--lang", "de", "--program", "spans"))] == ["spans"]
 

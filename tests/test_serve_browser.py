@@ -25,7 +25,7 @@ import uvicorn
 
 from halluscope.artifacts import store as A
 from halluscope.core.contract import Detection, Evidence, Span, Unit, to_prediction
-from halluscope.programs.registry import REGISTRY, ProgramSpec, register
+from halluscope.programs.registry import REGISTRY, ProgramSpec, register_program
 from halluscope.serve import create_app
 from halluscope.lm.scripted import scripted_lm
 
@@ -68,7 +68,7 @@ class PageFixture(dspy.Module):
 
 def _register_fixture() -> None:
     if "page-fixture" not in REGISTRY:
-        register(ProgramSpec(name="page-fixture", build=PageFixture, description="browser-test fixture",
+        register_program(ProgramSpec(name="page-fixture", build=PageFixture, description="browser-test fixture",
                              uses_lm=False))
 
 

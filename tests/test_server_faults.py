@@ -23,7 +23,7 @@ from halluscope.core.contract import item_failure
 from halluscope.lm.models import (GuardedJSONAdapter, OpenAICompatEngine, ReplyCache, SchemaJSONAdapter, TruncatedOutputError,
                            configure, evict_last_reply, json_truncated, make_lm)
 from halluscope.lm.openai_client import clean_error_text, reset_server_capabilities, server_capabilities, split_url_credentials
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.evaluation.runner import run_eval
 
 SECRET = "sk-halluscope-FAULT-LEAK-1b2c3d4e5f"
@@ -90,7 +90,7 @@ def ok(body, n) -> httpx.Response:
 
 def spans_run(lm: dspy.LM, items=ITEMS, adapter=None):
     with dspy.context(lm=lm, adapter=adapter or SchemaJSONAdapter()):
-        return run_eval(get("spans").make(), items, progress=False)
+        return run_eval(get_program("spans").make(), items, progress=False)
 
 
 def assert_clean(errors: list[str]) -> None:
@@ -315,12 +315,12 @@ def test_garbage_replies_are_not_cached_and_a_fixed_server_is_asked_again(tmp_pa
     configure(lm, cache_dir=tmp_path / "cache")
     assert isinstance(dspy.cache, ReplyCache)
     with dspy.context(adapter=SchemaJSONAdapter()):
-        first = run_eval(get("spans").make(), ITEMS, progress=False)
+        first = run_eval(get_program("spans").make(), ITEMS, progress=False)
         assert first.failed_items == 3 and len(server.bodies) == 3
         state["fixed"] = True
-        second = run_eval(get("spans").make(), ITEMS, progress=False)  # not replayed from the cache
+        second = run_eval(get_program("spans").make(), ITEMS, progress=False)  # not replayed from the cache
         assert second.failed_items == 0 and len(server.bodies) == 6
-        third = run_eval(get("spans").make(), ITEMS, progress=False)  # good replies are cached
+        third = run_eval(get_program("spans").make(), ITEMS, progress=False)  # good replies are cached
         assert third.failed_items == 0 and len(server.bodies) == 6 and third.usage.cache_hits == 3
 
 
@@ -357,13 +357,13 @@ def test_within_keep_failed_replies_a_failed_reply_is_replayed_from_memory_not_a
     with dspy.context(adapter=SchemaJSONAdapter()):
         with keep_failed_replies(), keep_failed_replies():  # scopes nest
             for _ in range(3):
-                assert run_eval(get("spans").make(), ITEMS, progress=False).failed_items == 3
+                assert run_eval(get_program("spans").make(), ITEMS, progress=False).failed_items == 3
             assert len(server.bodies) == 3  # asked once per item, then replayed
             state["fixed"] = True
-            assert run_eval(get("spans").make(), ITEMS, progress=False).failed_items == 3  # the kept replies
+            assert run_eval(get_program("spans").make(), ITEMS, progress=False).failed_items == 3  # the kept replies
             assert len(server.bodies) == 3
         assert dspy.cache._failed == {}  # dropped when the last scope closed
-        after = run_eval(get("spans").make(), ITEMS, progress=False)
+        after = run_eval(get_program("spans").make(), ITEMS, progress=False)
         assert after.failed_items == 0 and len(server.bodies) == 6  # never on disk: asked again
 
 

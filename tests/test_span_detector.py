@@ -6,7 +6,7 @@ import dspy
 import pytest
 
 from halluscope.lm.scripted import scripted_lm
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.programs.spans.program import SpanDetector
 
 ANSWER = "\nDie spanische Provinz heißt Álava. Álava liegt im Baskenland."
@@ -105,7 +105,7 @@ def test_non_latin_and_long_answers_give_valid_offsets():
 
 
 def test_registered_builder_options():
-    spec = get("spans")
+    spec = get_program("spans")
     assert spec.level == "span" and spec.uses_lm
     prog = spec.build(reasoning=True, use_context=False)
     assert isinstance(prog.extract, dspy.ChainOfThought) and prog.use_context is False

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from halluscope.tracking.traces import lm_tracing
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.evaluation.runner import run_eval
 from halluscope.lm.scripted import scripted_lm
 
@@ -36,7 +36,7 @@ def store(tmp_path, monkeypatch):
 
 
 def test_trace_records_each_lm_call_redacted(store):
-    spec = get("spans")
+    spec = get_program("spans")
     lm = scripted_lm(_responder)
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
         with lm_tracing(True, experiment="halluscope/spans/de", tracking_uri=store) as session:
@@ -151,7 +151,7 @@ def test_detect_trace_flag(tmp_path, store, monkeypatch, capsys):
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     root = tmp_path / "compiled"
-    A.write_artifact(get("spans").make(), {"source": "fixture"}, program_name="spans", lang="de", metric="iou",
+    A.write_artifact(get_program("spans").make(), {"source": "fixture"}, program_name="spans", lang="de", metric="iou",
                      root=root)
     lm = scripted_lm(_responder)
 

@@ -11,7 +11,7 @@ from dspy.clients.cache import Cache
 from halluscope.lm.models import history_since, usage_of
 from halluscope.optimize.cv import OptimizerConfig
 from halluscope.optimize.run import FINISHED, OptimizeConfig, UsageMeter, run_optimize
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.lm.scripted import scripted_lm
 
 
@@ -136,7 +136,7 @@ def test_run_optimize_counts_task_and_proposal_calls_as_the_engine_saw_them(tmp_
         res = run_optimize(config, examples, task_lm=lm)
     assert res.status == FINISHED
     program_outputs = {"spans"}
-    assert get("spans").uses_lm
+    assert get_program("spans").uses_lm
     task = sum(1 for c in lm.engine.calls if program_outputs & set(c.outputs))
     other = len(lm.engine.calls) - task
     assert task > 0 and other > 0  # MIPROv2 proposed instructions through the same LM

@@ -155,13 +155,13 @@ def test_invalid_probabilities_are_counted_not_silently_changed():
 def test_one_malformed_span_keeps_the_valid_ones():
     import dspy
 
-    from halluscope.programs.registry import get
+    from halluscope.programs.registry import get_program
     from halluscope.lm.scripted import scripted_lm
 
     lm = scripted_lm({"spans": [{"text": "Paris", "probability": 0.9}, {"text": 5}, {"probability": 0.3},
                                 {"text": "capital", "probability": -1}]})
     with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
-        out = get("spans").make()(question="q", answer="The capital is Paris.", lang="en")
+        out = get_program("spans").make()(question="q", answer="The capital is Paris.", lang="en")
     assert [list(h) for h in out.hard_labels] == [[15, 20]]
     assert out.failures.get("invalid_span") == 3 and "parse" not in out.failures
 

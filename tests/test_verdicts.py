@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from halluscope.core.contract import Detection, Span
 from halluscope.lm.scripted import scripted_lm
-from halluscope.programs.registry import get, names
+from halluscope.programs.registry import get_program, program_names
 
 ANSWER = "The Golden Gate Bridge in Los Angeles opened in 1947 and is 1,280 metres long."
 CONTEXT = ("The Golden Gate Bridge is a suspension bridge in San Francisco, California. It opened in 1937, and "
@@ -115,12 +115,12 @@ LM_FREE_OPTIONS = {"grounded": {}, "mark-all": {}, "logits": {}}
 SMALL = {"finch": {"n_samples": 2, "correct": False}, "medico": {"correct": False}}
 
 
-@pytest.mark.parametrize("name", sorted(names()))
+@pytest.mark.parametrize("name", sorted(program_names()))
 @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 10_000), with_context=st.booleans(), with_question=st.booleans())
 def test_every_program_labelled_correct_holds_no_hard_span(name, seed, with_context, with_question):
     rng = random.Random(seed)
-    spec = get(name)
+    spec = get_program(name)
     try:
         module = spec.make(**SMALL.get(name, {}))
     except Exception as e:  # noqa: BLE001 - a program that needs options it cannot default is skipped, named
@@ -143,7 +143,7 @@ FAST = {"align": True, "rules": True}
 
 
 def test_grounded_without_evidence_is_unverifiable_and_paints_no_word():
-    m = get("grounded").make(**FAST)
+    m = get_program("grounded").make(**FAST)
     pred = m(question="", answer="Paris is the capital of France.", context="", lang="en")
     d = pred.detection
     assert d.verdict == "unverifiable" and d.label is False and d.score == 0.5
@@ -154,7 +154,7 @@ def test_grounded_without_evidence_is_unverifiable_and_paints_no_word():
 
 
 def test_grounded_evidence_free_scoring_on_request_and_when_fitted_without_evidence():
-    m = get("grounded").make(evidence_free=True, **FAST)
+    m = get_program("grounded").make(evidence_free=True, **FAST)
     pred = m(question="", answer="Paris is the capital of France.", context="", lang="en")
     assert pred.units and pred.spans  # every word scored, as Mu-SHROOM's --context none protocol asks
     assert pred.notes.get("no_evidence") == 1
@@ -162,18 +162,18 @@ def test_grounded_evidence_free_scoring_on_request_and_when_fitted_without_evide
     ex = [dspy.Example(question="q", answer=f"Paris has {n} bridges.", context="", lang="en",
                        soft_labels=[{"start": 10, "end": 12, "prob": 1.0}], hard_labels=[[10, 12]]).with_inputs(
         "question", "answer", "context", "lang") for n in range(10, 30)]
-    fitted = get("grounded").make(**FAST)
-    get("grounded").fit(fitted, ex, "iou")
+    fitted = get_program("grounded").make(**FAST)
+    get_program("grounded").fit(fitted, ex, "iou")
     assert fitted.evidence_free is True
     state = fitted.dump_state()
-    again = get("grounded").make(**FAST)
+    again = get_program("grounded").make(**FAST)
     again.load_state(state)
     assert again.evidence_free is True
     assert again(question="", answer="Paris has 12 bridges.", context="", lang="en").units
 
 
 def test_grounded_label_agrees_with_its_spans_on_a_swapped_city_and_year_with_or_without_question():
-    m = get("grounded").make(**FAST)
+    m = get_program("grounded").make(**FAST)
     for q in (QUESTION, ""):
         pred = m(question=q, answer="The Golden Gate Bridge in Los Angeles opened in 1947.", context=CONTEXT,
                  lang="en")
@@ -181,7 +181,7 @@ def test_grounded_label_agrees_with_its_spans_on_a_swapped_city_and_year_with_or
 
 
 def test_grounded_unit_labels_spans_and_rationale_count_come_from_one_number():
-    m = get("grounded").make(**FAST)
+    m = get_program("grounded").make(**FAST)
     pred = m(question="", answer=ANSWER, context=CONTEXT, lang="en")
     flagged = [u for u in pred.units if u["label"] == "unsupported"]
     assert all(u["score"] > 0.5 for u in flagged)
@@ -202,7 +202,7 @@ def _with_head(p_intercept: float):
     from halluscope.programs.grounded.combiner import Combiner
     from halluscope.programs.grounded.response import ResponseHead
 
-    m = get("grounded").make(**FAST)
+    m = get_program("grounded").make(**FAST)
     feats = m.response_features
     m.head = ResponseHead(Combiner(feats, [p_intercept] + [0.0] * len(feats)), threshold=0.5)
     return m

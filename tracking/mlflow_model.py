@@ -26,7 +26,7 @@ from mlflow.pyfunc import PythonModel
 
 from halluscope.artifacts.store import load_artifact_dir
 from halluscope.artifacts.compiled import detect
-from halluscope.programs.registry import get
+from halluscope.programs.registry import get_program
 from halluscope.core.redact import redact
 
 __all__ = ["ARTIFACT_KEY", "CompiledArtifactModel", "rows_of"]
@@ -54,7 +54,7 @@ class CompiledArtifactModel(PythonModel):
 
     def load_context(self, context) -> None:
         self.detector = load_artifact_dir(context.artifacts[ARTIFACT_KEY])
-        spec = get(self.detector.name)
+        spec = get_program(self.detector.name)
         self.extra_inputs = tuple(spec.extra_inputs)
         if spec.needs_lm(self.detector.manifest.get("program_options")) and dspy.settings.lm is None:
             from halluscope.lm.models import configure  # loads llama.cpp for the embedded model: only when needed

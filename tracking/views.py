@@ -70,9 +70,9 @@ def _changed_options(program: str, options) -> dict:
     if not isinstance(options, dict):
         return {}
     try:
-        from halluscope.programs.registry import get
+        from halluscope.programs.registry import get_program
 
-        defaults = get(program).options
+        defaults = get_program(program).options
     except Exception:  # noqa: BLE001 - a program this installation does not have
         defaults = {}
     return {k: v for k, v in sorted(options.items()) if k not in defaults or defaults[k] != v}

@@ -18,7 +18,7 @@ import dspy
 
 from halluscope.core.contract import Detection, Span, to_prediction
 from halluscope.core.literals import TextValueError, parse_text_list
-from halluscope.programs.registry import ProgramSpec, number, register
+from halluscope.programs.registry import ProgramSpec, number, register_program
 
 __all__ = ["MarkAll", "LogitBaseline", "token_bytes", "token_logit_lists", "token_offsets"]
 
@@ -225,7 +225,7 @@ def build_mark_all() -> MarkAll:
     return MarkAll()
 
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="mark-all",
     build=build_mark_all,
     description="baseline: the whole answer is hallucinated",
@@ -233,7 +233,7 @@ register(ProgramSpec(
     uses_lm=False,
 ))
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="logits",
     build=LogitBaseline,
     description="baseline: low-logit tokens of the generating model (Mu-SHROOM model_output_logits)",

@@ -58,7 +58,7 @@ from halluscope.core.text import segment
 from halluscope.programs.finch.sampling import DEFAULT_SAMPLERS, Sample, Sampler, representatives, sampler_lm
 from halluscope.programs.finch.scoring import (DEFAULT_TAU, block_label, block_score, number_blocks, reconstruct,
                                                response_label, response_score)
-from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
+from halluscope.programs.registry import ProgramSpec, free, number, register_program, text, whole
 from halluscope.signatures.finch import (CorrectBlock, ErrorSummary, JudgeBlock, JudgeBlockDecision, JudgeBlocks,
                                          RATINGS, Reflect, Verdict, parse_rating)
 
@@ -394,7 +394,7 @@ def report(examples: list, predictions: list) -> dict:
     return out
 
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="finch",
     build=FinchZK,
     description="FINCH-ZK: cross-model consistency of answer blocks with sampled answers, targeted correction",

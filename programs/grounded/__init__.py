@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from halluscope.programs.grounded.program import DEFAULT_WEIGHTS, GroundedDetector, fit_grounded
-from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
+from halluscope.programs.registry import ProgramSpec, free, number, register_program, text, whole
 
 __all__ = ["GroundedDetector", "fit_grounded", "DEFAULT_WEIGHTS"]
 
@@ -33,7 +33,7 @@ def _rules_problem(rules, options) -> str | None:
     return None
 
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="grounded",
     build=GroundedDetector,
     description="every word/number scored from evidence support, IDF, the generating model's logits "

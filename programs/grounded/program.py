@@ -29,8 +29,8 @@ from halluscope.programs.grounded.respsig import (RESP_HS, RESP_HS_EVIDENCE_TOKE
                                                    hs_response_features, resp_feature_names, response_signals)
 from halluscope.programs.grounded.support import IdfTable
 from halluscope.programs.grounded.units import units_of
-from halluscope.programs.registry import get
-from halluscope.programs.registry import names as registry_names
+from halluscope.programs.registry import get_program
+from halluscope.programs.registry import program_names as registry_names
 
 __all__ = ["GroundedDetector", "DEFAULT_WEIGHTS", "fit_grounded", "unit_targets", "STATE_KEY", "parse_detectors"]
 
@@ -41,7 +41,7 @@ def parse_detectors(spec: str) -> list[str]:
     """``"spans, finch"`` -> ``["spans", "finch"]``, each a registered span-level program other than grounded
     (ValueError naming the choices otherwise)."""
     names = [n.strip() for n in str(spec or "").split(",") if n.strip()]
-    ok = sorted(n for n in registry_names() if n != "grounded" and get(n).level == "span")
+    ok = sorted(n for n in registry_names() if n != "grounded" and get_program(n).level == "span")
     for n in names:
         if n not in ok:
             raise ValueError(f"detectors: {n!r} is not a span detector to combine; choose from {', '.join(ok)}")
@@ -230,7 +230,7 @@ class GroundedDetector(dspy.Module):
                 raise ValueError(f"{name} must be >= 0 (lm_item_tokens=0: no bound), not {value!r}")
         self.detector_names = parse_detectors(detectors)
         # submodules in a list: DSPy's named_predictors() finds their predictors (optimisers see them)
-        self.detectors = [get(name).make() for name in self.detector_names]
+        self.detectors = [get_program(name).make() for name in self.detector_names]
         self.use_support, self.use_idf, self.use_gen, self.use_lm = bool(support), bool(idf), bool(genlogits), bool(lm)
         self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
         self.lm_item_tokens = int(lm_item_tokens)

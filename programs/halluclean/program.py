@@ -57,7 +57,7 @@ from halluscope.core.tasks import task_key
 from halluscope.core.text import diff_spans
 from halluscope.lm.models import make_lm
 from halluscope.metrics.revision import SUCCESS_THRESHOLD, hallucination_reduction_rate, revision_success_rate
-from halluscope.programs.registry import ProgramSpec, free, get, register, text, whole
+from halluscope.programs.registry import ProgramSpec, free, get_program, register_program, text, whole
 from halluscope.signatures.halluclean import DirectAsk as DirectAskSig
 from halluscope.signatures.halluclean import DirectAskDecision, Judge, JudgeDecision, Plan, Reason, Revise, parse_verdict
 
@@ -190,7 +190,7 @@ def _verdict_outcome(raw, probability: float | None = None) -> tuple[bool, float
 
 CALIBRATIONS = ("content_free",)  # the ``calibrate`` option's values (None: off)
 # the answer of the content-free request of ``calibrate="content_free"``: none (the input shows "(empty)"); on
-# HalluClean QA an empty answer took out more of the per-question baseline than "N/A" (BENCHMARKS.md, #21 round three)
+# HalluClean QA an empty answer took out more of the per-question baseline than "N/A" (BENCHMARKS.md, "`direct+routing` on HalluClean QA")
 CONTENT_FREE_ANSWER = ""
 
 
@@ -434,7 +434,7 @@ def _default_judge():
     name = os.environ.get(JUDGE_PROGRAM_ENV) or "halluclean"
     if name == "halluclean":
         return name, HalluClean(revise=False)
-    return name, get(name).make()
+    return name, get_program(name).make()
 
 
 def halluclean_report(examples: list, predictions: list, judge=None, judge_lm=None) -> dict:
@@ -549,7 +549,7 @@ _BUDGETS = free("per-stage token budgets {stage: whole number >= 1}", nullable=T
 _CALIBRATE = text(*CALIBRATIONS, nullable=True, what="a calibration of the verdict's P(Yes)")
 _DEMO_SETS = whole(1, 16)
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="halluclean",
     build=HalluClean,
     description="HalluClean: plan -> reason -> judge, revise when judged hallucinated; task-routed "
@@ -560,7 +560,7 @@ register(ProgramSpec(
     option_types={"task": _TASK, "max_tokens": _BUDGETS, "calibrate": _CALIBRATE},
 ))
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="direct",
     build=build_direct,
     description="Direct ask baseline: one call, 'is there a hallucination? Yes/No', generic prompt for every task",
@@ -570,7 +570,7 @@ register(ProgramSpec(
     option_types={"max_tokens": _BUDGETS, "calibrate": _CALIBRATE, "demo_sets": _DEMO_SETS},
 ))
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="direct+routing",
     build=build_direct_routing,
     description="Direct ask + task routing (the HalluClean paper's ablation): one Yes/No call with the task's "

@@ -78,7 +78,7 @@ from halluscope.programs.jointcq.align import (HALLUCINATED, LABELS, MAX_TOKENS,
                                                align_claim, claim_score, claim_spans, pair_fields, parse_label,
                                                render_snippets)
 from halluscope.programs.jointcq.demo_filter import fit_claim_queries
-from halluscope.programs.registry import ProgramSpec, number, register, text, whole
+from halluscope.programs.registry import ProgramSpec, number, register_program, text, whole
 from halluscope.core.retrieval import Retriever, make_retriever
 from halluscope.signatures.jointcq import ClaimsAndQueries, VerifyClaim, VerifyClaimDecision, VerifyClaims
 from halluscope.core.text import segment
@@ -425,7 +425,7 @@ def jointcq_report(examples: list, predictions: list) -> dict:
     return out
 
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="jointcq",
     build=JointCQ,
     description="JointCQ: claims + search queries in one call, one search per claim, claim verification "

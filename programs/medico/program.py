@@ -47,7 +47,7 @@ from halluscope.core.contract import Detection, Evidence, Span, to_prediction
 from halluscope.core.decisions import calibrated_by, content_free_prior, decision_evidence, noul_probability
 from halluscope.programs.medico.ensemble import (combine, fit_combiner, logprob_probability, medico_report,
                                                  verdict_probability)
-from halluscope.programs.registry import ProgramSpec, number, register, text, whole
+from halluscope.programs.registry import ProgramSpec, number, register_program, text, whole
 from halluscope.core.retrieval import Retriever, make_retriever, retriever_names
 from halluscope.retrievers.bm25 import BM25Index, Passage
 from halluscope.retrievers.files import FileRetriever
@@ -420,7 +420,7 @@ class Medico(dspy.Module):
                              unmatched_quotes=stats.unmatched)
 
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="medico",
     build=Medico,
     description="MEDICO: multi-source evidence (context, kb, files, kg, search), rerank, fuse, detect with a "

@@ -9,7 +9,7 @@ from halluscope.core.contract import Detection, Span, to_prediction
 from halluscope.core.decisions import decision_evidence, noul_probability
 from halluscope.lm.models import TruncatedOutputError
 from halluscope.core.text import map_substrings, salvage_quotes
-from halluscope.programs.registry import ProgramSpec, number, register
+from halluscope.programs.registry import ProgramSpec, number, register_program
 from halluscope.signatures.spans import ConfirmQuote, ExtractSpans, QuotedSpan
 
 __all__ = ["SpanDetector", "relative_to_cut"]
@@ -123,7 +123,7 @@ def gold_demo_fields(example) -> dict:
     return {"language": example.get("lang") or "", "spans": spans}
 
 
-register(ProgramSpec(
+register_program(ProgramSpec(
     name="spans",
     build=SpanDetector,
     description="UCSC-style span extraction: the LM quotes the false parts, offsets mapped deterministically",

@@ -39,7 +39,6 @@ _API = {
     "Unit": "halluscope.core.contract",
     "Evidence": "halluscope.core.contract",
 }
-_RENAMED = {"get_program": "get"}
 
 __all__ = [*_API, "__version__"]
 
@@ -49,7 +48,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load lazily b
     from halluscope.core.contract import Detection, Evidence, Span, Unit
     from halluscope.artifacts.compiled import CompiledDetector, detect, detect_jsonl
     from halluscope.lm.models import configure
-    from halluscope.programs.registry import get as get_program
+    from halluscope.programs.registry import get_program
 
 
 # Module paths the MLflow model code of an already registered model imports (tracking/mlflow_model.py is stored
@@ -76,7 +75,7 @@ if not any(isinstance(f, _MovedModule) for f in sys.meta_path):
 def __getattr__(name: str):
     if name not in _API:
         raise AttributeError(f"module 'halluscope' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_API[name]), _RENAMED.get(name, name))
+    value = getattr(importlib.import_module(_API[name]), name)
     globals()[name] = value  # resolve once
     return value
 
