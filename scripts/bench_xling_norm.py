@@ -16,14 +16,14 @@ import numpy as np
 
 from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
 from halluscope.programs.grounded.combiner import choose_threshold, make_combiner, scores_at
-from halluscope.programs.grounded.program import GroundedDetector, unit_targets
-from halluscope.programs.grounded.support import IdfTable
+from halluscope.programs.grounded.program import build_grounded, unit_targets
+from halluscope.programs.grounded.signals.support import IdfTable
 
 
 def language_items(data_dir: str, lang: str, standardise: bool) -> list[dict]:
     """The language's items with their unit features (its own IDF; z-scored over its own units if asked)."""
     exs = load_mushroom(data_dir, lang=lang, split="val", context="native")
-    module = GroundedDetector()
+    module = build_grounded()
     module.idf_table = IdfTable.build(ex.get("context", "") or "" for ex in exs)
     items = []
     for ex in exs:
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default="../shared/data/mushroom")
     args = ap.parse_args()
     data = {lang: language_items(args.data_dir, lang, args.mode == "z") for lang in VAL_LANGS}
-    features = GroundedDetector().features
+    features = build_grounded().features
     rows = []
     for lang in VAL_LANGS:
         train = [it for other, its in data.items() if other != lang for it in its if len(it["X"])]

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from halluscope.programs.grounded.program import DEFAULT_WEIGHTS, GroundedDetector, fit_grounded
+from halluscope.programs.grounded.program import DEFAULT_WEIGHTS, GroundedDetector, build_grounded, fit_grounded
 from halluscope.programs.registry import ProgramSpec, free, number, register, text, whole
 
-__all__ = ["GroundedDetector", "fit_grounded", "DEFAULT_WEIGHTS"]
+__all__ = ["GroundedDetector", "build_grounded", "fit_grounded", "DEFAULT_WEIGHTS"]
 
 
 def _lm_model_problem(lm_model, options) -> str | None:
@@ -35,7 +35,7 @@ def _rules_problem(rules, options) -> str | None:
 
 register(ProgramSpec(
     name="grounded",
-    build=GroundedDetector,
+    build=build_grounded,
     description="every word/number scored from evidence support, IDF, the generating model's logits "
                 "(and optionally the embedded LM as a scorer), fused by a fitted logistic regression",
     level="span",
