@@ -139,7 +139,7 @@ def item_features(answer: str, question: str = "", context: str = "", *, names: 
     (None: ``hs_missing`` = 1; ``hs_probe`` is left at 0 for the detector to fill)."""
     signals = signals_for(names, support={"fuzzy": fuzzy})
     item = new_item(answer, question, context, names=names, lang=lang, window=window, tokens=tokens, logits=logits)
-    item.state.update({"idf": idf_table, "encoder": encoder, "lm": {"rows": lm_rows},
+    item.state.update({"idf_table": idf_table, "encoder": encoder, "lm": {"rows": lm_rows},
                        "hidden": {"hid": hidden}, "detectors": {"spans": detector_spans or {}}})
     return assemble(item, signals, names)
 

@@ -283,7 +283,7 @@ class GroundedDetector(dspy.Module):
         (:func:`.features.assemble`), then what the signals count afterwards."""
         item = new_item(answer or "", question or "", context or "", names=self.features, lang=lang or "",
                         window=self.window, tokens=model_output_tokens, logits=model_output_logits)
-        item.state["idf"] = self.idf_table
+        item.state["idf_table"] = self.idf_table
         for sig in self.signals:
             sig.run(item)
         feats = assemble(item, self.signals, self.features)

@@ -24,7 +24,7 @@ class IdfSignal(Signal):
 
     def compute(self, item: Item) -> dict[str, list[float]]:
         item.used.append("idf")
-        table = item.state.get("idf") or IdfTable()
+        table = item.state.get("idf_table") or IdfTable()
         idf = [table.idf(u.norm) for u in item.units]
         un = item.cols.get("unsup") or [1.0] * len(item.units)
         return {"idf": idf, "idf_unsup": [a * b for a, b in zip(idf, un)]}
