@@ -1,9 +1,10 @@
 """``grounded``: an evidence-grounded span detector for small or no LMs (issue #9).
 
 Every unit of the answer (word, number, CJK character: :mod:`.units`) gets features from signals that need
-no capable LM — support in the retrieved evidence and the question (:mod:`.support`), the generating model's
-own token logits (:mod:`.genlogits`), and optionally the embedded LM as a scorer of the answer with vs.
-without the evidence (:mod:`.lmscore`) — and a logistic regression fuses them (:mod:`.combiner`) into a
+no capable LM, one module each in :mod:`.signals` — support in the retrieved evidence and the question
+(:mod:`.signals.support`), the generating model's own token logits (:mod:`.signals.genlogits`), and optionally
+the embedded LM as a scorer of the answer with vs. without the evidence (:mod:`.signals.lmscore`) — and a
+logistic regression fuses them (:mod:`.combiner`) into a
 probability per unit. The fitted weights, threshold, floor, normalisation constants and IDF table are the
 program's compiled state (plain JSON through ``dump_state``/``load_state``); ``fit_grounded`` is its
 ``ProgramSpec.fit`` hook, so ``python optimize.py --program grounded`` fits it instead of prompting.

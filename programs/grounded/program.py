@@ -20,7 +20,7 @@ from halluscope.programs.grounded.features import EVIDENCE_NOTES, assemble, colu
 from halluscope.programs.grounded.frames import TRAIN_FRAMES, framed_examples
 from halluscope.programs.grounded.signals import BUILTIN, DEFAULT_SIGNALS, make_signal, ordered
 from halluscope.programs.grounded.signals.align import shared_encoder
-from halluscope.programs.grounded.signals.base import Signal, signal_class, signal_names, window_mean
+from halluscope.programs.grounded.signals.base import Signal
 from halluscope.programs.grounded.signals.detectors import parse_detectors
 from halluscope.programs.grounded.signals.genlogits import ITEM_LEVEL_FAILURES
 from halluscope.programs.grounded.signals.hidden import HiddenScorer, Probe, RidgeStats, oof_probe_scores, \
@@ -1087,7 +1087,7 @@ def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = Tru
             substitution in the same slot (``al_subst`` = 1) and a negation cue the aligned sentence lacks
             (``al_neg`` = 1) always are. Applied after the combiner and its threshold (see :func:`apply_rules`).
         hidden: the embedded LM's hidden states over the answer tokens, conditioned on question + evidence (#19,
-            :mod:`.hidden`): a fitted probe's score, the tokens' log-probability and entropy. One forward pass per
+            :mod:`.signals.hidden`): a fitted probe's score, the tokens' log-probability and entropy. One forward pass per
             item (bounded by ``hidden_item_tokens``), cached on disk. Model or llama_cpp missing at run time: the
             columns are imputed and the note ``scorer_missing`` counted.
         hidden_model: the GGUF behind ``hidden`` ("" = the embedded SmolLM2-135M-Instruct; "gemma" = Gemma 3 270M

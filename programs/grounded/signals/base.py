@@ -38,7 +38,6 @@ and ``GroundedDetector(signals=[*DEFAULT_SIGNALS, "shouting"])`` fits a weight f
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -45,7 +45,7 @@ from halluscope.lm.llamacpp import check_gguf, load_llama
 from halluscope.lm.models import file_sha256, smollm2_path
 from halluscope.programs.grounded.signals.base import Signal, register_signal, window_mean
 from halluscope.programs.grounded.units import AnswerUnit, tokens_of, units_of
-from halluscope.programs.registry import text, whole
+from halluscope.programs.registry import text as text_option, whole
 from halluscope.core.text import segment
 
 __all__ = ["Backend", "LlamaBackend", "LMScorer", "plan_budget", "select_evidence", "evidence_in_tokens", "token_char_offsets",
@@ -324,7 +324,7 @@ class LMSignal(Signal):
     (``lm_error``), the columns imputed; an answer cut by the budget counts ``lm_answer_cut``."""
 
     name, columns, cost, order = "lm", LM, "lm", 60
-    option_types = {"model": text(what="a GGUF file path, or \"\" for the embedded model"), "cache_dir": text(),
+    option_types = {"model": text_option(what="a GGUF file path, or \"\" for the embedded model"), "cache_dir": text_option(),
                     "evidence_tokens": whole(0), "item_tokens": whole(0)}
     missing = frozenset({"lm_missing", "lm_error"})
     weights = {"lm_delta": -0.3}
