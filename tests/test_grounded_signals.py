@@ -122,8 +122,8 @@ def test_every_built_in_signal_declares_what_a_signal_declares():
     seen: dict[str, str] = {}
     for name in builtins:
         cls = extensions.get("signals", name)
-        assert cls.name == name and cls.cost in ("none", "lm", "encoder", "detectors") and cls.__doc__ or \
-            sys.modules[cls.__module__].__doc__
+        assert cls.name == name and cls.cost in ("none", "lm", "encoder", "detectors"), name
+        assert cls.__doc__ or sys.modules[cls.__module__].__doc__, name  # says what it computes
         assert set(cls.option_types) == set(cls.defaults()), name  # every option typed, with its default
         for col in cls.columns:
             assert col not in seen, f"{col} declared by {seen.get(col)} and {name}"

@@ -21,9 +21,9 @@ llama-cpp-python (default: the embedded SmolLM2-135M-Instruct; ``hidden_model`` 
 Gemma 3 270M from the ``gemma`` extra).
 
 The ``hidden`` signal (cost lm) is **opt-in, off the default path and its artifacts retired** (BENCHMARKS.md
-"Hidden-state scorer over ten languages"): +0.015 IoU within a language but a wash across languages (leave-one-language-out mean
-0.480 → 0.469 IoU, Corr 0.496 → 0.506), for an LM pass over every item; ``compiled/grounded/{de,it}/iou/v0003``
-that use it are retired (kept loadable with ``--version 3``).
+"Hidden-state scorer over ten languages"): +0.015 IoU within a language but a wash across languages
+(leave-one-language-out mean 0.480 → 0.469 IoU, Corr 0.496 → 0.506), for an LM pass over every item;
+``compiled/grounded/{de,it}/iou/v0003`` that use it are retired (kept loadable with ``--version 3``).
 """
 
 from __future__ import annotations
