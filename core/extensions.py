@@ -44,6 +44,7 @@ KINDS: dict[str, str] = {
     "datasets": "halluscope.loaders",
     "retrievers": "halluscope.retrievers",
     "optimizers": "halluscope.optimize.optimizers",
+    "signals": "halluscope.programs.grounded.signals",
 }
 
 _REGISTRY: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}

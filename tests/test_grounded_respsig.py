@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from halluscope.programs.grounded import program as det_mod
-from halluscope.programs.grounded.align import EncoderUnavailable
+from halluscope.programs.grounded.signals.align import EncoderUnavailable
 from halluscope.programs.grounded.program import fit_grounded, response_rows
-from halluscope.programs.grounded.lmscore import LMScorer
+from halluscope.programs.grounded.signals.lmscore import LMScorer
 from halluscope.programs.grounded.respsig import (RESP_LM, RESP_LM_ITEM_TOKENS, RESP_SIM, lm_response_features, response_signals,
                                                   sim_response_features)
 from halluscope.programs.registry import get_program
@@ -169,7 +169,7 @@ def test_a_head_without_unit_stats_reads_only_the_aggregates_and_the_signals():
 
 def _hs_program(tmp_path, **kw):
     from tests.test_grounded_hidden import FakeBackend
-    from halluscope.programs.grounded.hidden import HiddenScorer
+    from halluscope.programs.grounded.signals.hidden import HiddenScorer
 
     m = get_program("grounded").make(units_from="none", resp_hs=True, head_unit_stats=False, **FAST, **kw)
     m._resp_hidden = HiddenScorer(cache_dir=tmp_path / "hs", backend=FakeBackend())

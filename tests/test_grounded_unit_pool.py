@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from halluscope.loaders.mushroom import load_mushroom
-from halluscope.programs.grounded.program import GroundedDetector, fit_grounded
+from halluscope.programs.grounded.program import build_grounded, fit_grounded
 from halluscope.programs.grounded.units import units_of
 from halluscope.programs.registry import OptionError, get_program
 from tests.test_grounded import fixture_examples, fixture_records
@@ -40,7 +40,7 @@ def _pool_folder(tmp_path, langs=("fr", "sv", "de")):
 def test_unit_pool_adds_the_other_languages_units_with_the_chosen_total_weight(tmp_path):
     root = _pool_folder(tmp_path)
     train = fixture_examples(16)  # German: de is the training language and is never pooled
-    alone, pooled = GroundedDetector(), GroundedDetector(unit_pool=str(root))
+    alone, pooled = build_grounded(), build_grounded(unit_pool=str(root))
     a, p = fit_grounded(alone, train, "iou"), fit_grounded(pooled, train, "iou")
     expected = sum(len(units_of(ex.answer)) for lang in ("fr", "sv")
                    for ex in load_mushroom(root, lang=lang, split="val", context="native"))
@@ -50,7 +50,7 @@ def test_unit_pool_adds_the_other_languages_units_with_the_chosen_total_weight(t
     assert p["unit_pool"]["unit_weight"] * expected == pytest.approx(p["n_units"])
     assert not np.allclose(alone.combiner.weights, pooled.combiner.weights)
     assert p["n_items"] == a["n_items"] == 16  # the threshold is chosen on the training items alone
-    heavier = GroundedDetector(unit_pool=str(root), unit_pool_weight=3.0)
+    heavier = build_grounded(unit_pool=str(root), unit_pool_weight=3.0)
     h = fit_grounded(heavier, train, "iou")
     assert h["unit_pool"]["unit_weight"] == pytest.approx(3 * p["unit_pool"]["unit_weight"])
     assert not np.allclose(heavier.combiner.weights, pooled.combiner.weights)
@@ -62,9 +62,9 @@ def test_unit_pool_refuses_a_training_set_of_several_languages_and_the_hidden_si
     root = _pool_folder(tmp_path, langs=("fr",))
     mixed = fixture_examples(8) + [ex.copy(lang="fr") for ex in fixture_examples(8)]
     with pytest.raises(ValueError, match=r"unit_pool fits one language.*\['de', 'fr'\]"):
-        fit_grounded(GroundedDetector(unit_pool=str(root)), mixed, "iou")
+        fit_grounded(build_grounded(unit_pool=str(root)), mixed, "iou")
     with pytest.raises(ValueError, match="unit_pool and hidden"):
-        GroundedDetector(unit_pool=str(root), hidden=True)
+        build_grounded(unit_pool=str(root), hidden=True)
     with pytest.raises(OptionError, match="unit_pool_weight"):
         get_program("grounded").make(unit_pool=str(root), unit_pool_weight=0)
 
@@ -72,7 +72,7 @@ def test_unit_pool_refuses_a_training_set_of_several_languages_and_the_hidden_si
 def test_a_pool_folder_without_other_languages_leaves_the_fit_alone(tmp_path):
     root = _pool_folder(tmp_path, langs=("de",))
     train = fixture_examples(16)
-    alone, pooled = GroundedDetector(), GroundedDetector(unit_pool=str(root))
+    alone, pooled = build_grounded(), build_grounded(unit_pool=str(root))
     fit_grounded(alone, train, "iou")
     info = fit_grounded(pooled, train, "iou")
     assert info["unit_pool"] == {"langs": [], "units": 0}
@@ -83,8 +83,8 @@ def test_fit_units_false_keeps_the_untrained_unit_part_and_scores_it():
     from halluscope.programs.grounded.program import hand_set_combiner
 
     train = fixture_examples(16)
-    untrained = GroundedDetector()
-    kept = GroundedDetector(fit_units=False)
+    untrained = build_grounded()
+    kept = build_grounded(fit_units=False)
     info = fit_grounded(kept, train, "iou")
     assert info["units_fitted"] is False
     assert np.array_equal(kept.combiner.weights, untrained.combiner.weights)
@@ -96,7 +96,7 @@ def test_fit_units_false_keeps_the_untrained_unit_part_and_scores_it():
     args = dict(question=ex.question, answer=ex.answer, context=ex.context, lang="de",
                 model_output_tokens=ex.model_output_tokens, model_output_logits=ex.model_output_logits)
     assert [s.prob for s in kept(**args).detection.spans] == [s.prob for s in untrained(**args).detection.spans]
-    fitted = GroundedDetector()
+    fitted = build_grounded()
     fit_grounded(fitted, train, "iou")
     assert not np.allclose(fitted.combiner.weights, untrained.combiner.weights)
     # a refit with fit_units=false starts again from the untrained unit part, not from an earlier fit
@@ -104,4 +104,4 @@ def test_fit_units_false_keeps_the_untrained_unit_part_and_scores_it():
     fit_grounded(fitted, train, "iou")
     assert np.array_equal(fitted.combiner.weights, untrained.combiner.weights) and fitted.threshold == 0.5
     with pytest.raises(ValueError, match="unit_pool needs fit_units"):
-        GroundedDetector(unit_pool="x", fit_units=False)
+        build_grounded(unit_pool="x", fit_units=False)

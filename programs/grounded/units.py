@@ -6,7 +6,7 @@ not units (they take the probability of the units around them, see :func:`hallus
 * numbers: a run of digits with inner separators (``1,000.5``, ``12.05.1995``, ``3/4``, Arabic-Indic and
   Devanagari digits) is one unit of kind ``"num"``; its normalised form is its ASCII digits only;
 * CJK ideographs, kana and hangul: one unit per character (kind ``"cjk"``); their support comes from the
-  character n-grams around them (:mod:`halluscope.programs.grounded.support`);
+  character n-grams around them (:mod:`halluscope.programs.grounded.signals.support`);
 * every other run of word characters is a unit of kind ``"word"``.
 
 :func:`normalize` = NFKC, casefold, diacritics stripped (NFKD without combining marks), digits to ASCII.

@@ -23,9 +23,10 @@ from __future__ import annotations
 import math
 
 from halluscope.programs.baselines.program import token_logit_lists, token_offsets
+from halluscope.programs.grounded.signals.base import Signal, register_signal, window_mean
 from halluscope.programs.grounded.units import AnswerUnit
 
-__all__ = ["GEN_FEATURES", "gen_features"]
+__all__ = ["GEN_FEATURES", "GEN", "gen_features", "GenLogitsSignal", "ITEM_LEVEL_FAILURES"]
 
 GEN_FEATURES = ("gen_low", "gen_first", "gen_missing")
 
@@ -80,3 +81,31 @@ def gen_features(answer: str, units: list[AnswerUnit], tokens, logits) -> tuple[
     if unaligned:
         failures["unaligned_units"] = unaligned
     return out, failures
+
+
+# -- the signal ---------------------------------------------------------------------------------------
+
+GEN = GEN_FEATURES + ("win_gen",)
+#: failures of :func:`gen_features` that leave the whole item without generator logits
+ITEM_LEVEL_FAILURES = frozenset({"no_logits", "malformed_logits", "logits_length", "unaligned_tokens"})
+
+
+@register_signal
+class GenLogitsSignal(Signal):
+    """The generating model's token logits (cost none; the data carries them): :data:`GEN_FEATURES` and the window
+    mean of ``gen_low``. Plain text without logits: the note ``no_logits``, the columns imputed."""
+
+    name, columns, cost, order = "genlogits", GEN, "none", 50
+    missing = ITEM_LEVEL_FAILURES
+    notes = frozenset({"no_logits"})
+    weights = {"gen_low": 0.2}
+
+    def compute(self, item) -> dict[str, list[float]]:
+        g, fails = gen_features(item.answer, item.units, item.tokens, item.logits)
+        if not (fails.keys() & ITEM_LEVEL_FAILURES):
+            item.used.append("genlogits")
+        for k, v in fails.items():
+            item.failures[k] = item.failures.get(k, 0) + v
+        cols = {k: [f[k] for f in g] for k in GEN_FEATURES}
+        cols["win_gen"] = window_mean(cols["gen_low"], item.window)
+        return cols

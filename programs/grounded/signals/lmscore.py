@@ -43,15 +43,26 @@ import numpy as np
 from halluscope.core import paths
 from halluscope.lm.llamacpp import check_gguf, load_llama
 from halluscope.lm.models import file_sha256, smollm2_path
-from halluscope.programs.grounded.units import AnswerUnit, tokens_of
+from halluscope.programs.grounded.signals.base import Signal, register_signal, window_mean
+from halluscope.programs.grounded.units import AnswerUnit, tokens_of, units_of
+from halluscope.programs.registry import text as text_option, whole
 from halluscope.core.text import segment
 
 __all__ = ["Backend", "LlamaBackend", "LMScorer", "plan_budget", "select_evidence", "evidence_in_tokens", "token_char_offsets",
-           "unit_rows"]
+           "unit_rows", "lm_prompt", "LMSignal", "LM"]
 
 logger = logging.getLogger(__name__)
 
 FALLBACK = {"lm_delta": 0.0, "lm_lp": 0.0, "lm_missing": 1.0}
+
+
+def lm_prompt(question: str, evidence: str | None = None) -> str:
+    """The one prompt the embedded LM reads an answer after (this scorer, with and without the evidence, and the
+    hidden-state scorer of :mod:`.hidden`): ``Evidence: …\nQuestion: …\nAnswer:``, or without ``evidence``
+    (None) ``Question: …\nAnswer:``; the answer's tokens follow after a space."""
+    if evidence is None:
+        return f"Question: {question}\nAnswer:"
+    return f"Evidence: {evidence}\nQuestion: {question}\nAnswer:"
 
 
 class Backend(Protocol):
@@ -211,9 +222,6 @@ def unit_rows(units: list[AnswerUnit], offsets, with_ev: list[float], without: l
 class LMScorer:
     """Per-unit LM features of an item, cached on disk. ``backend`` defaults to :class:`LlamaBackend`."""
 
-    PROMPT_WITH = "Evidence: {evidence}\nQuestion: {question}\nAnswer:"
-    PROMPT_WITHOUT = "Question: {question}\nAnswer:"
-
     def __init__(self, model_path: str | None = None, cache_dir: str | os.PathLike | None = None,
                  max_evidence_tokens: int = 300, backend: Backend | None = None, max_item_tokens: int = 640):
         self._model_path = model_path
@@ -257,9 +265,9 @@ class LMScorer:
         be = self.backend  # loads the model on first use: not counted in ``seconds``
         t0 = time.perf_counter()
         ans = be.tokenize(" " + answer)  # the prompt ends with "Answer:"; the answer follows after a space
-        pre_without = be.tokenize(self.PROMPT_WITHOUT.format(question=question))
+        pre_without = be.tokenize(lm_prompt(question))
         q_len = len(pre_without)
-        overhead = len(be.tokenize(self.PROMPT_WITH.format(evidence="", question=question))) - q_len
+        overhead = len(be.tokenize(lm_prompt(question, ""))) - q_len
         ev_budget, n_ans = plan_budget(self.max_item_tokens, self.max_evidence_tokens, q_len, overhead, len(ans))
         evidence = self.evidence_for(answer, context, lang, budget=ev_budget)
         key = self._key(be.name, question, answer, evidence)
@@ -273,7 +281,7 @@ class LMScorer:
         cut, ans = len(ans) - n_ans, ans[:n_ans]
         out = {"pieces": [be.detokenize([t]).hex() for t in ans], "tokens": 0, "evidence_chars": len(evidence),
                "answer_tokens_cut": cut}
-        for name, pre in (("with", be.tokenize(self.PROMPT_WITH.format(evidence=evidence, question=question))),
+        for name, pre in (("with", be.tokenize(lm_prompt(question, evidence))),
                           ("without", pre_without)):
             lps = be.logprobs(pre + ans, len(pre))
             out[name] = [float(x) for x in lps[-len(ans):]] if ans else []
@@ -300,3 +308,66 @@ class LMScorer:
         offsets = [None if o is None or o[1] <= 1 else (max(0, o[0] - 1), o[1] - 1) for o in offsets]
         n = min(len(offsets), len(res["with"]), len(res["without"]))
         return unit_rows(units, offsets[:n], res["with"][:n], res["without"][:n])
+
+
+# -- the signal ---------------------------------------------------------------------------------------
+
+LM = ("lm_delta", "lm_lp", "win_lm_delta", "lm_missing")
+
+
+@register_signal
+class LMSignal(Signal):
+    """The embedded LM as a scorer (cost lm; opt-in, ``-O lm=true``): each unit's tokens' log-probability with vs.
+    without the evidence (``lm_delta``, its window mean), without it (``lm_lp``), and ``lm_missing``. About 1-3 s
+    per item on 2 cores (bounded by ``item_tokens``), cached on disk. BENCHMARKS.md measured it as a wash on
+    SmolLM2-135M (IoU −0.003, Corr +0.004 over six languages). The model missing or failing: ``lm_missing``
+    (``lm_error``), the columns imputed; an answer cut by the budget counts ``lm_answer_cut``."""
+
+    name, columns, cost, order = "lm", LM, "lm", 60
+    option_types = {"model": text_option(what="a GGUF file path, or \"\" for the embedded model"), "cache_dir": text_option(),
+                    "evidence_tokens": whole(0), "item_tokens": whole(0)}
+    missing = frozenset({"lm_missing", "lm_error"})
+    weights = {"lm_delta": -0.3}
+
+    @classmethod
+    def defaults(cls) -> dict:
+        return {"model": "", "cache_dir": "", "evidence_tokens": 300, "item_tokens": 640}
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self._scorer = None
+
+    def scorer(self) -> LMScorer:
+        """The scorer (the model file is loaded on its first item)."""
+        if self._scorer is None:
+            o = self.options
+            self._scorer = LMScorer(model_path=o["model"] or None, cache_dir=o["cache_dir"] or None,
+                                    max_evidence_tokens=o["evidence_tokens"], max_item_tokens=o["item_tokens"])
+        return self._scorer
+
+    def run(self, item) -> None:
+        st = item.state["lm"] = {"rows": None, "error": None, "info": {}, "ran": True}
+        if item.answer.strip():
+            try:
+                st["rows"] = self.scorer().unit_features(item.question or "", item.answer, item.raw_context or "",
+                                                         units_of(item.answer), lang=item.lang or "en",
+                                                         info=st["info"])
+            except Exception as e:  # noqa: BLE001 — the LM signal falls back, the item goes on
+                st["error"] = f"lm_error:{type(e).__name__}"
+
+    def compute(self, item) -> dict[str, list[float]]:
+        n = len(item.units)
+        rows = (item.state.get("lm") or {}).get("rows")
+        if rows is None or len(rows) != n:
+            rows = [FALLBACK] * n
+        else:
+            item.used.append("lm")
+        cols = {k: [float(r[k]) for r in rows] for k in ("lm_delta", "lm_lp", "lm_missing")}
+        cols["win_lm_delta"] = window_mean(cols["lm_delta"], item.window)
+        return cols
+
+    def late_failures(self, item) -> dict[str, int]:
+        st = item.state.get("lm") or {}
+        return {"lm_missing": int(st.get("rows") is None and bool(item.answer.strip())),
+                "lm_error": int(bool(st.get("error"))),
+                "lm_answer_cut": int(bool(st.get("info", {}).get("answer_tokens_cut")))}

@@ -24,6 +24,7 @@ import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
+from halluscope.programs.grounded.signals.base import Signal, register_signal
 from halluscope.programs.grounded.units import AnswerUnit, normalize
 
 __all__ = ["parse_number", "mentions", "Mention", "unit_of", "month_of", "written_number", "ValueIndex",
@@ -454,3 +455,28 @@ def value_support(answer: str, units: list[AnswerUnit], idx: ValueIndex, lang: s
     are no value)."""
     ments = mentions(answer, lang) if ments is None else ments
     return [mention_support(m, idx) for m in unit_mentions(units, ments)]
+
+
+# -- the signal ---------------------------------------------------------------------------------------
+
+NUMBERS = ("ctx_value",)
+
+
+@register_signal
+class NumbersSignal(Signal):
+    """Value support (#19, cost none, on by default): ``ctx_value`` — the unit's value (a number in any format, a
+    date's or a range's parts, a month, a unit of measure) is in the context; with it on, ``unsup`` of
+    :mod:`.support` also counts value support in the context and the question (``9,73 km²`` supports ``9.73 square
+    kilometres``)."""
+
+    name, columns, cost, order = "numbers", NUMBERS, "none", 20
+    compute_order = 5  # before support, whose unsup reads the values
+
+    def compute(self, item) -> dict[str, list[float]]:
+        ments = mentions(item.answer, item.lang)
+        ctx_value = value_support(item.answer, item.units, ValueIndex.of(item.context, item.lang), item.lang, ments)
+        item.state["numbers"] = {"q_value": value_support(item.answer, item.units,
+                                                          ValueIndex.of(item.question or "", item.lang), item.lang,
+                                                          ments)}
+        item.used.append("numbers")
+        return {"ctx_value": ctx_value}

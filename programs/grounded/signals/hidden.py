@@ -19,6 +19,11 @@ model file's hash and the exact prompt, so a benchmark evaluates each item once.
 :class:`HiddenBackend` protocol so tests use a deterministic fake; :class:`LlamaHidden` runs a GGUF with
 llama-cpp-python (default: the embedded SmolLM2-135M-Instruct; ``hidden_model`` may name another file, e.g.
 Gemma 3 270M from the ``gemma`` extra).
+
+The ``hidden`` signal (cost lm) is **opt-in, off the default path and its artifacts retired** (BENCHMARKS.md
+"Hidden-state scorer over ten languages"): +0.015 IoU within a language but a wash across languages
+(leave-one-language-out mean 0.480 → 0.469 IoU, Corr 0.496 → 0.506), for an LM pass over every item;
+``compiled/grounded/{de,it}/iou/v0003`` that use it are retired (kept loadable with ``--version 3``).
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ from typing import Protocol
 import numpy as np
 
 from halluscope.core import paths
-from halluscope.programs.grounded.lmscore import evidence_in_tokens, token_char_offsets
-from halluscope.programs.grounded.units import AnswerUnit
+from halluscope.programs.grounded.signals.base import Signal, register_signal, window_mean
+from halluscope.programs.grounded.signals.lmscore import evidence_in_tokens, lm_prompt, token_char_offsets
+from halluscope.programs.grounded.units import AnswerUnit, units_of
+from halluscope.programs.registry import number, text, whole
 
-__all__ = ["HIDDEN", "HiddenBackend", "LlamaHidden", "HiddenScorer", "ItemHidden", "unit_hidden", "Probe",
+__all__ = ["HIDDEN", "HiddenSignal", "write_probe_scores", "HiddenBackend", "LlamaHidden", "HiddenScorer", "ItemHidden", "unit_hidden", "Probe",
            "oof_probe_scores", "RidgeStats", "plan_single", "token_stats", "gemma_path"]
 
 logger = logging.getLogger(__name__)
@@ -266,8 +273,6 @@ class HiddenScorer:
     """Per-token hidden states, log-probabilities and entropies of an answer under the evidence-conditioned
     prompt, cached on disk; :meth:`units` maps them to units."""
 
-    PROMPT = "Evidence: {evidence}\nQuestion: {question}\nAnswer:"
-
     def __init__(self, model: str | None = None, cache_dir: str | os.PathLike | None = None,
                  max_evidence_tokens: int = 160, max_item_tokens: int = 384, backend: HiddenBackend | None = None):
         self._model = model or ""
@@ -297,10 +302,10 @@ class HiddenScorer:
         be = self.backend
         t0 = time.perf_counter()
         ans = be.tokenize(" " + answer)
-        bare = len(be.tokenize(self.PROMPT.format(evidence="", question=question)))
+        bare = len(be.tokenize(lm_prompt(question, "")))
         ev_budget, n_ans = plan_single(self.max_item_tokens, self.max_evidence_tokens, bare, len(ans))
         evidence = self.evidence_for(answer, context, lang, min(ev_budget, self.max_evidence_tokens))
-        prompt = be.tokenize(self.PROMPT.format(evidence=evidence, question=question))
+        prompt = be.tokenize(lm_prompt(question, evidence))
         cut, ans = len(ans) - n_ans, ans[:n_ans]
         key = hashlib.sha256(json.dumps([be.name, prompt, ans]).encode()).hexdigest()[:40]
         path = self.cache_dir / key[:2] / f"{key}.npz"
@@ -468,3 +473,93 @@ def oof_probe_scores(item_vectors: list[np.ndarray], item_targets: list[np.ndarr
             if len(item_vectors[i]):
                 out[i] = probe.score(item_vectors[i])
     return out
+
+
+# -- the signal ---------------------------------------------------------------------------------------
+
+def write_probe_scores(X: np.ndarray, features: list[str], scores, window: int) -> None:
+    """Write the probe's unit scores (and their window mean) into the unit rows ``X`` in place."""
+    if "hs_probe" not in features or not len(X):
+        return
+    X[:, features.index("hs_probe")] = scores
+    if "win_hs_probe" in features:
+        X[:, features.index("win_hs_probe")] = window_mean([float(x) for x in scores], window)
+
+
+@register_signal
+class HiddenSignal(Signal):
+    """The embedded LM's hidden states over the answer (cost lm; opt-in, retired — see the module docstring):
+    ``hs_probe`` (a fitted :class:`Probe`'s score, the detector's fitted state), ``win_hs_probe``, ``hs_lp``,
+    ``hs_ent``, ``hs_missing``; ``parts`` = "probe" or "tokens" keeps only those columns (and ``hs_missing``).
+    Model or llama_cpp missing: the note ``scorer_missing``, the columns imputed."""
+
+    name, columns, cost, order = "hidden", HIDDEN, "lm", 70
+    option_types = {"model": text(what="a GGUF file path, \"gemma\" or \"\" for the embedded model"),
+                    "cache_dir": text(), "item_tokens": whole(0), "evidence_tokens": whole(0),
+                    "alpha": number(0, lo_open=True), "parts": text("all", "probe", "tokens"), "pool": text()}
+    missing = frozenset({"scorer_missing"})
+    notes = frozenset({"scorer_missing", "hs_answer_cut"})
+
+    @classmethod
+    def defaults(cls) -> dict:
+        return {"model": "", "cache_dir": "", "item_tokens": 384, "evidence_tokens": 160, "alpha": 300.0,
+                "parts": "all", "pool": ""}
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.probe = Probe(alpha=self.options["alpha"])
+        self._scorer = None
+
+    def feature_columns(self) -> list[str]:
+        part = self.options["parts"]
+        return [h for h in HIDDEN if part == "all" or h == "hs_missing" or (part == "probe") == h.endswith("hs_probe")]
+
+    def scorer(self) -> HiddenScorer:
+        """The scorer (llama_cpp and the model are loaded on its first item)."""
+        if self._scorer is None:
+            o = self.options
+            self._scorer = HiddenScorer(model=o["model"] or None, cache_dir=o["cache_dir"] or None,
+                                        max_evidence_tokens=o["evidence_tokens"], max_item_tokens=o["item_tokens"])
+        return self._scorer
+
+    def run(self, item) -> None:
+        st = item.state["hidden"] = {"hid": None, "failed": False}
+        if item.answer.strip():
+            try:
+                st["hid"] = self.scorer().units(item.question or "", item.answer, item.raw_context or "",
+                                                units_of(item.answer), lang=item.lang or "en")
+            except Exception as e:  # noqa: BLE001 — model or llama_cpp missing, a bad item: the signal falls back
+                logger.warning("grounded: the hidden-state scorer failed (%s: %s); its columns are imputed",
+                               type(e).__name__, e)
+                st["failed"] = True
+
+    def compute(self, item) -> dict[str, list[float]]:
+        n = len(item.units)
+        hidden = (item.state.get("hidden") or {}).get("hid")
+        ok = hidden is not None and len(hidden.covered) == n
+        cov = hidden.covered if ok else np.zeros(n, dtype=bool)
+        lp = np.where(cov, hidden.lp, 0.0) if ok else np.zeros(n)
+        ent = np.where(cov, hidden.ent, 0.0) if ok else np.zeros(n)
+        if ok and "hs_probe" in item.wanted:
+            item.vectors = hidden.vectors
+        if ok:
+            item.used.append("hidden")
+        return {"hs_lp": [float(np.clip(x, -20.0, 0.0)) for x in lp],
+                "hs_ent": [float(np.clip(x, 0.0, 20.0)) for x in ent],
+                "hs_missing": [0.0 if c else 1.0 for c in cov],
+                "hs_probe": [0.0] * n,  # the probe's scores: fitted state, written by :meth:`fill`
+                "win_hs_probe": [0.0] * n}
+
+    def late_failures(self, item) -> dict[str, int]:
+        st = item.state.get("hidden") or {}
+        hid = st.get("hid")
+        return {"scorer_missing": int(bool(st.get("failed"))),
+                "hs_answer_cut": int(hid is not None and bool(hid.cut))}
+
+    def fill(self, X: np.ndarray, features: list[str], vectors, window: int) -> None:
+        """The probe's scores of a row's units (``vectors``: their hidden vectors, or None) written into ``X``; units
+        without a vector, or an unfitted probe, get the probe's intercept (a neutral value)."""
+        if "hs_probe" not in features or not len(X):
+            return
+        s = self.probe.score(vectors) if vectors is not None else np.full(len(X), np.nan)
+        write_probe_scores(X, features, np.where(np.isfinite(s), s, self.probe.intercept), window)

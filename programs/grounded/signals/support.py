@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 
 from rapidfuzz import fuzz
 
+from halluscope.programs.grounded.signals.base import Signal, register_signal, window_mean
 from halluscope.programs.grounded.units import AnswerUnit, tokens_of, units_of
+from halluscope.programs.registry import flag
 
-__all__ = ["TextIndex", "IdfTable", "support_features", "lcp_ratio", "SUPPORT_FEATURES"]
+__all__ = ["TextIndex", "IdfTable", "support_features", "lcp_ratio", "SUPPORT_FEATURES", "SUPPORT", "SupportSignal"]
 
 SUPPORT_FEATURES = (
     "ctx_exact", "ctx_prefix", "ctx_fuzzy", "ctx_phrase",
@@ -168,3 +170,55 @@ class IdfTable:
 def units_and_indexes(answer: str, context: str, question: str):
     """Convenience: the answer's units and the two indexes."""
     return units_of(answer), TextIndex.of(context), TextIndex.of(question)
+
+
+# -- the signal ---------------------------------------------------------------------------------------
+
+SUPPORT = SUPPORT_FEATURES + ("unsup", "win_unsup", "item_unsup", "num_unsup", "cap_unsup", "no_context")
+
+
+@register_signal
+class SupportSignal(Signal):
+    """Support of each unit in the evidence and the question (cost none): :data:`SUPPORT_FEATURES`, and ``unsup``
+    (1 - the best of context-prefix, context-phrase, question-prefix support; with :mod:`.numbers` on also its
+    value support), its window mean ``win_unsup``, its answer mean ``item_unsup``, its products with being a number
+    or a capitalised word, and ``no_context``. No evidence: the note ``no_evidence``, every support 0."""
+
+    name, columns, cost, order = "support", SUPPORT, "none", 10
+    compute_order = 15  # after numbers (value support counts in unsup)
+    option_types = {"fuzzy": flag()}
+    notes = frozenset({"no_evidence"})
+    weights = {"unsup": 2.0, "win_unsup": 1.0, "num_unsup": 1.0, "cap_unsup": 0.5}
+
+    @classmethod
+    def defaults(cls) -> dict:
+        return {"fuzzy": True}
+
+    def compute(self, item) -> dict[str, list[float]]:
+        units, n = item.units, len(item.units)
+        ctx = TextIndex.of("" if item.other_script else item.context)
+        q = TextIndex.of(item.question or "")
+        if ctx.empty and not item.other_script:
+            item.count("no_evidence")
+        sup = support_features(units, ctx, q, fuzzy=bool(self.options["fuzzy"]))
+        if item.other_script:  # numbers still count across scripts
+            cidx = TextIndex.of(item.context)
+            for u, f in zip(units, sup):
+                if u.kind == "num" and u.norm in cidx.tokens:
+                    f["ctx_exact"] = f["ctx_prefix"] = f["ctx_fuzzy"] = 1.0
+        cols = {k: [f[k] for f in sup] for k in sup[0]}
+        values = item.state.get("numbers")
+        if values is not None:
+            unsup = [1.0 - max(f["ctx_prefix"], f["ctx_phrase"], f["q_prefix"], cv, qv)
+                     for f, cv, qv in zip(sup, item.cols["ctx_value"], values["q_value"])]
+        else:
+            unsup = [1.0 - max(f["ctx_prefix"], f["ctx_phrase"], f["q_prefix"]) for f in sup]
+        is_num, is_cap = item.cols["is_num"], item.cols["is_cap"]
+        cols["unsup"] = unsup
+        cols["win_unsup"] = window_mean(unsup, item.window)
+        cols["item_unsup"] = [sum(unsup) / n] * n
+        cols["num_unsup"] = [a * b for a, b in zip(is_num, unsup)]
+        cols["cap_unsup"] = [a * b for a, b in zip(is_cap, unsup)]
+        cols["no_context"] = [1.0 if ctx.empty else 0.0] * n
+        item.used.append("support")
+        return cols
