@@ -326,3 +326,53 @@ def test_optimize_fits_the_encoder_under_cv_and_detect_serves_it(tmp_path, monke
                     str(tmp_path / "compiled"), "--answer", "Die Provinz heißt Álava.", "--question", "Wo?"])
     assert rc == 0
     assert '"spans"' in capsys.readouterr().out
+
+
+def test_encoder_word_probs_is_a_plain_function_over_a_compiled_encoder(trained, tmp_path):
+    from halluscope.artifacts import store as A
+    from halluscope.programs.encoder.program import encoder_word_probs
+
+    module, _ = trained
+    art = A.write_artifact(module, {"source": "toy", "program_options": OPTIONS}, program_name="encoder", lang="en",
+                           metric="iou", root=tmp_path)
+    answer = "river 4242 garden"
+    probs = encoder_word_probs("What?", answer, "", "en", art)
+    assert [answer[a:b] for a, b, _ in probs] == ["river", "4242", "garden"]
+    assert probs[1][2] > max(probs[0][2], probs[2][2]) and all(0.0 <= p <= 1.0 for *_, p in probs)
+    with pytest.raises(TypeError, match="needs a compiled encoder"):
+        encoder_word_probs("", answer, "", "en", object())
+
+
+def test_halluclean_passages_feed_synthesis_without_answers(tmp_path):
+    from halluscope.programs.encoder.synth import halluclean_passages
+
+    (tmp_path / "QA.dev.json").write_text(json.dumps([{"knowledge": PASSAGES[0], "question": "Q",
+                                                       "right_answer": "SECRET-RIGHT",
+                                                       "hallucinated_answer": "SECRET-WRONG"}]))
+    (tmp_path / "SUM.dev.json").write_text(json.dumps([{"document": PASSAGES[1], "right_summary": "SECRET"}]))
+    passages = halluclean_passages(tmp_path)
+    assert passages == [PASSAGES[0], PASSAGES[1]]
+    items = synthesize(passages, 6, seed=0)
+    assert items and not any("SECRET" in i.answer or "SECRET" in i.context for i in items)
+    (tmp_path / "DA.dev.json").write_text("{not json")
+    with pytest.raises(ValueError, match="DA.dev.json: not a readable HalluClean file"):
+        halluclean_passages(tmp_path)
+
+
+def test_fit_adds_synthetic_items_from_the_training_evidence_only(home):
+    _need_extra()
+    import dspy
+
+    from halluscope.programs.encoder.program import fit_encoder
+    from halluscope.programs.registry import get
+
+    items = [dspy.Example(question="Q?", answer=f"The bridge is {500 + i} metres long.", context=p, lang="en",
+                          hard_labels=[[14, 17]], soft_labels=[{"start": 14, "end": 17, "prob": 1.0}])
+             .with_inputs("question", "answer", "context", "lang") for i, p in enumerate(PASSAGES)]
+    module = get("encoder").make(top_layers=1, epochs=1, max_len=64, answer_tokens=32, synthetic=2,
+                                 synthetic_kinds="numbers,addition")
+    info = fit_encoder(module, items, "iou")
+    assert info["synthetic_items"] == 6 and set(info["by_kind"]) == {"numbers", "addition"}
+    assert info["n_windows"] == 3 + 6
+    with pytest.raises(ValueError, match="synthetic_halluclean: no HalluClean dev files"):
+        fit_encoder(get("encoder").make(synthetic=1, synthetic_halluclean=str(home / "none")), items, "iou")

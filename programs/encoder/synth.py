@@ -180,3 +180,23 @@ def synthesize(passages: list[str], n: int, kinds: str | list[str] = "all", seed
                              hard_labels=labels, kind=kind, meta={"passage": src}))
     return out
 
+
+
+def halluclean_passages(data_dir) -> list[str]:
+    """The evidence passages of the HalluClean dev files in ``data_dir`` (QA and dialogue ``knowledge``,
+    summarization ``document``; English), for :func:`synthesize`. Only the passages are read: no answer, no
+    label. Files that are absent are skipped; an unreadable one is a ``ValueError`` naming it."""
+    import json
+    from pathlib import Path
+
+    out: list[str] = []
+    for name, key in (("QA.dev.json", "knowledge"), ("DA.dev.json", "knowledge"), ("SUM.dev.json", "document")):
+        f = Path(data_dir) / name
+        if not f.is_file():
+            continue
+        try:
+            items = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{f}: not a readable HalluClean file ({e})") from None
+        out.extend(str(it.get(key) or "") for it in items if isinstance(it, dict) and str(it.get(key) or "").strip())
+    return out
