@@ -386,3 +386,20 @@ def test_fit_adds_synthetic_items_from_the_training_evidence_only(home):
     assert info["n_windows"] == 3 + 6
     with pytest.raises(ValueError, match="synthetic_halluclean: no HalluClean dev files"):
         fit_encoder(get("encoder").make(synthetic=1, synthetic_halluclean=str(home / "none")), items, "iou")
+
+
+def test_store_refuses_a_listed_file_that_is_not_safetensors_even_with_a_valid_hash(tmp_path):
+    from halluscope.artifacts import store as A
+    from halluscope.programs.registry import get
+
+    art = A.write_artifact(get("mark-all").make(), {"source": "fixture"}, program_name="mark-all", lang="de",
+                           metric="iou", root=tmp_path)
+    assert "files" not in art.manifest  # programs without binary files: the manifest is as before
+    (art.path / "weights.pkl").write_bytes(b"\x80\x04K\x01.")
+    man = json.loads((art.path / "manifest.json").read_text())
+    man["files"] = {"weights.pkl": "0" * 64}
+    man.pop("content_hash")
+    man["content_hash"] = A.content_hash((art.path / "program.json").read_bytes(), man)  # an edit that rehashes
+    (art.path / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(A.ArtifactIntegrityError, match=r"artifact file 'weights.pkl' is not NAME.safetensors"):
+        A.load_artifact_dir(art.path)
