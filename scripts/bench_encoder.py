@@ -47,8 +47,10 @@ def parse_opts(pairs):
     out = {}
     for p in pairs or []:
         k, _, v = p.partition("=")
-        out[k] = json.loads(v) if v[:1] in "0123456789[{tfn-" and v not in ("true", "false") or v in ("true", "false") \
-            else v
+        try:
+            out[k] = json.loads(v)  # numbers, true/false, lists
+        except ValueError:
+            out[k] = v  # a plain text: synthetic_kinds=numbers,dates
     return out
 
 
