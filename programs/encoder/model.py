@@ -18,7 +18,6 @@ rest of halluscope never imports torch).
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
