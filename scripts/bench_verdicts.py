@@ -129,24 +129,23 @@ def cmd_cv(args):
 
 def cmd_halluclean(args):
     """HalluClean dev (qa, dialogue, summarization): the served default's unit part (``detect --lang en``) with the
-    pooled response head by nested 5-fold CV grouped by item (the protocol of BENCHMARKS "#19 round three"). Each
-    answer is asked with and without its question (the heads are fitted on the answers with their question).
-    Rows: the head as before #34, alone and OR a hard span in a one-sentence answer (the #34 label; a longer answer
-    the head judges correct has its flagged units held at 0.5), beside head OR any hard span (a design not taken);
-    and a question-blind head (its question columns held at the training mean; not taken, see BENCHMARKS)."""
+    pooled response head by nested 5-fold CV grouped by item (the protocol of BENCHMARKS "Response-level decision and
+    combiner"). Each answer is asked with and without its question, and without its task (what ``detect --lang en``
+    gives the head) and with it; the heads are fitted on the answers with their question and task. Two heads: the
+    one served before (it reads the question's columns) and the question-blind one (``-O head_question=false -O
+    head_task=true``: no question column, the task column from the task or the answer's shape). Labels: the head
+    alone, and the consistent verdict (head OR a hard span in a one-sentence answer)."""
     import dspy
 
     from halluscope.artifacts.store import load_compiled
     from halluscope.loaders.halluclean import load_halluclean
-    from halluscope.programs.grounded.program import response_rows, rule_conflicts
-    from halluscope.programs.grounded.response import QUESTION_COLUMNS, _sentences, binary_scores, cv_head
+    from halluscope.programs.grounded.program import response_rows
+    from halluscope.programs.grounded.response import _sentences, binary_scores, cv_head
 
     det = load_compiled("grounded", lang="en", metric="iou")
     module = det.program
-    served = module.head
     module.head = None  # the unit part: the heads below are fitted by CV
     module.feature_cache = {}
-    feats = module.response_features
     tasks = ("qa", "dialogue", "summarization")
 
     def conflict(q, ex):  # a hard span in a one-sentence answer (what decides the #34 label beside the head)
@@ -154,74 +153,59 @@ def cmd_halluclean(args):
         return bool(pred.hard_labels) and len(_sentences(ex.answer, module.item_features(
             question=q, answer=ex.answer, context=ex.get("context", ""), lang="en").units)) <= 1
 
-    def hard(q, ex):
-        return bool(module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en").hard_labels)
-
-    cols = {k: [] for k in ("X", "Xn", "y", "g", "h", "hn", "c", "cn")}
-    offs = [0]
-    for task in tasks:
-        t0 = time.perf_counter()
-        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
-        bare = [dspy.Example(**{**ex.toDict(), "question": ""}) for ex in exs]
-        X, y, g, _ = response_rows(module, exs)
-        Xn, _, _, _ = response_rows(module, bare)
-        cols["X"].append(X)
-        cols["Xn"].append(Xn)
-        cols["y"].append(y)
-        cols["g"] += [f"{task}:{k}" for k in g]
-        cols["h"].append([hard(ex.get("question", ""), ex) for ex in exs])
-        cols["hn"].append([hard("", ex) for ex in exs])
-        cols["c"].append([conflict(ex.get("question", ""), ex) for ex in exs])
-        cols["cn"].append([conflict("", ex) for ex in exs])
-        offs.append(offs[-1] + len(y))
-        print(f"{task}: {len(exs)} answers in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    Xa, Xna = np.vstack(cols["X"]), np.vstack(cols["Xn"])
-    ya, ga = np.concatenate(cols["y"]), cols["g"]
-    ha, hna, ca, cna = (np.concatenate([np.asarray(v, dtype=bool) for v in cols[k]]) for k in ("h", "hn", "c", "cn"))
-    n = len(ya)
-    blind = [feats.index(c) for c in QUESTION_COLUMNS if c in feats]
-    Xb, Xnb = Xa.copy(), Xna.copy()
-    Xb[:, blind] = Xa[:, blind].mean(axis=0)
-    Xnb[:, blind] = Xa[:, blind].mean(axis=0)
+    exs_by = {t: load_halluclean(args.hc_dir, task=t, limit=args.limit) for t in tasks}
+    exs = [ex for t in tasks for ex in exs_by[t]]
+    task_of = np.array([ex.task for ex in exs])
+    variants = {"with the question and task": exs,
+                "with the question, no task": [dspy.Example(**{**ex.toDict(), "task": ""}) for ex in exs],
+                "no question, no task": [dspy.Example(**{**ex.toDict(), "task": "", "question": ""}) for ex in exs],
+                "no question, with the task": [dspy.Example(**{**ex.toDict(), "question": ""}) for ex in exs]}
+    c = np.array([conflict(ex.get("question", ""), ex) for ex in exs])
+    cn = np.array([conflict("", ex) for ex in exs])
+    cons = {"with the question and task": c, "with the question, no task": c, "no question, no task": cn,
+            "no question, with the task": cn}
+    y, g = None, None
+    heads = (("reads the question (served before)", dict(head_question=True, head_task=False)),
+             ("question-blind, task column (head_question=false, head_task=true)",
+              dict(head_question=False, head_task=True)))
+    n = len(exs)
     print(f"\nHalluClean dev, unit part {det.path}; pooled head (logreg, threshold for balanced accuracy) by nested "
           f"5-fold CV grouped by item, fold seeds {args.seeds}; FPR = correct answers labelled hallucinated, TPR = "
-          f"hallucinated answers caught\n")
-    print("| head | label | task | FPR / TPR with the question | FPR / TPR without | label agreement with vs without |")
-    print("|---|---|---|---|---|---|")
-    for name, (P, Pn) in (("reads the question (before #34)", (Xa, Xna)), ("question-blind (not taken)", (Xb, Xnb))):
-        runs = [cv_head(np.vstack([Xa, P, Pn]), np.concatenate([ya, ya, ya]), ga + ga + ga, feats, kind="logreg",
-                        l2=10.0, metric="balanced_accuracy", folds=5, seed=sd,
-                        fit_rows=np.arange(3 * n) < n)[1] for sd in args.seeds]
-        rules = ("head alone", "head OR one-sentence hard span (#34)", "head OR any hard span")
-        for rule in rules:
-            for i, task in enumerate(tasks + ("pooled",)):
-                idx = np.arange(offs[i], offs[i + 1]) if task != "pooled" else np.arange(n)
-                m = {"w": [], "n": [], "a": []}
+          f"hallucinated answers caught; agreement = the same label with and without the question (no task)\n")
+    print("| head | label | task | with question and task | with question, no task (detect --lang en) | "
+          "no question, no task | agreement with vs without the question |")
+    print("|---|---|---|---|---|---|---|")
+    for name, opts in heads:
+        for k, v in opts.items():
+            setattr(module, k, v)
+        feats = module.response_features
+        rows = {}
+        for vname, vex in variants.items():
+            X, y, g, _ = response_rows(module, vex)
+            rows[vname] = X
+        order = list(variants)
+        big = np.vstack([rows[order[0]]] + [rows[v] for v in order])
+        runs = [cv_head(big, np.concatenate([y] * (len(order) + 1)), list(g) * (len(order) + 1), feats,
+                        kind="logreg", l2=10.0, metric="balanced_accuracy", folds=5, seed=sd,
+                        fit_rows=np.arange(len(big)) < n)[1] for sd in args.seeds]
+        for rule in ("head alone", "consistent verdict (head OR one-sentence hard span)"):
+            for task in tasks + ("pooled",):
+                idx = np.arange(n) if task == "pooled" else np.where(task_of == task)[0]
+                res = {v: [] for v in order}
+                agree = []
                 for lab in runs:
-                    lw, ln = lab[n:2 * n].copy(), lab[2 * n:].copy()
-                    if rule == rules[1]:
-                        lw, ln = lw | ca, ln | cna
-                    elif rule == rules[2]:
-                        lw, ln = lw | ha, ln | hna
-                    m["w"].append(binary_scores(ya[idx], lw[idx]))
-                    m["n"].append(binary_scores(ya[idx], ln[idx]))
-                    m["a"].append(float(np.mean(lw[idx] == ln[idx])))
-                f = lambda k, key: 100 * float(np.mean([b[key] for b in m[k]]))  # noqa: E731
-                print(f"| {name} | {rule} | {task} | {f('w', 'fpr'):.0f}% / {f('w', 'tpr'):.0f}% | "
-                      f"{f('n', 'fpr'):.0f}% / {f('n', 'tpr'):.0f}% | {100 * np.mean(m['a']):.1f}% |", flush=True)
-    if served is not None:  # the committed head as it is (in-sample: it was fitted on these answers)
-        module.head = served
-        p, pn = served.predict(Xa) >= served.threshold, served.predict(Xna) >= served.threshold
-        pb = np.array([served.predict(module.head_blind_row(r))[0] for r in Xa]) >= served.threshold
-        pnb = np.array([served.predict(module.head_blind_row(r))[0] for r in Xna]) >= served.threshold
-        print(f"\ncommitted head (in-sample), label agreement with vs without the question: before #34 "
-              f"{100 * np.mean(p == pn):.1f}%; #34 (OR one-sentence hard span) "
-              f"{100 * np.mean((p | ca) == (pn | cna)):.1f}%; question-blind {100 * np.mean(pb == pnb):.1f}%")
-        for i, task in enumerate(tasks):
-            idx = np.arange(offs[i], offs[i + 1])
-            b0, b1 = binary_scores(ya[idx], p[idx]), binary_scores(ya[idx], (p | ca)[idx])
-            print(f"  {task}: FPR / TPR before {100 * b0['fpr']:.0f}% / {100 * b0['tpr']:.0f}%, "
-                  f"#34 {100 * b1['fpr']:.0f}% / {100 * b1['tpr']:.0f}%")
+                    labs = {}
+                    for j, v in enumerate(order):
+                        lv = lab[(j + 1) * n:(j + 2) * n].copy()
+                        if rule != "head alone":
+                            lv = lv | cons[v]
+                        labs[v] = lv
+                        res[v].append(binary_scores(y[idx], lv[idx]))
+                    agree.append(float(np.mean(labs[order[1]][idx] == labs[order[2]][idx])))
+                f = lambda v: (f"{100 * np.mean([b['fpr'] for b in res[v]]):.0f}% / "  # noqa: E731
+                               f"{100 * np.mean([b['tpr'] for b in res[v]]):.0f}%")
+                print(f"| {name} | {rule} | {task} | {f(order[0])} | {f(order[1])} | {f(order[2])} | "
+                      f"{100 * np.mean(agree):.1f}% |", flush=True)
 
 
 def cmd_served(args):

@@ -21,7 +21,8 @@ from halluscope.programs.grounded.features import (GEN, HIDDEN, LM, NUMBERS, _wi
 from halluscope.programs.grounded.frames import TRAIN_FRAMES, framed_examples
 from halluscope.programs.grounded.hidden import HiddenScorer, Probe, RidgeStats, oof_probe_scores
 from halluscope.programs.grounded.lmscore import LMScorer
-from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, QUESTION_COLUMNS, ResponseHead,
+from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, QUESTION_COLUMNS, TASK_COLUMNS,
+                                                   ResponseHead, answer_task, task_columns,
                                                    _sentences, content_mask, fit_head, response_feature_names,
                                                    response_features, units_decision)
 from halluscope.programs.grounded.respsig import (RESP_HS, RESP_HS_EVIDENCE_TOKENS, RESP_HS_ITEM_TOKENS,
@@ -186,6 +187,13 @@ class GroundedDetector(dspy.Module):
             unverifiable (#34): no word is painted, the label is "not hallucinated", the score 0.5 and the note
             ``no_evidence`` says why. A program fitted on items that all lack evidence turns it on (its state
             records it).
+        head_question: the response head reads the columns that measure the question
+            (:data:`.response.QUESTION_COLUMNS`: the units' echo of it, ``r_cov_new``). false: a head that never
+            sees them (fitted and run without), so whether a question is given moves its verdict only through what
+            the question adds as evidence to the unit scores (#34).
+        head_task: the response head also reads the task (:data:`.response.TASK_COLUMNS`: is the answer a
+            summary?), from the ``task`` input (``detect --task``, a data set's task field) or, without one, from the
+            answer's and the evidence's length (:func:`.response.answer_task`), never from the question.
     """
 
     #: #34: with no content unit above the threshold, the other units are held at 0.5 (no hard span); off only to
@@ -202,9 +210,6 @@ class GroundedDetector(dspy.Module):
     verbatim_supported = False
     #: #34: in a one-sentence answer the flagged units decide the label (with ``head_decides``); off only to measure
     one_sentence_decides = True
-    #: #34: the response head reads no column that measures the question (:data:`.response.QUESTION_COLUMNS`):
-    #: they are set to the head's training mean, so the verdict does not swing on whether a question was given
-    question_blind = False
 
     def __init__(self, support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
                  lm_model: str = "", lm_cache_dir: str = "", lm_evidence_tokens: int = 300, lm_item_tokens: int = 640,
@@ -218,7 +223,8 @@ class GroundedDetector(dspy.Module):
                  hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0, fit_units: bool = True,
                  resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
                  resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
-                 head_frame_weight: float = 0.15, evidence_free: bool = False):
+                 head_frame_weight: float = 0.15, evidence_free: bool = False, head_question: bool = True,
+                 head_task: bool = False):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -270,6 +276,7 @@ class GroundedDetector(dspy.Module):
             raise ValueError(f"head_frame_weight must be > 0, not {head_frame_weight!r}")
         self.head_features, self.head_frames, self.head_frame_weight = head_features, bool(head_frames), float(head_frame_weight)
         self.use_resp_hs = bool(resp_hs)
+        self.head_question, self.head_task = bool(head_question), bool(head_task)
         self.evidence_free = bool(evidence_free)
         self._resp_scorer = self._resp_hidden = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
@@ -485,9 +492,7 @@ class GroundedDetector(dspy.Module):
         doubtful: set[int] = set()
         if self.head is not None:
             row = self.response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
-                                    notes=notes)
-            if self.question_blind:
-                row = self.head_blind_row(row)
+                                    notes=notes, task=task)
             p = float(self.head.predict(row)[0])
             score = rescale(p, self.head.threshold)
             why = (f"response head {score:.3f} (p={p:.3f} against its threshold {self.head.threshold:.3f}, rescaled "
@@ -550,24 +555,16 @@ class GroundedDetector(dspy.Module):
         framing = self.head_features == "content" or self.head_frames
         return content_mask(feats.units, idf, FRAMING_WORDS if framing else frozenset())
 
-    @property
-    def response_features(self) -> list[str]:
+    def _all_response_features(self) -> list[str]:
         return response_feature_names(self.features, self.head_unit_stats, self.head_features) + resp_feature_names(
             self.use_resp_lm, self.use_resp_sim, self.use_resp_cov, self.use_resp_hs)
 
-    def head_blind_row(self, row: np.ndarray) -> np.ndarray:
-        """``row`` with the head's question columns (:data:`.response.QUESTION_COLUMNS`) set to the head's training
-        means: standardised, they are 0 and add nothing, with a question or without one (#34)."""
-        names = self.response_features
-        cols = [names.index(c) for c in QUESTION_COLUMNS if c in names]
-        mean = getattr(self.head.model, "mean", None) if self.head is not None else None
-        if not cols or mean is None:
-            return row
-        row = np.array(row, dtype=float, copy=True)
-        for j in cols:
-            if j < len(mean):
-                row[j] = float(mean[j])
-        return row
+    @property
+    def response_features(self) -> list[str]:
+        """The head's columns: the aggregates and response signals, less the question's columns without
+        ``head_question``, plus the task's with ``head_task``."""
+        names = [f for f in self._all_response_features() if self.head_question or f not in QUESTION_COLUMNS]
+        return names + (list(TASK_COLUMNS) if self.head_task else [])
 
     def resp_signals_used(self, notes: dict) -> list[str]:
         """The response-head signals (:mod:`.respsig`) that had data for an answer, for the rationale."""
@@ -580,7 +577,22 @@ class GroundedDetector(dspy.Module):
                 if on and note not in notes]
 
     def response_row(self, answer: str, feats, probs, content=None, *, question: str = "", context: str = "",
-                     lang: str = "en", notes: dict | None = None, vectors: list | None = None) -> np.ndarray:
+                     lang: str = "en", notes: dict | None = None, vectors: list | None = None,
+                     task: str = "") -> np.ndarray:
+        """The response head's input row for one answer (:meth:`_response_row`, then only the columns of
+        :attr:`response_features`: without ``head_question`` no question column, with ``head_task`` the task's,
+        from ``task`` or the answer's shape, :func:`.response.answer_task`)."""
+        row = self._response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
+                                 notes=notes, vectors=vectors)
+        if self.head_question and not self.head_task:
+            return row
+        names = self._all_response_features()
+        keep = [j for j, f in enumerate(names) if self.head_question or f not in QUESTION_COLUMNS]
+        extra = task_columns(answer_task(task, answer, context)) if self.head_task else []
+        return np.concatenate([row[keep], np.asarray(extra, dtype=float)])
+
+    def _response_row(self, answer: str, feats, probs, content=None, *, question: str = "", context: str = "",
+                      lang: str = "en", notes: dict | None = None, vectors: list | None = None) -> np.ndarray:
         """The response head's input row for one answer (its features as :meth:`unit_probs` gives them). With
         ``resp_lm``/``resp_sim``/``resp_cov``/``resp_hs`` the :mod:`.respsig` columns follow; a signal that failed
         is counted in ``notes`` and its columns are the head's training means (NaN without a head:
@@ -603,9 +615,9 @@ class GroundedDetector(dspy.Module):
             if notes is not None:
                 notes[note] = notes.get(note, 0) + 1
             for k in RESP_NOTES[note]:
-                j = len(row) + names.index(k)
+                j = self.response_features.index(k) if k in self.response_features else -1
                 extra[names.index(k)] = (float(self.head.model.mean[j]) if self.head is not None
-                                         and j < len(self.head.model.mean) else float("nan"))
+                                         and 0 <= j < len(self.head.model.mean) else float("nan"))
         return np.concatenate([row, extra])
 
     def resp_hs_columns(self, question: str, answer: str, context: str, lang: str, missing: dict,
@@ -1012,7 +1024,7 @@ def response_rows(module: GroundedDetector, examples,
             failures[k] = failures.get(k, 0) + v
         rows.append(module.response_row(answer, feats, probs, question=_get(ex, "question", ""),
                                         context=_get(ex, "context", ""), lang=_get(ex, "lang", "en"),
-                                        notes=failures, vectors=vectors))
+                                        notes=failures, vectors=vectors, task=_get(ex, "task", "") or ""))
         ys.append(bool(_get(ex, "label", False)))
         groups.append(_pair_key(ex))
     X = np.vstack(rows) if rows else np.zeros((0, len(module.response_features)))
