@@ -61,3 +61,78 @@ def test_the_question_blind_head_gives_the_same_verdict_with_and_without_the_que
     again = get("grounded").make(units_from="none", **BLIND).load_state(state)
     assert np.isclose(again(question="", answer=ex.answer, context=ex.context).score,
                       m(question="", answer=ex.answer, context=ex.context).score)
+
+
+# -- German "wurde" / "fertiggestellt": a verbatim word is never "unsupported" (#34) ----------------------------
+
+DE_EV = ("Der Eiffelturm ist ein 330 Meter hoher Eisenfachwerkturm in Paris. Er wurde für die Weltausstellung 1889 "
+         "errichtet und am 31. März 1889 fertiggestellt.")
+
+
+def test_a_flagged_word_that_stands_verbatim_in_the_evidence_is_labelled_verbatim_not_unsupported():
+    from halluscope.artifacts.store import load_compiled
+    from halluscope.core.contract import display_marks
+    from halluscope.programs.grounded.program import VERBATIM_REASON
+
+    m = load_compiled("grounded", lang="de", metric="iou").program
+    answer = "Der Eiffelturm in Berlin wurde 1912 fertiggestellt."
+    d = m(question="", answer=answer, context=DE_EV, lang="de").detection
+    labels = {u.text: u for u in d.units}
+    assert d.label is True and labels["1912"].label == labels["Berlin"].label == "unsupported"
+    for word in ("wurde", "fertiggestellt"):  # verbatim in DE_EV; the words around them are wrong
+        assert word in DE_EV
+        if labels[word].score > 0.5:
+            assert labels[word].label == "verbatim" and labels[word].rationale == VERBATIM_REASON
+    assert any(labels[w].label == "verbatim" for w in ("wurde", "fertiggestellt"))
+    assert not [u for u in d.units if u.label == "unsupported" and u.text in DE_EV.split()]
+    # a label, not a probability: the word stays inside the hard span its probability puts it in
+    hard = {i for a, b in d.hard_labels for i in range(a, b)}
+    for u in d.units:
+        assert (u.score > 0.5) == any(i in hard for i in range(u.start, u.end))
+    assert all(mk["kind"] == "hallucinated" for mk in display_marks(d) if mk["prob"] > 0.5)
+
+
+# -- decide_words / decide_p: which flagged words of a one-sentence answer overrule the head (dialogue) ----------
+
+CONTEXT = ("The Golden Gate Bridge is a suspension bridge in San Francisco, California. It opened in 1937, and "
+           "its main span is 1,280 metres long.")
+
+
+def _correct_head(**options):
+    from halluscope.programs.grounded.combiner import Combiner
+    from halluscope.programs.grounded.response import ResponseHead
+
+    m = get("grounded").make(**FAST, **options)
+    feats = m.response_features
+    m.head = ResponseHead(Combiner(feats, [-6.0] + [0.0] * len(feats)), threshold=0.5)  # says "correct", always
+    return m
+
+
+def test_with_decide_words_claims_a_flagged_name_or_number_decides_a_one_sentence_answer_a_flagged_word_does_not():
+    chatty = "I really love that beautiful bridge, it is wonderful."
+    wrong = "The Golden Gate Bridge in Los Angeles opened in 1947."
+    default, claims = _correct_head(), _correct_head(decide_words="claims")
+    flagged = [u["text"] for u in default(question="", answer=chatty, context=CONTEXT, lang="en").units
+               if u["score"] > 0.5]
+    assert flagged and not any(w[0].isupper() or w[0].isdigit() for w in flagged)  # common words only
+    assert default(question="", answer=chatty, context=CONTEXT, lang="en").label is True  # any flagged word decides
+    pred = claims(question="", answer=chatty, context=CONTEXT, lang="en")
+    assert pred.label is False and pred.hard_labels == [] and pred.score <= 0.5
+    assert {u["text"] for u in pred.units if u["label"] == "doubtful"} == set(flagged)
+    assert "decide nothing held at 0.5 (doubtful)" in pred.rationale
+    pred = claims(question="", answer=wrong, context=CONTEXT, lang="en")
+    assert pred.label is True and pred.hard_labels and "flagged claim(s) decide the label" in pred.rationale
+    hard_words = {wrong[a:b] for a, b in pred.hard_labels}
+    assert any("Los" in w or "1947" in w for w in hard_words)
+    # decide_p: a claim must also clear that probability
+    strict = _correct_head(decide_words="claims", decide_p=0.999)
+    pred = strict(question="", answer=wrong, context=CONTEXT, lang="en")
+    assert pred.label is False and pred.hard_labels == []
+
+
+def test_decide_and_head_metric_options_are_checked():
+    import pytest
+
+    for bad in ({"decide_words": "names"}, {"decide_p": 0.2}, {"decide_p": 1.0}, {"head_metric": "auc"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            get("grounded").make(**FAST, **bad)

@@ -53,6 +53,12 @@ def parse_detectors(spec: str) -> list[str]:
 STATE_KEY = "grounded"
 #: the languages a response head decides a longer answer in (#34): those of its training answers (HalluClean)
 HEAD_LANGS = frozenset({"en"})
+#: the reason of a flagged unit that stands word for word in the evidence (its label is "verbatim")
+VERBATIM_REASON = "verbatim in the evidence; flagged with the words around it"
+#: which flagged units of a one-sentence answer decide its label (``decide_words``)
+DECIDE_WORDS = ("any", "claims")
+#: what a response head's threshold may be chosen for (``head_metric``; "" = the fit's metric)
+HEAD_METRICS = ("", "f1", "balanced_accuracy", "accuracy")
 #: what the features record when an optional input is absent or handled by a defined fallback: reported as the
 #: contract's ``notes``, not as failures (plain text without generator logits, an answer without context, evidence
 #: cut to its most related sentences or in another script than the answer, the sentence encoder not installed)
@@ -194,6 +200,14 @@ class GroundedDetector(dspy.Module):
         head_task: the response head also reads the task (:data:`.response.TASK_COLUMNS`: is the answer a
             summary?), from the ``task`` input (``detect --task``, a data set's task field) or, without one, from the
             answer's and the evidence's length (:func:`.response.answer_task`), never from the question.
+        decide_words: with a response head, which flagged units of a one-sentence English answer decide its label
+            against a head that judges it correct (#34): "any" unit above the unit threshold, or only "claims":
+            numbers, capitalised words (names, places) and units that contradict their aligned evidence sentence
+            (a same-slot substitution, a negation it lacks). A flagged unit that does not decide is held at 0.5 and
+            labelled "doubtful", as in a longer answer the head judges correct.
+        decide_p: the rescaled probability a unit must exceed to decide that way (0.5 = the unit threshold).
+        head_metric: what the response head's threshold is chosen for ("" = the fit's metric: F1 for ``--metric
+            f1``; "balanced_accuracy" trades caught answers for fewer false alarms where the head is weak).
     """
 
     #: #34: with no content unit above the threshold, the other units are held at 0.5 (no hard span); off only to
@@ -224,7 +238,7 @@ class GroundedDetector(dspy.Module):
                  resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
                  resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
                  head_frame_weight: float = 0.15, evidence_free: bool = False, head_question: bool = True,
-                 head_task: bool = False):
+                 head_task: bool = False, decide_words: str = "any", decide_p: float = 0.5, head_metric: str = ""):
         super().__init__()
         if aggregate not in ("max", "top3"):
             raise ValueError(f"aggregate must be 'max' or 'top3', not {aggregate!r}")
@@ -277,6 +291,13 @@ class GroundedDetector(dspy.Module):
         self.head_features, self.head_frames, self.head_frame_weight = head_features, bool(head_frames), float(head_frame_weight)
         self.use_resp_hs = bool(resp_hs)
         self.head_question, self.head_task = bool(head_question), bool(head_task)
+        if decide_words not in DECIDE_WORDS:
+            raise ValueError(f"decide_words must be one of {', '.join(DECIDE_WORDS)}, not {decide_words!r}")
+        if not 0.5 <= float(decide_p) < 1.0:
+            raise ValueError(f"decide_p must be in [0.5, 1), not {decide_p!r}")
+        if head_metric not in HEAD_METRICS:
+            raise ValueError(f"head_metric must be one of {', '.join(repr(m) for m in HEAD_METRICS)}, not {head_metric!r}")
+        self.decide_words, self.decide_p, self.head_metric = decide_words, float(decide_p), head_metric
         self.evidence_free = bool(evidence_free)
         self._resp_scorer = self._resp_hidden = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
@@ -500,7 +521,18 @@ class GroundedDetector(dspy.Module):
             above = [k for k, s in enumerate(scaled) if s > 0.5]
             one_sentence = len(_sentences(answer, feats.units)) <= 1
             own_lang = (lang or "en").lower().split("-")[0] in HEAD_LANGS
-            if score <= 0.5 and above and self.head_decides and not (one_sentence and self.one_sentence_decides) \
+            if score <= 0.5 and above and self.head_decides and own_lang and one_sentence and self.one_sentence_decides:
+                # a one-sentence answer the head judged correct: its flagged claims decide (decide_words, decide_p);
+                # a flagged unit that is no such claim is doubtful, not a claim the detector stands behind
+                deciding = set(self.deciding_units(feats, scaled, above))
+                doubtful = set(above) - deciding
+                scaled = [min(s, 0.5) if k in doubtful else s for k, s in enumerate(scaled)]
+                if deciding:
+                    why += (f"; a one-sentence answer is checked against its evidence word by word: its "
+                            f"{len(deciding)} flagged claim(s) decide the label")
+                if doubtful:
+                    why += f"; {len(doubtful)} flagged unit(s) that decide nothing held at 0.5 (doubtful)"
+            elif score <= 0.5 and above and self.head_decides and not (one_sentence and self.one_sentence_decides) \
                     and own_lang:
                 # a longer answer the head judged correct: a unit above the unit threshold is doubtful, not a claim
                 # the detector stands behind (#34: no hard span under a "correct" label); it stays marked at 0.5
@@ -531,8 +563,11 @@ class GroundedDetector(dspy.Module):
             i = j
         # one number decides a unit, its span and its label: the probability as the span carries it
         unit_p = [round(float(s), 6) for s in scaled]
+        verbatim = self.verbatim_units(feats)
         units = [Unit(kind=u.kind, start=u.start, end=u.end, text=u.text,
-                      label="unsupported" if s > 0.5 else "doubtful" if k in doubtful else "supported", score=s)
+                      label=("verbatim" if verbatim[k] else "unsupported") if s > 0.5
+                      else "doubtful" if k in doubtful else "supported", score=s,
+                      rationale=VERBATIM_REASON if s > 0.5 and verbatim[k] else "")
                  for k, (u, s) in enumerate(zip(feats.units, unit_p))]
         flagged = sum(s > 0.5 for s in unit_p)
         det = Detection(answer=answer, spans=spans, label=score > 0.5, score=score, units=units, failures=failures,
@@ -546,6 +581,26 @@ class GroundedDetector(dspy.Module):
         return to_prediction(det)
 
     # -- the response level (issue #19) -----------------------------------------------------------------
+
+    def verbatim_units(self, feats) -> np.ndarray:
+        """True for the units that stand word for word in the evidence (``ctx_exact``). Flagged, such a unit is
+        labelled "verbatim", never "unsupported": the evidence holds the word, and it is flagged with the words
+        around it (annotators mark a wrong phrase whole; #34). Its probability, and so the spans, are unchanged."""
+        if "ctx_exact" not in self.features or not len(feats.units):
+            return np.zeros(len(feats.units), dtype=bool)
+        return np.asarray(feats.X[:, self.features.index("ctx_exact")] >= 1.0)
+
+    def deciding_units(self, feats, scaled, above: list[int]) -> list[int]:
+        """The units of ``above`` that decide a one-sentence answer's label (``decide_words``, ``decide_p``): all
+        of them by default; with "claims" only numbers, capitalised words and units that contradict their aligned
+        evidence sentence (:func:`rule_conflicts`), each above ``decide_p``."""
+        keep = [k for k in above if scaled[k] > self.decide_p]
+        if self.decide_words == "any" or not keep:
+            return keep
+        X = self.impute_missing(feats)
+        conflict = rule_conflicts(X, self.features)
+        cap = X[:, self.features.index("is_cap")] > 0 if "is_cap" in self.features else np.zeros(len(X), dtype=bool)
+        return [k for k in keep if feats.units[k].kind == "num" or cap[k] or conflict[k]]
 
     def content(self, feats) -> np.ndarray:
         """The content units of an answer (:func:`.response.content_mask`, by this program's IDF table)."""
@@ -1063,6 +1118,7 @@ def fit_response_head(module: GroundedDetector, examples, metric_name: str, data
     if len(set(y[original].tolist())) < 2:
         raise ValueError(f"grounded: a response head needs hallucinated and correct answers; {data} has "
                          f"{int(y[original].sum())} hallucinated of {int(original.sum())}")
+    metric_name = module.head_metric or metric_name
     metric = metric_name if metric_name in ("f1", "accuracy", "balanced_accuracy") else "balanced_accuracy"
     head, cv = fit_head(X, y, groups, module.response_features, kind=module.head_kind, l2=module.head_l2,
                         metric=metric, vectors=stack_vectors(vecs) if module.use_resp_hs else None,
