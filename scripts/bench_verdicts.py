@@ -134,7 +134,9 @@ def cmd_halluclean(args):
     gives the head) and with it; the heads are fitted on the answers with their question and task. Two heads: the
     one served before (it reads the question's columns) and the question-blind one (``-O head_question=false -O
     head_task=true``: no question column, the task column from the task or the answer's shape). Labels: the head
-    alone, and the consistent verdict (head OR a hard span in a one-sentence answer)."""
+    alone, and the consistent verdict (head OR a hard span in a one-sentence answer; with ``-O decide_words=claims -O
+    decide_p=P`` only a flagged number, name or evidence conflict above P counts)."""
+    import bench_grounded as bg
     import dspy
 
     from halluscope.artifacts.store import load_compiled
@@ -148,10 +150,16 @@ def cmd_halluclean(args):
     module.feature_cache = {}
     tasks = ("qa", "dialogue", "summarization")
 
-    def conflict(q, ex):  # a hard span in a one-sentence answer (what decides the #34 label beside the head)
+    for k, v in bg.parse_opts(args.O).items():  # -O decide_words=claims -O decide_p=0.7: the one-sentence rule
+        setattr(module, k, v)
+
+    def conflict(q, ex):  # a flagged claim in a one-sentence answer (what decides the #34 label beside the head)
         pred = module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
-        return bool(pred.hard_labels) and len(_sentences(ex.answer, module.item_features(
-            question=q, answer=ex.answer, context=ex.get("context", ""), lang="en").units)) <= 1
+        feats = module.item_features(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
+        if len(_sentences(ex.answer, feats.units)) > 1:
+            return False
+        scaled = [u["score"] for u in pred.units]
+        return bool(module.deciding_units(feats, scaled, [k for k, s in enumerate(scaled) if s > 0.5], "en"))
 
     exs_by = {t: load_halluclean(args.hc_dir, task=t, limit=args.limit) for t in tasks}
     exs = [ex for t in tasks for ex in exs_by[t]]

@@ -15,7 +15,7 @@ import numpy as np
 from halluscope.core.contract import Detection, Evidence, Span, Unit, to_prediction
 from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_probs, choose_threshold, scores_at,
                                                    combiner_from_dict, make_combiner, rescale)
-from halluscope.programs.grounded.align import ALIGN, ENCODER, shared_encoder
+from halluscope.programs.grounded.align import ALIGN, ENCODER, NEGATION, shared_encoder
 from halluscope.programs.grounded.features import (GEN, HIDDEN, LM, NUMBERS, _window_mean, detector_features,
                                                    feature_names, item_features)
 from halluscope.programs.grounded.frames import TRAIN_FRAMES, framed_examples
@@ -202,8 +202,8 @@ class GroundedDetector(dspy.Module):
             answer's and the evidence's length (:func:`.response.answer_task`), never from the question.
         decide_words: with a response head, which flagged units of a one-sentence English answer decide its label
             against a head that judges it correct (#34): "any" unit above the unit threshold, or only "claims":
-            numbers, capitalised words (names, places) and units that contradict their aligned evidence sentence
-            (a same-slot substitution, a negation it lacks). A flagged unit that does not decide is held at 0.5 and
+            numbers, capitalised words (names, places), negation cues and units that contradict their aligned
+            evidence sentence (a same-slot substitution, a negation it lacks). A flagged unit that does not decide is held at 0.5 and
             labelled "doubtful", as in a longer answer the head judges correct.
         decide_p: the rescaled probability a unit must exceed to decide that way (0.5 = the unit threshold).
         head_metric: what the response head's threshold is chosen for ("" = the fit's metric: F1 for ``--metric
@@ -524,7 +524,7 @@ class GroundedDetector(dspy.Module):
             if score <= 0.5 and above and self.head_decides and own_lang and one_sentence and self.one_sentence_decides:
                 # a one-sentence answer the head judged correct: its flagged claims decide (decide_words, decide_p);
                 # a flagged unit that is no such claim is doubtful, not a claim the detector stands behind
-                deciding = set(self.deciding_units(feats, scaled, above))
+                deciding = set(self.deciding_units(feats, scaled, above, lang))
                 doubtful = set(above) - deciding
                 scaled = [min(s, 0.5) if k in doubtful else s for k, s in enumerate(scaled)]
                 if deciding:
@@ -590,17 +590,19 @@ class GroundedDetector(dspy.Module):
             return np.zeros(len(feats.units), dtype=bool)
         return np.asarray(feats.X[:, self.features.index("ctx_exact")] >= 1.0)
 
-    def deciding_units(self, feats, scaled, above: list[int]) -> list[int]:
+    def deciding_units(self, feats, scaled, above: list[int], lang: str = "en") -> list[int]:
         """The units of ``above`` that decide a one-sentence answer's label (``decide_words``, ``decide_p``): all
-        of them by default; with "claims" only numbers, capitalised words and units that contradict their aligned
-        evidence sentence (:func:`rule_conflicts`), each above ``decide_p``."""
+        of them by default; with "claims" only numbers, capitalised words, negation cues (:data:`.align.NEGATION`)
+        and units that contradict their aligned evidence sentence (:func:`rule_conflicts`), each above
+        ``decide_p``."""
         keep = [k for k in above if scaled[k] > self.decide_p]
         if self.decide_words == "any" or not keep:
             return keep
         X = self.impute_missing(feats)
         conflict = rule_conflicts(X, self.features)
         cap = X[:, self.features.index("is_cap")] > 0 if "is_cap" in self.features else np.zeros(len(X), dtype=bool)
-        return [k for k in keep if feats.units[k].kind == "num" or cap[k] or conflict[k]]
+        neg = set(NEGATION.get((lang or "en").lower().split("-")[0], "").split())
+        return [k for k in keep if feats.units[k].kind == "num" or cap[k] or conflict[k] or feats.units[k].norm in neg]
 
     def content(self, feats) -> np.ndarray:
         """The content units of an answer (:func:`.response.content_mask`, by this program's IDF table)."""
