@@ -9,6 +9,8 @@
   python scripts/bench_verdicts.py served                # Mu-SHROOM IoU of the served heads, with/without #34
   python scripts/bench_verdicts.py halluclean             # HalluClean dev: the served default's head by nested CV,
                                                           # head alone vs the consistent verdict (head OR hard span)
+  python scripts/bench_verdicts.py pertask [--head-metric f1] [-O decide_words=claims -O decide_p=0.8]
+                                                          # HalluClean dev: per-task heads, with/without question
   python scripts/bench_verdicts.py langid                 # --lang auto on the 10 validation languages' answers
 """
 
@@ -216,6 +218,67 @@ def cmd_halluclean(args):
                       f"{100 * np.mean(agree):.1f}% |", flush=True)
 
 
+def cmd_pertask(args):
+    """HalluClean dev, the per-task heads (what ``detect --task qa|dialogue|summarization`` loads: ``optimize.py
+    --dataset halluclean --task T``): the served English unit part, one head per task fitted on that task's answers
+    (with their question) by nested 5-fold CV grouped by item, fold seeds ``--seeds``, its threshold for
+    ``--head-metric``. Two heads per task: the one that reads the question's columns and the question-blind one
+    (``head_question=false``); each answer asked with and without its question; labels by the head alone and by the
+    consistent verdict (head OR a flagged claim of a one-sentence answer, as ``-O decide_words=.. -O decide_p=..``
+    set it). The QA artifact is also fitted on framed answers (``head_frames``), which these heads are not."""
+    import bench_grounded as bg
+    import dspy
+
+    from halluscope.artifacts.store import load_compiled
+    from halluscope.loaders.halluclean import load_halluclean
+    from halluscope.programs.grounded.program import response_rows
+    from halluscope.programs.grounded.response import _sentences, binary_scores, cv_head
+
+    det = load_compiled("grounded", lang="en", metric="iou")
+    module = det.program
+    module.head, module.feature_cache = None, {}
+    for k, v in bg.parse_opts(args.O).items():
+        setattr(module, k, v)
+
+    def claim(q, ex):
+        pred = module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
+        feats = module.item_features(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
+        if len(_sentences(ex.answer, feats.units)) > 1:
+            return False
+        scaled = [u["score"] for u in pred.units]
+        return bool(module.deciding_units(feats, scaled, [k for k, s in enumerate(scaled) if s > 0.5], "en"))
+
+    print(f"\nHalluClean dev, per-task heads on the unit part of {det.path}; nested 5-fold CV grouped by item, fold "
+          f"seeds {args.seeds}, threshold for {args.head_metric}; one-sentence rule {bg.parse_opts(args.O) or 'default'}\n")
+    print("| head | label | task | FPR / TPR with the question | without the question | agreement |")
+    print("|---|---|---|---|---|---|")
+    for task in ("qa", "dialogue", "summarization"):
+        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
+        bare = [dspy.Example(**{**ex.toDict(), "question": ""}) for ex in exs]
+        c = np.array([claim(ex.get("question", ""), ex) for ex in exs])
+        cn = np.array([claim("", ex) for ex in exs])
+        for name, blind in (("reads the question", False), ("question-blind (head_question=false)", True)):
+            module.head_question = not blind
+            X, y, g, _ = response_rows(module, exs)
+            Xn, _, _, _ = response_rows(module, bare)
+            n = len(y)
+            runs = [cv_head(np.vstack([X, X, Xn]), np.concatenate([y, y, y]), list(g) * 3, module.response_features,
+                            kind="logreg", l2=10.0, metric=args.head_metric, folds=5, seed=sd,
+                            fit_rows=np.arange(3 * n) < n)[1] for sd in args.seeds]
+            for rule in ("head alone", "consistent verdict"):
+                w, nn, a = [], [], []
+                for lab in runs:
+                    lw, ln = lab[n:2 * n], lab[2 * n:]
+                    if rule != "head alone":
+                        lw, ln = lw | c, ln | cn
+                    w.append(binary_scores(y, lw))
+                    nn.append(binary_scores(y, ln))
+                    a.append(float(np.mean(lw == ln)))
+                f = lambda L: (f"{100 * np.mean([b['fpr'] for b in L]):.0f}% / "  # noqa: E731
+                               f"{100 * np.mean([b['tpr'] for b in L]):.0f}%")
+                print(f"| {name} | {rule} | {task} | {f(w)} | {f(nn)} | {100 * np.mean(a):.1f}% |", flush=True)
+
+
 def cmd_served(args):
     """The served artifacts with a response head (``grounded/en``, ``grounded/all``) on Mu-SHROOM val, IoU with and
     without the #34 head decision (in-sample for the unit part, fitted on these items: only the difference counts)."""
@@ -281,7 +344,9 @@ def cmd_langid(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["suite", "mushroom", "fuzz", "cv", "halluclean", "langid", "served"])
+    ap.add_argument("command", choices=["suite", "mushroom", "fuzz", "cv", "halluclean", "pertask", "langid", "served"])
+    ap.add_argument("--head-metric", default="f1", choices=["f1", "balanced_accuracy"],
+                    help="pertask: what the heads' threshold is chosen for")
     ap.add_argument("--data-dir", default=MUSHROOM)
     ap.add_argument("--hc-dir", default=HALLUCLEAN)
     ap.add_argument("--langs", nargs="+", default=LANGS)
