@@ -212,8 +212,8 @@ def cmd_halluclean(args):
                         labs[v] = lv
                         res[v].append(binary_scores(y[idx], lv[idx]))
                     agree.append(float(np.mean(labs[order[1]][idx] == labs[order[2]][idx])))
-                f = lambda v: (f"{100 * np.mean([b['fpr'] for b in res[v]]):.0f}% / "  # noqa: E731
-                               f"{100 * np.mean([b['tpr'] for b in res[v]]):.0f}%")
+                f = lambda v: (f"{100 * np.mean([b['fpr'] for b in res[v]]):.{args.decimals}f}% / "  # noqa: E731
+                               f"{100 * np.mean([b['tpr'] for b in res[v]]):.{args.decimals}f}%")
                 print(f"| {name} | {rule} | {task} | {f(order[0])} | {f(order[1])} | {f(order[2])} | "
                       f"{100 * np.mean(agree):.1f}% |", flush=True)
 
@@ -274,8 +274,8 @@ def cmd_pertask(args):
                     w.append(binary_scores(y, lw))
                     nn.append(binary_scores(y, ln))
                     a.append(float(np.mean(lw == ln)))
-                f = lambda L: (f"{100 * np.mean([b['fpr'] for b in L]):.0f}% / "  # noqa: E731
-                               f"{100 * np.mean([b['tpr'] for b in L]):.0f}%")
+                f = lambda L: (f"{100 * np.mean([b['fpr'] for b in L]):.{args.decimals}f}% / "  # noqa: E731
+                               f"{100 * np.mean([b['tpr'] for b in L]):.{args.decimals}f}%")
                 print(f"| {name} | {rule} | {task} | {f(w)} | {f(nn)} | {100 * np.mean(a):.1f}% |", flush=True)
 
 
@@ -356,6 +356,7 @@ def main(argv=None):
     ap.add_argument("--verbatim", action="store_true", help="cv: measure verbatim_supported instead")
     ap.add_argument("--before", action="store_true", help="suite, mushroom: with the #34 changes switched off")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--decimals", type=int, default=0, help="halluclean, pertask: decimals of the percentages")
     ap.add_argument("-O", action="append", default=[])
     args = ap.parse_args(argv)
     globals()[f"cmd_{args.command}"](args)
