@@ -9,6 +9,8 @@
   python scripts/bench_verdicts.py served                # Mu-SHROOM IoU of the served heads, with/without #34
   python scripts/bench_verdicts.py halluclean             # HalluClean dev: the served default's head by nested CV,
                                                           # head alone vs the consistent verdict (head OR hard span)
+  python scripts/bench_verdicts.py pertask [--head-metric f1] [-O decide_words=claims -O decide_p=0.8]
+                                                          # HalluClean dev: per-task heads, with/without question
   python scripts/bench_verdicts.py langid                 # --lang auto on the 10 validation languages' answers
 """
 
@@ -129,99 +131,152 @@ def cmd_cv(args):
 
 def cmd_halluclean(args):
     """HalluClean dev (qa, dialogue, summarization): the served default's unit part (``detect --lang en``) with the
-    pooled response head by nested 5-fold CV grouped by item (the protocol of BENCHMARKS.md, "`grounded` on HalluClean"). Each
-    answer is asked with and without its question (the heads are fitted on the answers with their question).
-    Rows: the head as before #34, alone and OR a hard span in a one-sentence answer (the #34 label; a longer answer
-    the head judges correct has its flagged units held at 0.5), beside head OR any hard span (a design not taken);
-    and a question-blind head (its question columns held at the training mean; not taken, see BENCHMARKS)."""
+    pooled response head by nested 5-fold CV grouped by item (the protocol of BENCHMARKS.md, "`grounded` on
+    HalluClean"). Each answer is asked with and without its question, and without its task (what ``detect --lang en``
+    gives the head) and with it; the heads are fitted on the answers with their question and task. Two heads: the
+    one served before (it reads the question's columns) and the question-blind one (``-O head_question=false -O
+    head_task=true``: no question column, the task column from the task or the answer's shape). Labels: the head
+    alone, and the consistent verdict (head OR a hard span in a one-sentence answer; with ``-O decide_words=claims -O
+    decide_p=P`` only a flagged number, name or evidence conflict above P counts)."""
+    import bench_grounded as bg
     import dspy
 
     from halluscope.artifacts.store import load_compiled
     from halluscope.loaders.halluclean import load_halluclean
-    from halluscope.programs.grounded.program import response_rows, rule_conflicts
-    from halluscope.programs.grounded.response import QUESTION_COLUMNS, _sentences, binary_scores, cv_head
+    from halluscope.programs.grounded.program import response_rows
+    from halluscope.programs.grounded.response import _sentences, binary_scores, cv_head
 
     det = load_compiled("grounded", lang="en", metric="iou")
     module = det.program
-    served = module.head
     module.head = None  # the unit part: the heads below are fitted by CV
     module.feature_cache = {}
-    feats = module.response_features
     tasks = ("qa", "dialogue", "summarization")
 
-    def conflict(q, ex):  # a hard span in a one-sentence answer (what decides the #34 label beside the head)
+    for k, v in bg.parse_opts(args.O).items():  # -O decide_words=claims -O decide_p=0.7: the one-sentence rule
+        setattr(module, k, v)
+
+    def conflict(q, ex):  # a flagged claim in a one-sentence answer (what decides the #34 label beside the head)
         pred = module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
-        return bool(pred.hard_labels) and len(_sentences(ex.answer, module.item_features(
-            question=q, answer=ex.answer, context=ex.get("context", ""), lang="en").units)) <= 1
+        feats = module.item_features(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
+        if len(_sentences(ex.answer, feats.units)) > 1:
+            return False
+        scaled = [u["score"] for u in pred.units]
+        return bool(module.deciding_units(feats, scaled, [k for k, s in enumerate(scaled) if s > 0.5], "en"))
 
-    def hard(q, ex):
-        return bool(module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en").hard_labels)
-
-    cols = {k: [] for k in ("X", "Xn", "y", "g", "h", "hn", "c", "cn")}
-    offs = [0]
-    for task in tasks:
-        t0 = time.perf_counter()
-        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
-        bare = [dspy.Example(**{**ex.toDict(), "question": ""}) for ex in exs]
-        X, y, g, _ = response_rows(module, exs)
-        Xn, _, _, _ = response_rows(module, bare)
-        cols["X"].append(X)
-        cols["Xn"].append(Xn)
-        cols["y"].append(y)
-        cols["g"] += [f"{task}:{k}" for k in g]
-        cols["h"].append([hard(ex.get("question", ""), ex) for ex in exs])
-        cols["hn"].append([hard("", ex) for ex in exs])
-        cols["c"].append([conflict(ex.get("question", ""), ex) for ex in exs])
-        cols["cn"].append([conflict("", ex) for ex in exs])
-        offs.append(offs[-1] + len(y))
-        print(f"{task}: {len(exs)} answers in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    Xa, Xna = np.vstack(cols["X"]), np.vstack(cols["Xn"])
-    ya, ga = np.concatenate(cols["y"]), cols["g"]
-    ha, hna, ca, cna = (np.concatenate([np.asarray(v, dtype=bool) for v in cols[k]]) for k in ("h", "hn", "c", "cn"))
-    n = len(ya)
-    blind = [feats.index(c) for c in QUESTION_COLUMNS if c in feats]
-    Xb, Xnb = Xa.copy(), Xna.copy()
-    Xb[:, blind] = Xa[:, blind].mean(axis=0)
-    Xnb[:, blind] = Xa[:, blind].mean(axis=0)
+    exs_by = {t: load_halluclean(args.hc_dir, task=t, limit=args.limit) for t in tasks}
+    exs = [ex for t in tasks for ex in exs_by[t]]
+    task_of = np.array([ex.task for ex in exs])
+    variants = {"with the question and task": exs,
+                "with the question, no task": [dspy.Example(**{**ex.toDict(), "task": ""}) for ex in exs],
+                "no question, no task": [dspy.Example(**{**ex.toDict(), "task": "", "question": ""}) for ex in exs],
+                "no question, with the task": [dspy.Example(**{**ex.toDict(), "question": ""}) for ex in exs]}
+    c = np.array([conflict(ex.get("question", ""), ex) for ex in exs])
+    cn = np.array([conflict("", ex) for ex in exs])
+    cons = {"with the question and task": c, "with the question, no task": c, "no question, no task": cn,
+            "no question, with the task": cn}
+    y, g = None, None
+    heads = (("reads the question (served before)", dict(head_question=True, head_task=False)),
+             ("question-blind, task column (head_question=false, head_task=true)",
+              dict(head_question=False, head_task=True)))
+    n = len(exs)
     print(f"\nHalluClean dev, unit part {det.path}; pooled head (logreg, threshold for balanced accuracy) by nested "
           f"5-fold CV grouped by item, fold seeds {args.seeds}; FPR = correct answers labelled hallucinated, TPR = "
-          f"hallucinated answers caught\n")
-    print("| head | label | task | FPR / TPR with the question | FPR / TPR without | label agreement with vs without |")
-    print("|---|---|---|---|---|---|")
-    for name, (P, Pn) in (("reads the question (before #34)", (Xa, Xna)), ("question-blind (not taken)", (Xb, Xnb))):
-        runs = [cv_head(np.vstack([Xa, P, Pn]), np.concatenate([ya, ya, ya]), ga + ga + ga, feats, kind="logreg",
-                        l2=10.0, metric="balanced_accuracy", folds=5, seed=sd,
-                        fit_rows=np.arange(3 * n) < n)[1] for sd in args.seeds]
-        rules = ("head alone", "head OR one-sentence hard span (#34)", "head OR any hard span")
-        for rule in rules:
-            for i, task in enumerate(tasks + ("pooled",)):
-                idx = np.arange(offs[i], offs[i + 1]) if task != "pooled" else np.arange(n)
-                m = {"w": [], "n": [], "a": []}
+          f"hallucinated answers caught; agreement = the same label with and without the question (no task)\n")
+    print("| head | label | task | with question and task | with question, no task (detect --lang en) | "
+          "no question, no task | agreement with vs without the question |")
+    print("|---|---|---|---|---|---|---|")
+    for name, opts in heads:
+        for k, v in opts.items():
+            setattr(module, k, v)
+        feats = module.response_features
+        rows = {}
+        for vname, vex in variants.items():
+            X, y, g, _ = response_rows(module, vex)
+            rows[vname] = X
+        order = list(variants)
+        big = np.vstack([rows[order[0]]] + [rows[v] for v in order])
+        runs = [cv_head(big, np.concatenate([y] * (len(order) + 1)), list(g) * (len(order) + 1), feats,
+                        kind="logreg", l2=10.0, metric="balanced_accuracy", folds=5, seed=sd,
+                        fit_rows=np.arange(len(big)) < n)[1] for sd in args.seeds]
+        for rule in ("head alone", "consistent verdict (head OR one-sentence hard span)"):
+            for task in tasks + ("pooled",):
+                idx = np.arange(n) if task == "pooled" else np.where(task_of == task)[0]
+                res = {v: [] for v in order}
+                agree = []
                 for lab in runs:
-                    lw, ln = lab[n:2 * n].copy(), lab[2 * n:].copy()
-                    if rule == rules[1]:
-                        lw, ln = lw | ca, ln | cna
-                    elif rule == rules[2]:
-                        lw, ln = lw | ha, ln | hna
-                    m["w"].append(binary_scores(ya[idx], lw[idx]))
-                    m["n"].append(binary_scores(ya[idx], ln[idx]))
-                    m["a"].append(float(np.mean(lw[idx] == ln[idx])))
-                f = lambda k, key: 100 * float(np.mean([b[key] for b in m[k]]))  # noqa: E731
-                print(f"| {name} | {rule} | {task} | {f('w', 'fpr'):.0f}% / {f('w', 'tpr'):.0f}% | "
-                      f"{f('n', 'fpr'):.0f}% / {f('n', 'tpr'):.0f}% | {100 * np.mean(m['a']):.1f}% |", flush=True)
-    if served is not None:  # the committed head as it is (in-sample: it was fitted on these answers)
-        module.head = served
-        p, pn = served.predict(Xa) >= served.threshold, served.predict(Xna) >= served.threshold
-        pb = np.array([served.predict(module.head_blind_row(r))[0] for r in Xa]) >= served.threshold
-        pnb = np.array([served.predict(module.head_blind_row(r))[0] for r in Xna]) >= served.threshold
-        print(f"\ncommitted head (in-sample), label agreement with vs without the question: before #34 "
-              f"{100 * np.mean(p == pn):.1f}%; #34 (OR one-sentence hard span) "
-              f"{100 * np.mean((p | ca) == (pn | cna)):.1f}%; question-blind {100 * np.mean(pb == pnb):.1f}%")
-        for i, task in enumerate(tasks):
-            idx = np.arange(offs[i], offs[i + 1])
-            b0, b1 = binary_scores(ya[idx], p[idx]), binary_scores(ya[idx], (p | ca)[idx])
-            print(f"  {task}: FPR / TPR before {100 * b0['fpr']:.0f}% / {100 * b0['tpr']:.0f}%, "
-                  f"#34 {100 * b1['fpr']:.0f}% / {100 * b1['tpr']:.0f}%")
+                    labs = {}
+                    for j, v in enumerate(order):
+                        lv = lab[(j + 1) * n:(j + 2) * n].copy()
+                        if rule != "head alone":
+                            lv = lv | cons[v]
+                        labs[v] = lv
+                        res[v].append(binary_scores(y[idx], lv[idx]))
+                    agree.append(float(np.mean(labs[order[1]][idx] == labs[order[2]][idx])))
+                f = lambda v: (f"{100 * np.mean([b['fpr'] for b in res[v]]):.{args.decimals}f}% / "  # noqa: E731
+                               f"{100 * np.mean([b['tpr'] for b in res[v]]):.{args.decimals}f}%")
+                print(f"| {name} | {rule} | {task} | {f(order[0])} | {f(order[1])} | {f(order[2])} | "
+                      f"{100 * np.mean(agree):.1f}% |", flush=True)
+
+
+def cmd_pertask(args):
+    """HalluClean dev, the per-task heads (what ``detect --task qa|dialogue|summarization`` loads: ``optimize.py
+    --dataset halluclean --task T``): the served English unit part, one head per task fitted on that task's answers
+    (with their question) by nested 5-fold CV grouped by item, fold seeds ``--seeds``, its threshold for
+    ``--head-metric``. Two heads per task: the one that reads the question's columns and the question-blind one
+    (``head_question=false``); each answer asked with and without its question; labels by the head alone and by the
+    consistent verdict (head OR a flagged claim of a one-sentence answer, as ``-O decide_words=.. -O decide_p=..``
+    set it). The QA artifact is also fitted on framed answers (``head_frames``), which these heads are not."""
+    import bench_grounded as bg
+    import dspy
+
+    from halluscope.artifacts.store import load_compiled
+    from halluscope.loaders.halluclean import load_halluclean
+    from halluscope.programs.grounded.program import response_rows
+    from halluscope.programs.grounded.response import _sentences, binary_scores, cv_head
+
+    det = load_compiled("grounded", lang="en", metric="iou")
+    module = det.program
+    module.head, module.feature_cache = None, {}
+    for k, v in bg.parse_opts(args.O).items():
+        setattr(module, k, v)
+
+    def claim(q, ex):
+        pred = module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
+        feats = module.item_features(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
+        if len(_sentences(ex.answer, feats.units)) > 1:
+            return False
+        scaled = [u["score"] for u in pred.units]
+        return bool(module.deciding_units(feats, scaled, [k for k, s in enumerate(scaled) if s > 0.5], "en"))
+
+    print(f"\nHalluClean dev, per-task heads on the unit part of {det.path}; nested 5-fold CV grouped by item, fold "
+          f"seeds {args.seeds}, threshold for {args.head_metric}; one-sentence rule {bg.parse_opts(args.O) or 'default'}\n")
+    print("| head | label | task | FPR / TPR with the question | without the question | agreement |")
+    print("|---|---|---|---|---|---|")
+    for task in ("qa", "dialogue", "summarization"):
+        exs = load_halluclean(args.hc_dir, task=task, limit=args.limit)
+        bare = [dspy.Example(**{**ex.toDict(), "question": ""}) for ex in exs]
+        c = np.array([claim(ex.get("question", ""), ex) for ex in exs])
+        cn = np.array([claim("", ex) for ex in exs])
+        for name, blind in (("reads the question", False), ("question-blind (head_question=false)", True)):
+            module.head_question = not blind
+            X, y, g, _ = response_rows(module, exs)
+            Xn, _, _, _ = response_rows(module, bare)
+            n = len(y)
+            runs = [cv_head(np.vstack([X, X, Xn]), np.concatenate([y, y, y]), list(g) * 3, module.response_features,
+                            kind="logreg", l2=10.0, metric=args.head_metric, folds=5, seed=sd,
+                            fit_rows=np.arange(3 * n) < n)[1] for sd in args.seeds]
+            for rule in ("head alone", "consistent verdict"):
+                w, nn, a = [], [], []
+                for lab in runs:
+                    lw, ln = lab[n:2 * n], lab[2 * n:]
+                    if rule != "head alone":
+                        lw, ln = lw | c, ln | cn
+                    w.append(binary_scores(y, lw))
+                    nn.append(binary_scores(y, ln))
+                    a.append(float(np.mean(lw == ln)))
+                f = lambda L: (f"{100 * np.mean([b['fpr'] for b in L]):.{args.decimals}f}% / "  # noqa: E731
+                               f"{100 * np.mean([b['tpr'] for b in L]):.{args.decimals}f}%")
+                print(f"| {name} | {rule} | {task} | {f(w)} | {f(nn)} | {100 * np.mean(a):.1f}% |", flush=True)
 
 
 def cmd_served(args):
@@ -289,7 +344,9 @@ def cmd_langid(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["suite", "mushroom", "fuzz", "cv", "halluclean", "langid", "served"])
+    ap.add_argument("command", choices=["suite", "mushroom", "fuzz", "cv", "halluclean", "pertask", "langid", "served"])
+    ap.add_argument("--head-metric", default="f1", choices=["f1", "balanced_accuracy"],
+                    help="pertask: what the heads' threshold is chosen for")
     ap.add_argument("--data-dir", default=MUSHROOM)
     ap.add_argument("--hc-dir", default=HALLUCLEAN)
     ap.add_argument("--langs", nargs="+", default=LANGS)
@@ -299,6 +356,7 @@ def main(argv=None):
     ap.add_argument("--verbatim", action="store_true", help="cv: measure verbatim_supported instead")
     ap.add_argument("--before", action="store_true", help="suite, mushroom: with the #34 changes switched off")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--decimals", type=int, default=0, help="halluclean, pertask: decimals of the percentages")
     ap.add_argument("-O", action="append", default=[])
     args = ap.parse_args(argv)
     globals()[f"cmd_{args.command}"](args)

@@ -34,13 +34,16 @@ export PY DATA HC
 # fixed sentences and the same sentences around a wrong answer (head_frames, BENCHMARKS.md "Correct long answers:
 # the response head's length shortcut"), so that a correct answer said in a sentence is not called hallucinated.
 printf '%s\n' all ar de en es fi fr hi it sv zh | xargs -P "$JOBS" -I{} bash -c \
-    'head=""; if [[ {} == en || {} == all ]]; then head="-O response_data=$HC -O resp_cov=true -O head_frames=true"; fi; if [[ {} == en ]]; then head="$head -O unit_pool=$DATA"; fi; if [[ {} == hi ]]; then head="-O fit_units=false"; fi; nice -n 5 "$PY" optimize.py --program grounded --metric iou --lang {} --data-dir "$DATA" --context native --folds 5 -O align=true -O rules=true $head '"$*"' > outputs/refit/{}.log 2>&1 && echo "grounded/{}: $(grep -E "^artifact:|served" outputs/refit/{}.log | tr "\n" " ")"'
+    'head=""; if [[ {} == en || {} == all ]]; then head="-O response_data=$HC -O resp_cov=true -O head_frames=true -O head_question=false -O head_task=true"; fi; if [[ {} == en ]]; then head="$head -O unit_pool=$DATA"; fi; if [[ {} == hi ]]; then head="-O fit_units=false"; fi; nice -n 5 "$PY" optimize.py --program grounded --metric iou --lang {} --data-dir "$DATA" --context native --folds 5 -O align=true -O rules=true $head '"$*"' > outputs/refit/{}.log 2>&1 && echo "grounded/{}: $(grep -E "^artifact:|served" outputs/refit/{}.log | tr "\n" " ")"'
 # Per-task response artifacts (`detect --task qa`): the unit part of the English artifact just written and a
 # response head fitted on the task's labels, its threshold for F1 (#19).
 for task in qa dialogue summarization; do
     frames=""; if [[ $task == qa ]]; then frames="-O head_frames=true"; fi
+    # the heads never read the question's columns (#34); dialogue's one-sentence rule counts only flagged claims
+    if [[ $task == dialogue ]]; then frames="-O decide_words=claims -O decide_p=0.8"; fi
     nice -n 5 "$PY" optimize.py --program grounded --dataset halluclean --task "$task" --metric f1 \
-        --data-dir "$HC" --folds 5 $frames "$@" > "outputs/refit/$task.log" 2>&1
+        --data-dir "$HC" --folds 5 -O align=false -O encoder=false -O resp_cov=true -O head_question=false $frames "$@" \
+        > "outputs/refit/$task.log" 2>&1
     echo "grounded/$task: $(grep -E "^artifact:" "outputs/refit/$task.log")"
 done
 nice -n 5 "$PY" -m pytest -q tests/test_grounded_cases.py

@@ -95,8 +95,9 @@ def test_the_committed_artifacts_are_still_the_ones_served():
     # signal) are retired: see their RETIRED files
     # hi v0003 keeps the hand-set unit part (fit_units=false), which beats v0002's fitted one by CV;
     # en v0006 and all v0005 are v0005 and v0004 plus head_frames (the same unit part, so the same CV IoU: the
-    # newer is served on the tie)
-    for lang, served in (("de", 2), ("it", 2), ("en", 6), ("all", 5), ("hi", 3), ("ar", 2)):
+    # newer is served on the tie); en v0007 and all v0006 add the question-blind head (#34; en: the same CV IoU,
+    # all: a higher one)
+    for lang, served in (("de", 2), ("it", 2), ("en", 7), ("all", 6), ("hi", 3), ("ar", 2)):
         versions = list_versions("grounded", lang, "iou", root=COMPILED)
         assert best_version(versions).version == served, lang
     assert best_version(list_versions("spans", "de", "iou", root=COMPILED)).version == 1
@@ -107,7 +108,13 @@ def test_the_committed_artifacts_are_still_the_ones_served():
     assert best_version(list_versions("halluclean", "qa", "f1", root=COMPILED)).version == 1
     # the per-task QA head: v0003 (head_frames) scores below v0002 on the original answers' F1, but v0001 and
     # v0002 are retired (their heads call a correct answer said in a sentence hallucinated)
-    assert best_version(list_versions("grounded", "qa", "f1", root=COMPILED)).version == 3
+    # v0004 adds the question-blind head (#34); summarization v0002 and dialogue v0001 read the question: retired
+    assert best_version(list_versions("grounded", "qa", "f1", root=COMPILED)).version == 4
+    assert best_version(list_versions("grounded", "summarization", "f1", root=COMPILED)).version == 3
+    assert best_version(list_versions("grounded", "dialogue", "f1", root=COMPILED)).version == 2
+    for task in ("qa", "dialogue", "summarization"):
+        served = best_version(list_versions("grounded", task, "f1", root=COMPILED))
+        assert not below_zero_shot(served.manifest) and served.manifest["program_options"]["head_question"] is False
 
 
 def test_loading_a_version_below_zero_shot_warns(caplog, tmp_path):

@@ -183,13 +183,13 @@ def test_grounded_label_agrees_with_its_spans_on_a_swapped_city_and_year_with_or
 def test_grounded_unit_labels_spans_and_rationale_count_come_from_one_number():
     m = get_program("grounded").make(**FAST)
     pred = m(question="", answer=ANSWER, context=CONTEXT, lang="en")
-    flagged = [u for u in pred.units if u["label"] == "unsupported"]
+    flagged = [u for u in pred.units if u["label"] in ("unsupported", "verbatim")]
     assert all(u["score"] > 0.5 for u in flagged)
     assert all(u["score"] <= 0.5 for u in pred.units if u["label"] == "supported")
     assert pred.rationale.startswith(f"{len(flagged)} of {len(pred.units)} units flagged (p > 0.5")
     hard = {i for a, b in pred.hard_labels for i in range(a, b)}
-    for u in pred.units:  # a unit is inside a hard span exactly when it is labelled unsupported
-        assert (u["label"] == "unsupported") == any(i in hard for i in range(u["start"], u["end"]))
+    for u in pred.units:  # a unit is inside a hard span exactly when it is labelled unsupported (or verbatim)
+        assert (u["label"] in ("unsupported", "verbatim")) == any(i in hard for i in range(u["start"], u["end"]))
 
 
 def test_contract_settles_a_program_that_forgets_the_invariant():

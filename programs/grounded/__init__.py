@@ -55,5 +55,7 @@ register_program(ProgramSpec(
                   "hidden_alpha": number(0, lo_open=True), "hidden_parts": text("all", "probe", "tokens"),
                   "unit_pool_weight": number(0, lo_open=True),
                   "head_features": text("all", "content"), "head_frame_weight": number(0, lo_open=True),
+                  "decide_words": text("any", "claims"), "decide_p": number(0.5, 1, hi_open=True),
+                  "head_metric": text("", "f1", "balanced_accuracy", "accuracy"),
                   "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))

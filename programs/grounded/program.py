@@ -19,7 +19,7 @@ from halluscope.programs.grounded.combiner import (COMBINERS, Combiner, char_pro
 from halluscope.programs.grounded.features import EVIDENCE_NOTES, assemble, columns_of, new_item
 from halluscope.programs.grounded.frames import TRAIN_FRAMES, framed_examples
 from halluscope.programs.grounded.signals import BUILTIN, DEFAULT_SIGNALS, make_signal, ordered
-from halluscope.programs.grounded.signals.align import shared_encoder
+from halluscope.programs.grounded.signals.align import NEGATION, shared_encoder
 from halluscope.programs.grounded.signals.base import Signal
 from halluscope.programs.grounded.signals.detectors import parse_detectors
 from halluscope.programs.grounded.signals.genlogits import ITEM_LEVEL_FAILURES
@@ -27,7 +27,8 @@ from halluscope.programs.grounded.signals.hidden import HiddenScorer, Probe, Rid
     write_probe_scores
 from halluscope.programs.grounded.signals.idf import IdfSignal
 from halluscope.programs.grounded.signals.lmscore import LMScorer
-from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, QUESTION_COLUMNS, ResponseHead,
+from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, QUESTION_COLUMNS, TASK_COLUMNS,
+                                                   ResponseHead, answer_task, task_columns,
                                                    _sentences, content_mask, fit_head, response_feature_names,
                                                    response_features, units_decision)
 from halluscope.programs.grounded.respsig import (RESP_HS, RESP_HS_EVIDENCE_TOKENS, RESP_HS_ITEM_TOKENS,
@@ -45,6 +46,12 @@ logger = logging.getLogger(__name__)
 STATE_KEY = "grounded"
 #: the languages a response head decides a longer answer in (#34): those of its training answers (HalluClean)
 HEAD_LANGS = frozenset({"en"})
+#: the reason of a flagged unit that stands word for word in the evidence (its label is "verbatim")
+VERBATIM_REASON = "verbatim in the evidence; flagged with the words around it"
+#: which flagged units of a one-sentence answer decide its label (``decide_words``)
+DECIDE_WORDS = ("any", "claims")
+#: what a response head's threshold may be chosen for (``head_metric``; "" = the fit's metric)
+HEAD_METRICS = ("", "f1", "balanced_accuracy", "accuracy")
 #: what the features record when an optional input is absent or handled by a defined fallback: reported as the
 #: contract's ``notes``, not as failures (plain text without generator logits, an answer without context, evidence
 #: cut to its most related sentences or in another script than the answer, the sentence encoder not installed):
@@ -83,7 +90,8 @@ UNIT_DEFAULTS = {"fit": True, "pool": "", "pool_weight": 1.0, "from": "auto"}
 HEAD_DEFAULTS = {"kind": "logreg", "l2": 10.0, "response_data": "", "response_tasks": "qa,dialogue,summarization",
                  "resp_lm": False, "resp_sim": False, "resp_cov": False, "resp_hs": False, "unit_stats": True,
                  "features": "all", "frames": False, "frame_weight": 0.15, "lm_model": "", "lm_cache_dir": "",
-                 "lm_evidence_tokens": 300, "hidden_model": "", "hidden_cache_dir": ""}
+                 "lm_evidence_tokens": 300, "hidden_model": "", "hidden_cache_dir": "", "question": True,
+                 "task": False, "decide_words": "any", "decide_p": 0.5, "metric": ""}
 
 
 def _finite(x, default=0.0) -> float:
@@ -114,7 +122,9 @@ class GroundedDetector(dspy.Module):
         head: the response head's options: ``kind``, ``l2``, ``response_data``, ``response_tasks``, ``resp_lm``,
             ``resp_sim``, ``resp_cov``, ``resp_hs``, ``unit_stats``, ``features``, ``frames``, ``frame_weight`` and
             the models its signals use (``lm_model``, ``lm_cache_dir``, ``lm_evidence_tokens``, ``hidden_model``,
-            ``hidden_cache_dir``); see :func:`build_grounded` for each.
+            ``hidden_cache_dir``, ``question``, ``task``, ``decide_words``, ``decide_p``, ``metric``); see
+            :func:`build_grounded` for each (``head_question``, ``head_task``, ``decide_words``, ``decide_p``,
+            ``head_metric``).
         evidence_free: score the words of an answer given without evidence (see :func:`build_grounded`).
     """
 
@@ -132,9 +142,6 @@ class GroundedDetector(dspy.Module):
     verbatim_supported = False
     #: #34: in a one-sentence answer the flagged units decide the label (with ``head_decides``); off only to measure
     one_sentence_decides = True
-    #: #34: the response head reads no column that measures the question (:data:`.response.QUESTION_COLUMNS`):
-    #: they are set to the head's training mean, so the verdict does not swing on whether a question was given
-    question_blind = False
 
     def __init__(self, signals=None, combiner: str = "logreg", l2: float = 1.0, window: int = 2,
                  aggregate: str = "max", rules: bool | str = False, units: dict | None = None,
@@ -185,6 +192,15 @@ class GroundedDetector(dspy.Module):
         self.lm_model, self.lm_cache_dir = str(head["lm_model"] or ""), str(head["lm_cache_dir"] or "")
         self.lm_evidence_tokens = int(head["lm_evidence_tokens"])
         self.hidden_model, self.hidden_cache_dir = str(head["hidden_model"] or ""), str(head["hidden_cache_dir"] or "")
+        self.head_question, self.head_task = bool(head["question"]), bool(head["task"])
+        if head["decide_words"] not in DECIDE_WORDS:
+            raise ValueError(f"decide_words must be one of {', '.join(DECIDE_WORDS)}, not {head['decide_words']!r}")
+        if not 0.5 <= float(head["decide_p"]) < 1.0:
+            raise ValueError(f"decide_p must be in [0.5, 1), not {head['decide_p']!r}")
+        if head["metric"] not in HEAD_METRICS:
+            raise ValueError(f"head_metric must be one of {', '.join(repr(m) for m in HEAD_METRICS)}, "
+                             f"not {head['metric']!r}")
+        self.decide_words, self.decide_p, self.head_metric = head["decide_words"], float(head["decide_p"]), head["metric"]
         self.evidence_free = bool(evidence_free)
         self._resp_scorer = self._resp_hidden = None
         # the untrained program always starts from the hand-set logistic weights; fit makes a `combiner` kind
@@ -352,9 +368,7 @@ class GroundedDetector(dspy.Module):
         doubtful: set[int] = set()
         if self.head is not None:
             row = self.response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
-                                    notes=notes)
-            if self.question_blind:
-                row = self.head_blind_row(row)
+                                    notes=notes, task=task)
             p = float(self.head.predict(row)[0])
             score = rescale(p, self.head.threshold)
             why = (f"response head {score:.3f} (p={p:.3f} against its threshold {self.head.threshold:.3f}, rescaled "
@@ -362,7 +376,18 @@ class GroundedDetector(dspy.Module):
             above = [k for k, s in enumerate(scaled) if s > 0.5]
             one_sentence = len(_sentences(answer, feats.units)) <= 1
             own_lang = (lang or "en").lower().split("-")[0] in HEAD_LANGS
-            if score <= 0.5 and above and self.head_decides and not (one_sentence and self.one_sentence_decides) \
+            if score <= 0.5 and above and self.head_decides and own_lang and one_sentence and self.one_sentence_decides:
+                # a one-sentence answer the head judged correct: its flagged claims decide (decide_words, decide_p);
+                # a flagged unit that is no such claim is doubtful, not a claim the detector stands behind
+                deciding = set(self.deciding_units(feats, scaled, above, lang))
+                doubtful = set(above) - deciding
+                scaled = [min(s, 0.5) if k in doubtful else s for k, s in enumerate(scaled)]
+                if deciding:
+                    why += (f"; a one-sentence answer is checked against its evidence word by word: its "
+                            f"{len(deciding)} flagged claim(s) decide the label")
+                if doubtful:
+                    why += f"; {len(doubtful)} flagged unit(s) that decide nothing held at 0.5 (doubtful)"
+            elif score <= 0.5 and above and self.head_decides and not (one_sentence and self.one_sentence_decides) \
                     and own_lang:
                 # a longer answer the head judged correct: a unit above the unit threshold is doubtful, not a claim
                 # the detector stands behind (#34: no hard span under a "correct" label); it stays marked at 0.5
@@ -393,8 +418,11 @@ class GroundedDetector(dspy.Module):
             i = j
         # one number decides a unit, its span and its label: the probability as the span carries it
         unit_p = [round(float(s), 6) for s in scaled]
+        verbatim = self.verbatim_units(feats)
         units = [Unit(kind=u.kind, start=u.start, end=u.end, text=u.text,
-                      label="unsupported" if s > 0.5 else "doubtful" if k in doubtful else "supported", score=s)
+                      label=("verbatim" if verbatim[k] else "unsupported") if s > 0.5
+                      else "doubtful" if k in doubtful else "supported", score=s,
+                      rationale=VERBATIM_REASON if s > 0.5 and verbatim[k] else "")
                  for k, (u, s) in enumerate(zip(feats.units, unit_p))]
         flagged = sum(s > 0.5 for s in unit_p)
         det = Detection(answer=answer, spans=spans, label=score > 0.5, score=score, units=units, failures=failures,
@@ -409,6 +437,28 @@ class GroundedDetector(dspy.Module):
 
     # -- the response level (issue #19) -----------------------------------------------------------------
 
+    def verbatim_units(self, feats) -> np.ndarray:
+        """True for the units that stand word for word in the evidence (``ctx_exact``). Flagged, such a unit is
+        labelled "verbatim", never "unsupported": the evidence holds the word, and it is flagged with the words
+        around it (annotators mark a wrong phrase whole; #34). Its probability, and so the spans, are unchanged."""
+        if "ctx_exact" not in self.features or not len(feats.units):
+            return np.zeros(len(feats.units), dtype=bool)
+        return np.asarray(feats.X[:, self.features.index("ctx_exact")] >= 1.0)
+
+    def deciding_units(self, feats, scaled, above: list[int], lang: str = "en") -> list[int]:
+        """The units of ``above`` that decide a one-sentence answer's label (``decide_words``, ``decide_p``): all
+        of them by default; with "claims" only numbers, capitalised words, negation cues (:data:`.align.NEGATION`)
+        and units that contradict their aligned evidence sentence (:func:`rule_conflicts`), each above
+        ``decide_p``."""
+        keep = [k for k in above if scaled[k] > self.decide_p]
+        if self.decide_words == "any" or not keep:
+            return keep
+        X = self.impute_missing(feats)
+        conflict = rule_conflicts(X, self.features)
+        cap = X[:, self.features.index("is_cap")] > 0 if "is_cap" in self.features else np.zeros(len(X), dtype=bool)
+        neg = set(NEGATION.get((lang or "en").lower().split("-")[0], "").split())
+        return [k for k in keep if feats.units[k].kind == "num" or cap[k] or conflict[k] or feats.units[k].norm in neg]
+
     def content(self, feats) -> np.ndarray:
         """The content units of an answer (:func:`.response.content_mask`, by this program's IDF table)."""
         idf = [self.idf_table.idf(u.norm) for u in feats.units] if self.use_idf else None
@@ -417,24 +467,16 @@ class GroundedDetector(dspy.Module):
         framing = self.head_features == "content" or self.head_frames
         return content_mask(feats.units, idf, FRAMING_WORDS if framing else frozenset())
 
-    @property
-    def response_features(self) -> list[str]:
+    def _all_response_features(self) -> list[str]:
         return response_feature_names(self.features, self.head_unit_stats, self.head_features) + resp_feature_names(
             self.use_resp_lm, self.use_resp_sim, self.use_resp_cov, self.use_resp_hs)
 
-    def head_blind_row(self, row: np.ndarray) -> np.ndarray:
-        """``row`` with the head's question columns (:data:`.response.QUESTION_COLUMNS`) set to the head's training
-        means: standardised, they are 0 and add nothing, with a question or without one (#34)."""
-        names = self.response_features
-        cols = [names.index(c) for c in QUESTION_COLUMNS if c in names]
-        mean = getattr(self.head.model, "mean", None) if self.head is not None else None
-        if not cols or mean is None:
-            return row
-        row = np.array(row, dtype=float, copy=True)
-        for j in cols:
-            if j < len(mean):
-                row[j] = float(mean[j])
-        return row
+    @property
+    def response_features(self) -> list[str]:
+        """The head's columns: the aggregates and response signals, less the question's columns without
+        ``head_question``, plus the task's with ``head_task``."""
+        names = [f for f in self._all_response_features() if self.head_question or f not in QUESTION_COLUMNS]
+        return names + (list(TASK_COLUMNS) if self.head_task else [])
 
     def resp_signals_used(self, notes: dict) -> list[str]:
         """The response-head signals (:mod:`.respsig`) that had data for an answer, for the rationale."""
@@ -447,7 +489,22 @@ class GroundedDetector(dspy.Module):
                 if on and note not in notes]
 
     def response_row(self, answer: str, feats, probs, content=None, *, question: str = "", context: str = "",
-                     lang: str = "en", notes: dict | None = None, vectors: list | None = None) -> np.ndarray:
+                     lang: str = "en", notes: dict | None = None, vectors: list | None = None,
+                     task: str = "") -> np.ndarray:
+        """The response head's input row for one answer (:meth:`_response_row`, then only the columns of
+        :attr:`response_features`: without ``head_question`` no question column, with ``head_task`` the task's,
+        from ``task`` or the answer's shape, :func:`.response.answer_task`)."""
+        row = self._response_row(answer, feats, probs, content, question=question, context=context, lang=lang,
+                                 notes=notes, vectors=vectors)
+        if self.head_question and not self.head_task:
+            return row
+        names = self._all_response_features()
+        keep = [j for j, f in enumerate(names) if self.head_question or f not in QUESTION_COLUMNS]
+        extra = task_columns(answer_task(task, answer, context)) if self.head_task else []
+        return np.concatenate([row[keep], np.asarray(extra, dtype=float)])
+
+    def _response_row(self, answer: str, feats, probs, content=None, *, question: str = "", context: str = "",
+                      lang: str = "en", notes: dict | None = None, vectors: list | None = None) -> np.ndarray:
         """The response head's input row for one answer (its features as :meth:`unit_probs` gives them). With
         ``resp_lm``/``resp_sim``/``resp_cov``/``resp_hs`` the :mod:`.respsig` columns follow; a signal that failed
         is counted in ``notes`` and its columns are the head's training means (NaN without a head:
@@ -470,9 +527,9 @@ class GroundedDetector(dspy.Module):
             if notes is not None:
                 notes[note] = notes.get(note, 0) + 1
             for k in RESP_NOTES[note]:
-                j = len(row) + names.index(k)
+                j = self.response_features.index(k) if k in self.response_features else -1
                 extra[names.index(k)] = (float(self.head.model.mean[j]) if self.head is not None
-                                         and j < len(self.head.model.mean) else float("nan"))
+                                         and 0 <= j < len(self.head.model.mean) else float("nan"))
         return np.concatenate([row, extra])
 
     def resp_hs_columns(self, question: str, answer: str, context: str, lang: str, missing: dict,
@@ -899,7 +956,7 @@ def response_rows(module: GroundedDetector, examples,
             failures[k] = failures.get(k, 0) + v
         rows.append(module.response_row(answer, feats, probs, question=_get(ex, "question", ""),
                                         context=_get(ex, "context", ""), lang=_get(ex, "lang", "en"),
-                                        notes=failures, vectors=vectors))
+                                        notes=failures, vectors=vectors, task=_get(ex, "task", "") or ""))
         ys.append(bool(_get(ex, "label", False)))
         groups.append(_pair_key(ex))
     X = np.vstack(rows) if rows else np.zeros((0, len(module.response_features)))
@@ -938,6 +995,7 @@ def fit_response_head(module: GroundedDetector, examples, metric_name: str, data
     if len(set(y[original].tolist())) < 2:
         raise ValueError(f"grounded: a response head needs hallucinated and correct answers; {data} has "
                          f"{int(y[original].sum())} hallucinated of {int(original.sum())}")
+    metric_name = module.head_metric or metric_name
     metric = metric_name if metric_name in ("f1", "accuracy", "balanced_accuracy") else "balanced_accuracy"
     head, cv = fit_head(X, y, groups, module.response_features, kind=module.head_kind, l2=module.head_l2,
                         metric=metric, vectors=stack_vectors(vecs) if module.use_resp_hs else None,
@@ -1039,7 +1097,9 @@ def translate_options(options: dict) -> dict:
                      "features": o["head_features"], "frames": o["head_frames"], "frame_weight": o["head_frame_weight"],
                      "lm_model": o["lm_model"], "lm_cache_dir": o["lm_cache_dir"],
                      "lm_evidence_tokens": o["lm_evidence_tokens"], "hidden_model": o["hidden_model"],
-                     "hidden_cache_dir": o["hidden_cache_dir"]}}
+                     "hidden_cache_dir": o["hidden_cache_dir"], "question": o["head_question"],
+                     "task": o["head_task"], "decide_words": o["decide_words"], "decide_p": o["decide_p"],
+                     "metric": o["head_metric"]}}
 
 
 def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = True, lm: bool = False,
@@ -1054,7 +1114,9 @@ def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = Tru
                    hidden_pool: str = "", unit_pool: str = "", unit_pool_weight: float = 1.0, fit_units: bool = True,
                    resp_lm: bool = False, resp_sim: bool = False, resp_cov: bool = False, head_unit_stats: bool = True,
                    resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
-                   head_frame_weight: float = 0.15, evidence_free: bool = False) -> GroundedDetector:
+                   head_frame_weight: float = 0.15, evidence_free: bool = False, head_question: bool = True,
+                   head_task: bool = False, decide_words: str = "any", decide_p: float = 0.5,
+                   head_metric: str = "") -> GroundedDetector:
     """The ``grounded`` program from its ``-O`` options (the registry's build: these are what ``-O`` and a
     manifest's ``program_options`` name); :func:`translate_options` maps them onto the detector's signals.
 
@@ -1149,6 +1211,21 @@ def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = Tru
             unverifiable (#34): no word is painted, the label is "not hallucinated", the score 0.5 and the note
             ``no_evidence`` says why. A program fitted on items that all lack evidence turns it on (its state
             records it).
+        head_question: the response head reads the columns that measure the question
+            (:data:`.response.QUESTION_COLUMNS`: the units' echo of it, ``r_cov_new``). false: a head that never
+            sees them (fitted and run without), so whether a question is given moves its verdict only through what
+            the question adds as evidence to the unit scores (#34).
+        head_task: the response head also reads the task (:data:`.response.TASK_COLUMNS`: is the answer a
+            summary?), from the ``task`` input (``detect --task``, a data set's task field) or, without one, from the
+            answer's and the evidence's length (:func:`.response.answer_task`), never from the question.
+        decide_words: with a response head, which flagged units of a one-sentence English answer decide its label
+            against a head that judges it correct (#34): "any" unit above the unit threshold, or only "claims":
+            numbers, capitalised words (names, places), negation cues and units that contradict their aligned
+            evidence sentence (a same-slot substitution, a negation it lacks). A flagged unit that does not decide is held at 0.5 and
+            labelled "doubtful", as in a longer answer the head judges correct.
+        decide_p: the rescaled probability a unit must exceed to decide that way (0.5 = the unit threshold).
+        head_metric: what the response head's threshold is chosen for ("" = the fit's metric: F1 for ``--metric
+            f1``; "balanced_accuracy" trades caught answers for fewer false alarms where the head is weak).
     """
     for name, value in (("lm_evidence_tokens", lm_evidence_tokens), ("lm_item_tokens", lm_item_tokens)):
         if int(value) < 0:

@@ -25,6 +25,7 @@ import random
 
 import numpy as np
 
+from halluscope.core.tasks import task_key
 from halluscope.programs.grounded.combiner import Combiner, TreeCombiner, combiner_from_dict
 from halluscope.programs.grounded.signals.hidden import Probe
 
@@ -36,7 +37,8 @@ RESP_PROBE_ALPHA = 1000.0
 __all__ = ["CONTENT_IDF", "RESPONSE_BASE", "RESPONSE_CONTENT_BASE", "HEAD_FEATURES", "SHAPE_FEATURES",
            "FRAMING_WORDS", "content_mask", "units_decision", "response_feature_names",
            "response_features", "ResponseHead", "fit_head", "choose_response_threshold", "group_folds",
-           "binary_scores", "pair_ranking", "PROBE_COLUMN", "fit_probe_column", "cv_head", "QUESTION_COLUMNS"]
+           "binary_scores", "pair_ranking", "PROBE_COLUMN", "fit_probe_column", "cv_head", "QUESTION_COLUMNS",
+           "TASK_COLUMNS", "SUMMARY_EVIDENCE_WORDS", "SUMMARY_ANSWER_WORDS", "answer_task", "task_columns"]
 
 #: A word is a content word when its IDF over the evidence texts of the training split is at least this (scaled
 #: IDF, 1 = in no evidence text, 0 = in every one: English "the", "of", "is" score below 0.1 on Mu-SHROOM's
@@ -76,6 +78,18 @@ FRAMING_WORDS = frozenset({"answer", "answers", "answered", "question", "questio
 #: without one they are all 0 and swing the verdict: the program holds them at the head's training mean (#34)
 QUESTION_COLUMNS = ("mean_q_exact", "mean_q_prefix", "mean_q_fuzzy", "max_q_exact", "max_q_prefix", "max_q_fuzzy",
                     "r_cov_new")
+#: the task columns of a head built with ``head_task`` (in place of :data:`QUESTION_COLUMNS`, which it does not read):
+#: 1 when the answer is a summary of its evidence. The pooled head needs to know it (a summary is judged against a
+#: long document, a QA or dialogue answer against a passage); a head that read the question columns learned it from
+#: "no question" (HalluClean's summaries have none), so leaving the question out swung its verdict (#34)
+TASK_COLUMNS = ("t_summary",)
+#: without a task, an answer of at least :data:`SUMMARY_ANSWER_WORDS` words over an evidence of at least
+#: :data:`SUMMARY_EVIDENCE_WORDS` words (a document, not a passage) is taken for a summary (:func:`answer_task`; on
+#: HalluClean dev: 94% of the summaries, no QA answer or dialogue response; on Mu-SHROOM validation 14% of the English
+#: answers over their retrieved contexts: at 100 words, 66% of them, which cost the English CV IoU 0.024 through the
+#: head's verdict). The question never enters the rule
+SUMMARY_EVIDENCE_WORDS = 250
+SUMMARY_ANSWER_WORDS = 20
 #: what the head reads: "all" (the #19 columns) or "content" (length-free, :data:`RESPONSE_CONTENT_BASE`)
 HEAD_FEATURES = ("all", "content")
 
@@ -91,6 +105,24 @@ def content_mask(units, idf_values, exclude=frozenset()) -> np.ndarray:
     else:
         keep = [u.kind == "num" or float(v) >= CONTENT_IDF for u, v in zip(units, idf_values)]
     return np.array([k and (u.kind == "num" or u.norm not in exclude) for u, k in zip(units, keep)], dtype=bool)
+
+
+def answer_task(task: str, answer: str, context: str) -> str:
+    """The task the response head is told: ``task`` when given (``qa``, ``dialogue``, ``summarization``, ...),
+    else ``"summarization"`` when the answer has at least :data:`SUMMARY_ANSWER_WORDS` words and its evidence at
+    least :data:`SUMMARY_EVIDENCE_WORDS`, else ``"qa"``. Only the answer's and the evidence's length decide: never
+    the question, nor whether one was given."""
+    task = (task or "").strip().lower()
+    if task:
+        return task_key(task) or task
+    if len((answer or "").split()) >= SUMMARY_ANSWER_WORDS and len((context or "").split()) >= SUMMARY_EVIDENCE_WORDS:
+        return "summarization"
+    return "qa"
+
+
+def task_columns(task: str) -> list[float]:
+    """The values of :data:`TASK_COLUMNS` for a task named by :func:`answer_task`."""
+    return [1.0 if task == "summarization" else 0.0]
 
 
 def units_decision(scaled: list[float], content: np.ndarray) -> float:
