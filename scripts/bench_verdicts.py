@@ -129,6 +129,20 @@ def cmd_cv(args):
               f"{l} {a:.3f}->{b:.3f}" for l, a, b in zip(args.langs, res[False], res[True])) + ")")
 
 
+def one_sentence_claim(module, question, ex) -> bool:
+    """Whether ``ex``'s answer is one sentence holding a flagged unit that decides its label beside the head
+    (:meth:`GroundedDetector.deciding_units`, the one-sentence rule)."""
+    from halluscope.programs.grounded.response import _sentences
+
+    context = ex.get("context", "")
+    pred = module(question=question, answer=ex.answer, context=context, lang="en")
+    feats = module.item_features(question=question, answer=ex.answer, context=context, lang="en")
+    if len(_sentences(ex.answer, feats.units)) > 1:
+        return False
+    scaled = [u["score"] for u in pred.units]
+    return bool(module.deciding_units(feats, scaled, [k for k, s in enumerate(scaled) if s > 0.5], "en"))
+
+
 def cmd_halluclean(args):
     """HalluClean dev (qa, dialogue, summarization): the served default's unit part (``detect --lang en``) with the
     pooled response head by nested 5-fold CV grouped by item (the protocol of BENCHMARKS.md, "`grounded` on
@@ -144,7 +158,7 @@ def cmd_halluclean(args):
     from halluscope.artifacts.store import load_compiled
     from halluscope.loaders.halluclean import load_halluclean
     from halluscope.programs.grounded.program import response_rows
-    from halluscope.programs.grounded.response import _sentences, binary_scores, cv_head
+    from halluscope.programs.grounded.response import binary_scores, cv_head
 
     det = load_compiled("grounded", lang="en", metric="iou")
     module = det.program
@@ -155,13 +169,8 @@ def cmd_halluclean(args):
     for k, v in bg.parse_opts(args.O).items():  # -O decide_words=claims -O decide_p=0.7: the one-sentence rule
         setattr(module, k, v)
 
-    def conflict(q, ex):  # a flagged claim in a one-sentence answer (what decides the #34 label beside the head)
-        pred = module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
-        feats = module.item_features(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
-        if len(_sentences(ex.answer, feats.units)) > 1:
-            return False
-        scaled = [u["score"] for u in pred.units]
-        return bool(module.deciding_units(feats, scaled, [k for k, s in enumerate(scaled) if s > 0.5], "en"))
+    def conflict(q, ex):  # a flagged claim in a one-sentence answer (what decides the label beside the head)
+        return one_sentence_claim(module, q, ex)
 
     exs_by = {t: load_halluclean(args.hc_dir, task=t, limit=args.limit) for t in tasks}
     exs = [ex for t in tasks for ex in exs_by[t]]
@@ -232,7 +241,7 @@ def cmd_pertask(args):
     from halluscope.artifacts.store import load_compiled
     from halluscope.loaders.halluclean import load_halluclean
     from halluscope.programs.grounded.program import response_rows
-    from halluscope.programs.grounded.response import _sentences, binary_scores, cv_head
+    from halluscope.programs.grounded.response import binary_scores, cv_head
 
     det = load_compiled("grounded", lang="en", metric="iou")
     module = det.program
@@ -241,12 +250,7 @@ def cmd_pertask(args):
         setattr(module, k, v)
 
     def claim(q, ex):
-        pred = module(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
-        feats = module.item_features(question=q, answer=ex.answer, context=ex.get("context", ""), lang="en")
-        if len(_sentences(ex.answer, feats.units)) > 1:
-            return False
-        scaled = [u["score"] for u in pred.units]
-        return bool(module.deciding_units(feats, scaled, [k for k, s in enumerate(scaled) if s > 0.5], "en"))
+        return one_sentence_claim(module, q, ex)
 
     print(f"\nHalluClean dev, per-task heads on the unit part of {det.path}; nested 5-fold CV grouped by item, fold "
           f"seeds {args.seeds}, threshold for {args.head_metric}; one-sentence rule {bg.parse_opts(args.O) or 'default'}\n")

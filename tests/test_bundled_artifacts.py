@@ -29,19 +29,6 @@ EVIDENCE = ("The Golden Gate Bridge is a suspension bridge in San Francisco, Cal
 SWAPPED = "The Golden Gate Bridge is a suspension bridge in Los Angeles."
 
 
-@pytest.fixture
-def empty_home(tmp_path, monkeypatch):
-    """A new ``HALLUSCOPE_HOME`` with no compiled folder, and the process in another empty folder."""
-    home = tmp_path / "home"
-    home.mkdir()
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.setenv("HALLUSCOPE_HOME", str(home))
-    monkeypatch.delenv("HALLUSCOPE_COMPILED_DIR", raising=False)
-    monkeypatch.chdir(work)
-    return home
-
-
 def test_the_wheel_list_is_the_served_versions():
     """pyproject's package data of halluscope.compiled is exactly one served version per program/key/metric."""
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bundle_artifacts.py"), "--check"],

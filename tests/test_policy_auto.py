@@ -16,16 +16,6 @@ EVIDENCE_EN = "The Golden Gate Bridge in San Francisco opened in 1937."
 EVIDENCE_DE = "Die Golden Gate Bridge ist eine Hängebrücke in San Francisco, eröffnet 1937."
 
 
-@pytest.fixture
-def empty_home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HALLUSCOPE_HOME", str(home))
-    monkeypatch.delenv("HALLUSCOPE_COMPILED_DIR", raising=False)
-    monkeypatch.chdir(tmp_path)
-    return home
-
-
 def test_no_language_is_auto_and_each_answer_gets_its_own(empty_home):
     auto = load_detector()
     assert isinstance(auto, AutoDetector) and isinstance(load_detector(lang="auto"), AutoDetector)
