@@ -209,18 +209,17 @@ OPTIONS = {"top_layers": 1, "epochs": 4, "lr": 5e-4, "max_len": 64, "answer_toke
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     _need_extra()
-    import os
-
     import torch
 
     torch.set_num_threads(1)
-    os.environ["HALLUSCOPE_HOME"] = str(tmp_path_factory.mktemp("home"))
     from halluscope.programs.encoder.program import fit_encoder
     from halluscope.programs.registry import get_program as get
 
-    module = get("encoder").make(**OPTIONS)
-    info = fit_encoder(module, _toy(16, 0), "iou")
-    return module, info
+    with pytest.MonkeyPatch.context() as mp:  # a module-scoped home, restored after: later tests read the real one
+        mp.setenv("HALLUSCOPE_HOME", str(tmp_path_factory.mktemp("home")))
+        module = get("encoder").make(**OPTIONS)
+        info = fit_encoder(module, _toy(16, 0), "iou")
+        yield module, info
 
 
 def test_training_lowers_the_loss_and_learns_the_toy_pattern(trained):

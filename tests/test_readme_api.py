@@ -50,5 +50,8 @@ def test_readme_python_api_example_runs(monkeypatch):
     assert len(lm.engine.calls) == 1
     printed = out.getvalue().splitlines()
     assert printed[0].startswith("program grounded (the default with the embedded model") and "'de'" in printed[0]
-    assert printed[1].startswith("1 ") and printed[2].startswith(f"[[{start}, {start + 5}]] True")
-    assert "'hard_labels': [[0, 5]]" in printed[3]  # mark-all marks the whole answer
+    assert printed[1].startswith("language 'en' (confidence") and "artifact for 'en'" in printed[1]  # load_detector()
+    auto_det = namespace["auto"]("The bridge opened in 1947.", context="The Golden Gate Bridge opened in 1937.")
+    assert auto_det.answer[slice(*auto_det.hard_labels[0])] == "1947"
+    assert printed[2].startswith("1 ") and printed[3].startswith(f"[[{start}, {start + 5}]] True")
+    assert "'hard_labels': [[0, 5]]" in printed[4]  # mark-all marks the whole answer
