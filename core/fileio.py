@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -15,7 +16,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-__all__ = ["read_jsonl", "iter_jsonl", "write_text_atomic", "atomic_writer", "create_unique_dir", "file_lock",
+__all__ = ["file_sha256", "read_jsonl", "iter_jsonl", "write_text_atomic", "atomic_writer", "create_unique_dir", "file_lock",
            "UnsafeFolderError", "private_dir"]
 
 
@@ -148,3 +149,21 @@ def private_dir(path: str | Path, what: str = "folder") -> Path:
             raise UnsafeFolderError(f"the {what} {entry} is writable by {who} (mode {mode:04o}); its contents are "
                                     f"loaded as code (pickles), so only you may write it: chmod -R go-w {path}")
     return path
+
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file, read in 4 MiB chunks and remembered per (resolved path, size, modification time) within
+    the process, so a model file hashed for a cache key is read once."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        _HASHES[key] = h.hexdigest()
+    return _HASHES[key]

@@ -45,7 +45,7 @@ from dspy.lm15 import Message, Response, Usage, response_to_events
 from dspy.utils.exceptions import AdapterParseError
 
 from halluscope.core import paths
-from halluscope.core.fileio import UnsafeFolderError, private_dir  # noqa: F401 - UnsafeFolderError: re-exported
+from halluscope.core.fileio import UnsafeFolderError, file_sha256, private_dir  # noqa: F401 - re-exported
 from halluscope.lm.openai_client import (SERVER_PREFIXES, OpenAICompatEngine, last_finish, note_finish, split_url_credentials,
                                   token_logprobs)
 from halluscope.core.redact import error_text, redact, redact_url, register_secret
@@ -107,20 +107,6 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_HASHES: dict[tuple[str, int, float], str] = {}
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, memoised per (path, size, mtime)."""
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime)
-    if key not in _HASHES:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        _HASHES[key] = h.hexdigest()
-    return _HASHES[key]
 
 
 def limit_schema(schema: Any, max_items: int, max_string: int, _nested: bool = False) -> Any:

