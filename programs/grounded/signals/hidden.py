@@ -117,7 +117,7 @@ class LlamaHidden:
         import llama_cpp
 
         from halluscope.lm.llamacpp import check_gguf, load_llama
-        from halluscope.lm.models import file_sha256
+        from halluscope.core.fileio import file_sha256
 
         path = check_gguf(resolve_model(str(model_path) if model_path else None))  # missing: a FileNotFoundError
 

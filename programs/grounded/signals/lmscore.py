@@ -41,8 +41,9 @@ from typing import Protocol
 import numpy as np
 
 from halluscope.core import paths
+from halluscope.core.fileio import file_sha256
 from halluscope.lm.llamacpp import check_gguf, load_llama
-from halluscope.lm.models import file_sha256, smollm2_path
+from halluscope.lm.models import smollm2_path
 from halluscope.programs.grounded.signals.base import Signal, register_signal, window_mean
 from halluscope.programs.grounded.units import AnswerUnit, tokens_of, units_of
 from halluscope.programs.registry import text as text_option, whole
