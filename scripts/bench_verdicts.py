@@ -158,12 +158,13 @@ def cmd_halluclean(args):
     from halluscope.artifacts.store import load_compiled
     from halluscope.loaders.halluclean import load_halluclean
     from halluscope.programs.grounded.program import response_rows
-    from halluscope.programs.grounded.response import binary_scores, cv_head
+    from halluscope.programs.grounded.response import SUMMARY_EVIDENCE_WORDS, binary_scores, cv_head
 
     det = load_compiled("grounded", lang="en", metric="iou")
     module = det.program
     module.head = None  # the unit part: the heads below are fitted by CV
     module.feature_cache = {}
+    module.summary_words = args.summary_words or SUMMARY_EVIDENCE_WORDS  # the rule measured, not the artifact's
     tasks = ("qa", "dialogue", "summarization")
 
     for k, v in bg.parse_opts(args.O).items():  # -O decide_words=claims -O decide_p=0.7: the one-sentence rule
@@ -189,7 +190,8 @@ def cmd_halluclean(args):
               dict(head_question=False, head_task=True)))
     n = len(exs)
     print(f"\nHalluClean dev, unit part {det.path}; pooled head (logreg, threshold for balanced accuracy) by nested "
-          f"5-fold CV grouped by item, fold seeds {args.seeds}; FPR = correct answers labelled hallucinated, TPR = "
+          f"5-fold CV grouped by item, fold seeds {args.seeds}; without a task an answer of 20+ words over "
+          f"{module.summary_words}+ evidence words is a summary; FPR = correct answers labelled hallucinated, TPR = "
           f"hallucinated answers caught; agreement = the same label with and without the question (no task)\n")
     print("| head | label | task | with question and task | with question, no task (detect --lang en) | "
           "no question, no task | agreement with vs without the question |")
@@ -361,6 +363,9 @@ def main(argv=None):
     ap.add_argument("--before", action="store_true", help="suite, mushroom: with the #34 changes switched off")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--decimals", type=int, default=0, help="halluclean, pertask: decimals of the percentages")
+    ap.add_argument("--summary-words", type=int, default=None,
+                    help="halluclean: without a task, the evidence words from which a 20+-word answer is a summary "
+                         "(default: the program's rule, response.SUMMARY_EVIDENCE_WORDS)")
     ap.add_argument("-O", action="append", default=[])
     args = ap.parse_args(argv)
     globals()[f"cmd_{args.command}"](args)

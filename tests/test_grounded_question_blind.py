@@ -7,9 +7,10 @@ import json
 
 import numpy as np
 
-from halluscope.programs.grounded.program import fit_grounded
-from halluscope.programs.grounded.response import (QUESTION_COLUMNS, SUMMARY_ANSWER_WORDS, SUMMARY_EVIDENCE_WORDS,
-                                                   TASK_COLUMNS, answer_task)
+from halluscope.programs.grounded.program import STATE_KEY, fit_grounded
+from halluscope.programs.grounded.response import (LEGACY_SUMMARY_EVIDENCE_WORDS, QUESTION_COLUMNS,
+                                                   SUMMARY_ANSWER_WORDS, SUMMARY_EVIDENCE_WORDS, TASK_COLUMNS,
+                                                   answer_task)
 from halluscope.programs.registry import get_program as get
 from tests.test_grounded_response import FAST, qa_examples
 
@@ -61,6 +62,30 @@ def test_the_question_blind_head_gives_the_same_verdict_with_and_without_the_que
     again = get("grounded").make(units_from="none", **BLIND).load_state(state)
     assert np.isclose(again(question="", answer=ex.answer, context=ex.context).score,
                       m(question="", answer=ex.answer, context=ex.context).score)
+
+    assert m.head.info["summary_evidence_words"] == SUMMARY_EVIDENCE_WORDS == again.summary_words
+
+
+def test_a_head_keeps_the_summary_bound_it_was_fitted_with():
+    """A head fitted by this code records the evidence bound of its task rule; a head that records none (fitted
+    before the bound moved from 250 to 225 words) keeps 250 when loaded, so served artifacts keep their verdicts."""
+    exs = qa_examples()
+    m = get("grounded").make(units_from="none", **BLIND)
+    fit_grounded(m, exs, "f1")
+    state = json.loads(json.dumps(m.dump_state()))
+    between = " ".join(["text"] * (SUMMARY_EVIDENCE_WORDS + 5))  # between the two bounds
+    answer = " ".join(["word"] * SUMMARY_ANSWER_WORDS)
+    feats, probs = m.unit_probs(question="", answer=answer, context=between, lang="en")
+    j = m.response_features.index("t_summary")
+    now = get("grounded").make(units_from="none", **BLIND).load_state(state)
+    assert now.summary_words == SUMMARY_EVIDENCE_WORDS < LEGACY_SUMMARY_EVIDENCE_WORDS
+    assert now.response_row(answer, feats, probs, context=between)[j] == 1
+    del state[STATE_KEY]["response"]["info"]["summary_evidence_words"]
+    old = get("grounded").make(units_from="none", **BLIND).load_state(state)
+    assert old.summary_words == LEGACY_SUMMARY_EVIDENCE_WORDS
+    assert old.response_row(answer, feats, probs, context=between)[j] == 0
+    assert answer_task("", answer, between, LEGACY_SUMMARY_EVIDENCE_WORDS) == "qa"
+    assert answer_task("", answer, between) == "summarization"
 
 
 # -- German "wurde" / "fertiggestellt": a verbatim word is never "unsupported" (#34) ----------------------------

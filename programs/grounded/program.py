@@ -28,6 +28,7 @@ from halluscope.programs.grounded.signals.hidden import HiddenScorer, Probe, Rid
 from halluscope.programs.grounded.signals.idf import IdfSignal
 from halluscope.programs.grounded.signals.lmscore import LMScorer
 from halluscope.programs.grounded.response import (FRAMING_WORDS, HEAD_FEATURES, QUESTION_COLUMNS, TASK_COLUMNS,
+                                                   LEGACY_SUMMARY_EVIDENCE_WORDS, SUMMARY_EVIDENCE_WORDS,
                                                    ResponseHead, answer_task, task_columns,
                                                    _sentences, content_mask, fit_head, response_feature_names,
                                                    response_features, units_decision)
@@ -193,6 +194,9 @@ class GroundedDetector(dspy.Module):
         self.lm_evidence_tokens = int(head["lm_evidence_tokens"])
         self.hidden_model, self.hidden_cache_dir = str(head["hidden_model"] or ""), str(head["hidden_cache_dir"] or "")
         self.head_question, self.head_task = bool(head["question"]), bool(head["task"])
+        # without a task, the evidence length from which a 20+-word answer is a summary: this code's bound for a
+        # head it fits, the bound a loaded head was fitted with (load_state)
+        self.summary_words = SUMMARY_EVIDENCE_WORDS
         if head["decide_words"] not in DECIDE_WORDS:
             raise ValueError(f"decide_words must be one of {', '.join(DECIDE_WORDS)}, not {head['decide_words']!r}")
         if not 0.5 <= float(head["decide_p"]) < 1.0:
@@ -500,7 +504,7 @@ class GroundedDetector(dspy.Module):
             return row
         names = self._all_response_features()
         keep = [j for j, f in enumerate(names) if self.head_question or f not in QUESTION_COLUMNS]
-        extra = task_columns(answer_task(task, answer, context)) if self.head_task else []
+        extra = task_columns(answer_task(task, answer, context, self.summary_words)) if self.head_task else []
         return np.concatenate([row[keep], np.asarray(extra, dtype=float)])
 
     def _response_row(self, answer: str, feats, probs, content=None, *, question: str = "", context: str = "",
@@ -633,6 +637,8 @@ class GroundedDetector(dspy.Module):
         if not (0.0 <= floor <= threshold <= 1.0 + 1e-6):
             raise ValueError(f"grounded: invalid threshold/floor {st.get('threshold')!r}/{st.get('floor')!r}")
         self.combiner, self.threshold, self.floor, self.head = comb, threshold, floor, head
+        if head is not None and self.head_task:  # a head that records no bound was fitted with the old one
+            self.summary_words = int(head.info.get("summary_evidence_words", LEGACY_SUMMARY_EVIDENCE_WORDS))
         self.idf_table = IdfTable.from_dict(st.get("idf") or {})
         self.fitted = dict(st.get("fitted") or {})
         self.evidence_free = self.evidence_free or bool(st.get("evidence_free", False))
@@ -1001,6 +1007,8 @@ def fit_response_head(module: GroundedDetector, examples, metric_name: str, data
                         metric=metric, vectors=stack_vectors(vecs) if module.use_resp_hs else None,
                         weights=np.where(original, 1.0, module.head_frame_weight), scored=original)
     head.info["data"] = data
+    if module.head_task:  # the rule its task column was fitted with, so that a loaded head keeps it
+        head.info["summary_evidence_words"] = int(module.summary_words)
     module.head = head
     return {"data": data, "kind": module.head_kind, "l2": module.head_l2, "threshold": head.threshold,
             "threshold_metric": metric, "n": int(original.sum()), "n_hallucinated": int(y[original].sum()),
