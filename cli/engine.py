@@ -22,8 +22,8 @@ from halluscope.evaluation.scale import LMConfig, RayOptions, detect_ray, evalua
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--engine", choices=["inprocess", "ray"], default="inprocess",
-                   help="inprocess (the default: threads in this process) or ray (Ray Data actors; "
-                        'pip install -e ".[ray]")')
+                   help="inprocess (the default: threads in this process) or ray (Ray Data actors; the "
+                        "ray extra: pip install 'halluscope[ray]')")
     g.add_argument("--address", default=None,
                    help="Ray cluster to join ('auto', 'ray://host:10001'); default: a local Ray on this machine")
     g.add_argument("--workers", type=THREADS, default=2, help="Ray actors, each with its own program and LM (default 2)")

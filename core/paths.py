@@ -26,7 +26,7 @@ __all__ = [
     "HOME_ENV", "COMPILED_ENV", "CACHE_ENV", "MUSHROOM_DATA_ENV", "HALLUCLEAN_DATA_ENV",
     "home", "compiled_dir", "outputs_dir", "cache_dir", "tracking_dir", "demo_data_dir", "env_path",
     "default_tracking_uri", "resolve_tracking_uri",
-    "OFFLINE_ENV", "set_offline_defaults",
+    "OFFLINE_ENV", "set_offline_defaults", "source_checkout", "install_hint",
 ]
 
 HOME_ENV = "HALLUSCOPE_HOME"
@@ -93,3 +93,21 @@ def resolve_tracking_uri(tracking_uri: str | None = None, *, create: bool = True
 
 def demo_data_dir() -> Path:
     return home() / "demo_data"
+
+
+def source_checkout() -> Path | None:
+    """The source checkout this package runs from (an editable install: the folder whose ``pyproject.toml`` names
+    the project ``halluscope`` and holds this module's folder), else None (an installed wheel)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return root if 'name = "halluscope"' in text else None
+
+
+def install_hint(extra: str) -> str:
+    """How to install the optional extra ``extra`` where this package runs: ``pip install -e "<checkout>[extra]"``
+    from a source checkout, ``pip install "halluscope[extra]"`` for an installed wheel."""
+    root = source_checkout()
+    return f'pip install -e "{root}[{extra}]"' if root is not None else f'pip install "halluscope[{extra}]"'

@@ -4,7 +4,7 @@
     halluscope detect ... --engine ray --address auto          # an existing Ray cluster
     halluscope evaluate --program spans --lang de --engine ray --workers 2
 
-Ray is an optional extra (``pip install -e ".[ray]"``) and is imported only here, inside the functions that
+Ray is an optional extra (``pip install "halluscope[ray]"``, ``pip install -e ".[ray]"`` in a checkout) and is imported only here, inside the functions that
 run a job: the default engine stays in-process and ``import halluscope.cli`` never imports Ray.
 
 How a detection job runs (:func:`detect_ray`)
@@ -52,6 +52,7 @@ from halluscope.artifacts.store import ArtifactIntegrityError, load_artifact_dir
 from halluscope.core.contract import Detection, failure_reason, to_prediction
 from halluscope.artifacts.compiled import CompiledDetector, detect
 from halluscope.core.fileio import write_text_atomic
+from halluscope.core.paths import install_hint
 from halluscope.core.signals import stop_on_sigterm
 from halluscope.lm.models import configure
 from halluscope.lm.usage import LMUsage, UsageMeter
@@ -372,7 +373,7 @@ def _ray():
     try:
         import ray  # optional dependency: only ever imported by a Ray job
     except ImportError:
-        raise ImportError('--engine ray needs Ray: pip install -e ".[ray]"') from None
+        raise ImportError(f"--engine ray needs Ray: {install_hint('ray')}") from None
     return ray
 
 

@@ -220,9 +220,11 @@ def test_installed_wheel_detects_from_an_empty_folder(installed, tmp_path):
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     where = subprocess.run([str(bin_dir / "python"), "-c", "import halluscope.artifacts.store as s; "
-                            "print(s.__file__); print(s.bundled_dir())"], cwd=work, env=_env(home),
+                            "print(s.__file__); print(s.bundled_dir()); from halluscope.core.paths import install_hint as h; "
+                            "print(h('encoder'))"], cwd=work, env=_env(home),
                            capture_output=True, text=True, timeout=120)
-    module, bundled = where.stdout.split()
+    module, bundled, hint = where.stdout.strip().split("\n")
+    assert hint == 'pip install "halluscope[encoder]"'  # a wheel user is told the extra, not a checkout's -e .
     assert Path(module).is_relative_to(bin_dir.parent) and Path(bundled).is_relative_to(bin_dir.parent), where
     for lang, question in (("de", ["--question", "Where is the Golden Gate Bridge?"]), ("en", [])):
         proc = subprocess.run([str(bin_dir / "halluscope"), "detect", "--lang", lang, "--answer", SWAPPED,

