@@ -84,11 +84,14 @@ def _signals(row: dict) -> str:
 
 def verdict_text(row: dict) -> str:
     """The response-level verdict in words, from the row's ``verdict`` (the contract settles it: a labelled-correct
-    answer holds no hard span): ``HALLUCINATED``, ``CANNOT VERIFY: <reason>``, or correct, saying how many doubtful
+    answer holds no hard span): ``HALLUCINATED`` (with the reason when no span shows it), ``CANNOT VERIFY:
+    <reason>``, or correct, saying how many doubtful
     parts are marked. A row from before the contract settled verdicts (label False beside hard spans) still says
     both, never "no hallucination found" above highlighted spans."""
     verdict = row.get("verdict") or ("hallucinated" if row.get("label") else "correct")
     if row.get("label", verdict == "hallucinated"):
+        if not row.get("hard_labels") and row.get("verdict_reason"):  # no span to show: say where it came from
+            return f"HALLUCINATED: {row['verdict_reason']}"
         return "HALLUCINATED"
     if verdict == "unverifiable":
         return f"CANNOT VERIFY: {row.get('verdict_reason') or 'no evidence was given'}"

@@ -175,8 +175,12 @@ class Detection:
         """Why the verdict, in one line (for the CLI's text view, the JSON and the page)."""
         n = len(self.hard_labels)
         if self.verdict == "hallucinated":
-            return (f"{n} span{'' if n == 1 else 's'} the detector stands behind (p > 0.5)" if n
-                    else f"the response score {self.score:.2f} is above 0.5")
+            if n:
+                return f"{n} span{'' if n == 1 else 's'} the detector stands behind (p > 0.5)"
+            if self.units and not any(u.score > 0.5 for u in self.units):  # the response head's verdict alone
+                return (f"the response score {self.score:.2f} is above 0.5, judged on the answer as a whole: none "
+                        f"of its {len(self.units)} units is flagged on its own")
+            return f"the response score {self.score:.2f} is above 0.5"
         if self.verdict == "unverifiable":
             return "no evidence was given (no context, retriever or files), so nothing could support or contradict it"
         return "every checked part is supported or no part scored above 0.5"

@@ -502,6 +502,16 @@ def test_a_hard_span_makes_the_label_hallucinated_and_lifts_the_score():
     assert "1 span" in d.verdict_reason
 
 
+def test_a_hallucinated_label_without_a_flagged_unit_says_it_was_judged_on_the_whole_answer():
+    # a response head may call an answer hallucinated while no word stands out: the reason says so, not "spans"
+    units = [Unit("word", 24, 33, "Barcelona", "supported", 0.4), Unit("num", 37, 41, "1492", "supported", 0.2)]
+    d = Detection(answer=ANSWER, spans=[_span("Barcelona", 0.4)], label=True, score=0.9, units=units)
+    assert d.verdict == "hallucinated" and d.hard_labels == []
+    assert d.verdict_reason == ("the response score 0.90 is above 0.5, judged on the answer as a whole: none of its "
+                                "2 units is flagged on its own")
+    assert Detection(answer=ANSWER, label=True, score=0.9).verdict_reason == "the response score 0.90 is above 0.5"
+
+
 def test_soft_spans_leave_the_label_as_the_program_decided():
     d = Detection(answer=ANSWER, spans=[_span("Barcelona", 0.5)], label=False, score=0.3)
     assert d.label is False and d.score == 0.3 and d.hard_labels == []

@@ -59,6 +59,11 @@ def test_the_verdict_never_says_no_hallucination_above_flagged_spans():
     assert verdict_text({**row, "hard_labels": [[0, 1], [2, 3]]}).endswith("but 2 spans flagged: check them")
     assert verdict_text({**row, "hard_labels": [], "soft_labels": []}) == "no hallucination found"
     assert verdict_text({**row, "label": True}) == "HALLUCINATED"
+    # labelled hallucinated with no span to show: the verdict line says where the label came from
+    whole = Detection(answer=ANSWER, label=True, score=0.9, units=[Unit("word", 24, 33, "Barcelona", "supported", 0.4)],
+                      evidence=[Evidence("x")])
+    line = verdict_text({"id": "a", "ok": True, **whole.to_dict()})
+    assert line.startswith("HALLUCINATED: the response score 0.90") and "as a whole" in line
 
 
 def test_the_verdict_says_cannot_verify_without_evidence_and_doubtful_parts_when_correct():
