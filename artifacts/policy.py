@@ -46,7 +46,8 @@ AUTO = "auto"
 class Choice:
     """What :func:`choose` decided: the program, the artifact key (a language, a task or ``all``), the metric,
     the pinned version (None: the best), whether an artifact exists (``fitted``) and ``why`` (one line, empty when
-    exactly what was asked is served)."""
+    exactly what was asked is served). ``refused``: no artifact, and the program cannot run untrained
+    (``ProgramSpec.needs_fit``): ``why`` then says how to train one, and :func:`load_detector` raises it."""
 
     program: str
     key: str
@@ -54,6 +55,7 @@ class Choice:
     version: int | str | None = None
     fitted: bool = True
     why: str = ""
+    refused: bool = False
 
 
 def is_embedded(lm: object = None) -> bool:
@@ -101,6 +103,11 @@ def choose(lang: str | None = None, task: str | None = None, *, program: str | N
             return Choice(name, CROSS_LINGUAL, span_metric, None, True,
                           f"program {name}{default}: no artifact for {key!r}, using the cross-lingual one "
                           f"({name}/{CROSS_LINGUAL}/{span_metric}, fitted on every validation language)")
+    train = (f"python optimize.py --program {name} {'--task' if task else '--lang'} {key} --metric {metric}")
+    if get_program(name).needs_fit:
+        return Choice(name, key, metric, None, False,
+                      f"program {name}: no trained artifact for {key!r}/{metric}, and it cannot run untrained: train "
+                      f"one with {train}", refused=True)
     return Choice(name, key, metric, None, False,
                   f"program {name}{default}: no compiled artifact for {key!r}/{metric}, serving the unfitted program "
                   f"(compile one: python optimize.py --program {name} {'--task' if task else '--lang'} {key} "
@@ -144,6 +151,12 @@ def load_detector(lang: str | None = None, task: str | None = None, *, program: 
                                root=root, trust_endpoints=trust_endpoints, options=options)
         return Detector(program=loaded.program, manifest=loaded.manifest, path=loaded.path, choice=choice)
     spec = get_program(choice.program)
+    if choice.refused:
+        try:  # say what to install first when the program cannot even be built here
+            spec.make(**(options or {}))
+        except (TypeError, ValueError) as e:
+            raise ArtifactNotFoundError(f"{choice.why}; and the program cannot be built: {e}") from None
+        raise ArtifactNotFoundError(choice.why)
     try:
         module = spec.make(**(options or {}))
     except (TypeError, ValueError) as e:

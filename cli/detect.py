@@ -125,7 +125,7 @@ def cmd_detect(args) -> int:
     except (KeyError, ValueError) as e:
         usage_error(args, str(e).strip("'\""))
     args.program, key, args.metric = choice.program, choice.key, choice.metric
-    if choice.why:
+    if choice.why and not (choice.refused and not args.list):  # a refused choice is the error line below
         print(f"halluscope detect: {choice.why}", file=sys.stderr)
     if args.list:
         versions = list_versions(args.program, key, args.metric, root=args.compiled_dir, include_invalid=True)

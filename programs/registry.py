@@ -348,6 +348,10 @@ class ProgramSpec:
     # combiner's weights) and returns information about the fit; optimize uses it instead of a prompt
     # optimizer when set.
     fit: Callable[[dspy.Module, list, str], dict] | None = None
+    # True for a program that means nothing before its fit hook ran (a classifier head with no weights): detect,
+    # serve and load_detector refuse to serve it without a trained artifact; optimize still scores the unfitted
+    # program as its zero-shot baseline
+    needs_fit: bool = False
     # Options whose values choose an LM, a model server or a network endpoint (FINCH-ZK's samplers, MEDICO's
     # search URL): credentials from the environment go where they say. An artifact whose manifest sets one of
     # them to anything but the default or an embedded/configured LM ("self", "local") is refused on load

@@ -145,6 +145,27 @@ def test_no_dead_end_without_any_artifact(tmp_path):
                                                                                         "Los Angeles")
 
 
+def test_a_program_that_cannot_run_untrained_is_refused_not_served_unfitted(tmp_path, capsys):
+    """The encoder's head has no weights before its fit: without a trained artifact detect, serve and
+    load_detector refuse it in one line naming the optimize command (it used to serve the untrained program, which
+    marked nothing and called every answer correct)."""
+    from halluscope.artifacts.policy import choose
+    from halluscope.artifacts.store import ArtifactNotFoundError
+    from halluscope.cli import main
+
+    choice = choose("de", None, program="encoder", root=tmp_path)
+    assert choice.refused and not choice.fitted
+    assert choice.why == ("program encoder: no trained artifact for 'de'/iou, and it cannot run untrained: train one "
+                          "with python optimize.py --program encoder --lang de --metric iou")
+    with pytest.raises(ArtifactNotFoundError, match="cannot run untrained"):
+        load_detector(lang="de", program="encoder", root=tmp_path)
+    assert not choose("de", None, program="grounded", root=tmp_path).refused  # grounded runs on its hand-set weights
+    rc = main(["detect", "--program", "encoder", "--lang", "de", "--answer", "Berlin ist groß.",
+               "--compiled-dir", str(tmp_path)])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert rc == 2 and len(err) == 1 and "cannot run untrained" in err[0] and "unfitted" not in err[0], err
+
+
 def test_detect_cli_says_what_it_serves(empty_home, capsys):
     from halluscope.cli import main
 

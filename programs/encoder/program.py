@@ -342,6 +342,7 @@ register_program(ProgramSpec(
     level="span",
     uses_lm=False,
     fit=fit_encoder,
+    needs_fit=True,
     option_types={"top_layers": whole(1, 4), "epochs": whole(1, 100), "lr": number(0, 1, lo_open=True),
                   "max_len": whole(16, 512), "answer_tokens": OptionType("int", lo=8, hi=509, check=_window_problem),
                   "threshold": number(0, 1, hi_open=True), "synthetic": whole(0, 20),
