@@ -69,3 +69,44 @@ def test_save_probs_writes_every_held_out_item_from_the_model_that_did_not_see_i
         assert [(a, b) for a, b, _ in r["probs"]] == word_units(r["answer"])
         assert all(0.0 <= p <= 1.0 for *_, p in r["probs"])
     assert json.loads(out.read_text())["folds"] == 3
+
+
+# -- scripts/bench_encoder_halluclean.py: the response score on HalluClean ---------------------------------------
+
+def test_halluclean_cv_keeps_twins_together_and_scores_a_perfect_score_perfectly(tmp_path):
+    hc = importlib.import_module("bench_encoder_halluclean")
+    assert hc.group_of("qa-12-hallucinated") == hc.group_of("qa-12-right") == "qa-12"
+    rows = [{"id": f"{t}-{i}-{kind}", "task": t, "label": kind == "hallucinated",
+             "score": (0.6 + 0.01 * i) if kind == "hallucinated" else (0.2 + 0.01 * i)}
+            for t in ("summarization", "qa") for i in range(10) for kind in ("right", "hallucinated")]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = hc.cv_rows(hc.read_scores(path), seeds=[0, 1])
+    assert list(res) == ["qa", "summarization"]  # the tasks in HalluClean's order
+    for r in res.values():
+        assert r["n"] == 20 and r["auc"] == 1.0 and r["pair"] == 1.0
+        assert r["fpr"] == 0.0 and r["tpr"] == 1.0
+    path.write_text('{"id": "qa-1-right", "task": "qa"}\n')
+    assert hc.main(["cv", "--scores", str(path)]) == 2
+
+
+def test_halluclean_train_then_score_writes_one_row_per_answer(tmp_path):
+    _need_extra()
+    hc = importlib.import_module("bench_encoder_halluclean")
+    hcd = tmp_path / "halluclean"
+    hcd.mkdir()
+    (hcd / "QA.dev.json").write_text(json.dumps([
+        {"id": i, "knowledge": f"Bach was born in {1685 + i} in Eisenach.", "question": "When was Bach born?",
+         "right_answer": f"{1685 + i}", "hallucinated_answer": f"Bach was born in {1750 + i}."} for i in range(3)]))
+    rc = hc.main(["train", "--data-dir", str(_root(tmp_path)), "--langs", "en", "de", "--out-dir",
+                  str(tmp_path / "store"), "-O", "top_layers=1", "-O", "epochs=1", "-O", "max_len=32",
+                  "-O", "answer_tokens=16"])
+    assert rc == 0
+    version = tmp_path / "store" / "encoder" / "all" / "iou" / "v0001"
+    assert (version / "encoder.safetensors").is_file()
+    scores = tmp_path / "s.jsonl"
+    assert hc.main(["score", "--artifact", str(version), "--scores", str(scores), "--hc-dir", str(hcd),
+                    "--tasks", "qa"]) == 0
+    rows = [json.loads(line) for line in scores.read_text().splitlines()]
+    assert sorted(r["id"] for r in rows) == sorted(f"qa-{i}-{k}" for i in range(3) for k in ("right", "hallucinated"))
+    assert all(0.0 <= r["score"] <= 1.0 and r["label"] == r["id"].endswith("hallucinated") for r in rows)
