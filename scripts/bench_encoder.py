@@ -3,7 +3,6 @@
 
   taskset -c 1 nice -n 5 python scripts/bench_encoder.py [--data-dir ../shared/data/mushroom] [--folds 3]
       [-O synthetic=1] [-O synthetic_kinds=numbers,dates] [--out result.json] [--save-probs oof.jsonl]
-      [--loo [LANG ...]]
 
 One multilingual model per fold: the folds are drawn per language (seeded, as scripts/bench_grounded.py draws
 them) and pooled, so every fold's training set holds about (k-1)/k of every language; the held-out items are
@@ -11,10 +10,6 @@ scored with the official metrics (IoU, Corr) and averaged per language, then ove
 (``-O synthetic=N``) are made from the *training* items' retrieved contexts only (never a held-out item's, never
 any gold label). Also printed: mark-all on the same items, the fit wall time, peak RSS, inference items/s, the
 artifact's weight size.
-
-``--loo`` (leave one language out): one model per held-out language, trained on the other languages' items
-(and synthetic items from their contexts only), scored on all of the held-out language's items; ``--loo de en``
-holds out only those (each still trained on the other nine). Each language's score is printed when its fit ends.
 
 ``--save-probs FILE`` writes the out-of-fold word probabilities as JSON lines, one per held-out item, from the
 fold model that did not train on it: ``{"id", "lang", "fold", "answer", "probs": [[start, end, p], ...]}``
@@ -73,8 +68,6 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="items per language (a quick run)")
     ap.add_argument("-O", dest="opts", action="append", default=[])
     ap.add_argument("--out", default=None)
-    ap.add_argument("--loo", nargs="*", default=None, metavar="LANG",
-                    help="leave one language out: hold out each of these languages (none named: every one of --langs)")
     ap.add_argument("--save-probs", default=None, metavar="FILE",
                     help="write the out-of-fold word probabilities (JSON lines) to FILE")
     args = ap.parse_args(argv)
@@ -84,17 +77,10 @@ def main(argv=None) -> int:
     opts = parse_opts(args.opts)
     by_lang = {lang: load_mushroom(args.data_dir, lang=lang, split="val", context="native", limit=args.limit)
                for lang in args.langs}
-    if args.loo is not None:
-        held_langs = args.loo or list(by_lang)
-        unknown = [lang for lang in held_langs if lang not in by_lang]
-        if unknown:
-            ap.error(f"--loo: {', '.join(unknown)} not among --langs ({', '.join(by_lang)})")
-        folds = [list(by_lang[lang]) for lang in held_langs]
-    else:
-        folds = [[] for _ in range(args.folds)]
-        for lang, exs in by_lang.items():
-            for j, f in enumerate(folds_of(len(exs), args.folds, args.seed)):
-                folds[j].extend(exs[i] for i in f)
+    folds = [[] for _ in range(args.folds)]
+    for lang, exs in by_lang.items():
+        for j, f in enumerate(folds_of(len(exs), args.folds, args.seed)):
+            folds[j].extend(exs[i] for i in f)
     everything = [ex for exs in by_lang.values() for ex in exs]
     preds: dict[str, object] = {}
     probs_out = open(args.save_probs, "w", encoding="utf-8") if args.save_probs else None
@@ -130,19 +116,12 @@ def main(argv=None) -> int:
         infer_s += time.perf_counter() - t
         if probs_out is not None:
             probs_out.flush()
-        if args.loo is not None:
-            s = [score_item(gold_of(ex), {"hard_labels": preds[ex.id].hard_labels,
-                                          "soft_labels": preds[ex.id].soft_labels}) for ex in held]
-            print(f"held-out {held[0].lang}: IoU {np.mean([x['iou'] for x in s]):.3f} Corr "
-                  f"{np.mean([x['corr'] for x in s]):.3f}", file=sys.stderr, flush=True)
         n_infer += len(held)
     if probs_out is not None:
         probs_out.close()
     mark_all = get("mark-all").make()
     rows = {}
     for lang, exs in by_lang.items():
-        if any(ex.id not in preds for ex in exs):  # --loo: a language not held out is only training data
-            continue
         s = [score_item(gold_of(ex), {"hard_labels": preds[ex.id].hard_labels,
                                       "soft_labels": preds[ex.id].soft_labels}) for ex in exs]
         m = [score_item(gold_of(ex), {"hard_labels": (p := mark_all(answer=ex.answer)).hard_labels,
@@ -151,8 +130,7 @@ def main(argv=None) -> int:
                       "corr": float(np.mean([x["corr"] for x in s])),
                       "mark_all_iou": float(np.mean([x["iou"] for x in m]))}
     mean = {k: float(np.mean([r[k] for r in rows.values()])) for k in ("iou", "corr", "mark_all_iou")}
-    protocol = args.folds if args.loo is None else f"leave one language out: {', '.join(rows)}"
-    result = {"options": opts, "folds": protocol, "seed": args.seed, "per_lang": rows, "mean": mean, "fits": fits,
+    result = {"options": opts, "folds": args.folds, "seed": args.seed, "per_lang": rows, "mean": mean, "fits": fits,
               "fit_seconds_mean": float(np.mean([f["seconds"] for f in fits])),
               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "items_per_s": n_infer / infer_s if infer_s else None, "weights_bytes": weights}

@@ -110,26 +110,3 @@ def test_halluclean_train_then_score_writes_one_row_per_answer(tmp_path):
     rows = [json.loads(line) for line in scores.read_text().splitlines()]
     assert sorted(r["id"] for r in rows) == sorted(f"qa-{i}-{k}" for i in range(3) for k in ("right", "hallucinated"))
     assert all(0.0 <= r["score"] <= 1.0 and r["label"] == r["id"].endswith("hallucinated") for r in rows)
-
-
-def test_loo_trains_without_the_held_out_language_and_scores_only_it(tmp_path, monkeypatch, capsys):
-    _need_extra()
-    bench = importlib.import_module("bench_encoder")
-    trained_on = []
-    real_fit = bench.fit_encoder
-
-    def fit(module, train, metric):
-        trained_on.append({ex.lang for ex in train})
-        return real_fit(module, train, metric)
-
-    monkeypatch.setattr(bench, "fit_encoder", fit)
-    out = tmp_path / "r.json"
-    rc = bench.main(["--data-dir", str(_root(tmp_path)), "--langs", "en", "de", "--loo", "de",
-                     "-O", "top_layers=1", "-O", "epochs=1", "-O", "max_len=32", "-O", "answer_tokens=16",
-                     "--out", str(out)])
-    assert rc == 0 and trained_on == [{"en"}]
-    result = json.loads(out.read_text())
-    assert list(result["per_lang"]) == ["de"] and result["folds"] == "leave one language out: de"
-    assert "held-out de: IoU" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        bench.main(["--data-dir", str(_root(tmp_path / "again")), "--langs", "en", "--loo", "xx"])
