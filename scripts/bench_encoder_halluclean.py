@@ -50,7 +50,7 @@ def cmd_train(args) -> int:
     import torch
 
     from halluscope.artifacts.store import write_artifact
-    from halluscope.loaders.mushroom import VAL_LANGS, load_mushroom
+    from halluscope.loaders.mushroom import load_mushroom
     from halluscope.programs.encoder.program import fit_encoder
     from halluscope.programs.registry import get_program
 
