@@ -2,7 +2,7 @@
 "encoder on Mu-SHROOM" section.
 
   taskset -c 1 nice -n 5 python scripts/bench_encoder.py [--data-dir ../shared/data/mushroom] [--folds 3]
-      [-O synthetic=1] [-O synthetic_kinds=numbers,dates] [--out result.json]
+      [-O synthetic=1] [-O synthetic_kinds=numbers,dates] [--out result.json] [--save-probs oof.jsonl]
 
 One multilingual model per fold: the folds are drawn per language (seeded, as scripts/bench_grounded.py draws
 them) and pooled, so every fold's training set holds about (k-1)/k of every language; the held-out items are
@@ -10,6 +10,11 @@ scored with the official metrics (IoU, Corr) and averaged per language, then ove
 (``-O synthetic=N``) are made from the *training* items' retrieved contexts only (never a held-out item's, never
 any gold label). Also printed: mark-all on the same items, the fit wall time, peak RSS, inference items/s, the
 artifact's weight size.
+
+``--save-probs FILE`` writes the out-of-fold word probabilities as JSON lines, one per held-out item, from the
+fold model that did not train on it: ``{"id", "lang", "fold", "answer", "probs": [[start, end, p], ...]}``
+(``p`` the head's raw probability, before the threshold; ``fold`` the index of the fold the item was held out
+in). The file is written fold by fold, so an interrupted run leaves the folds that finished.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="items per language (a quick run)")
     ap.add_argument("-O", dest="opts", action="append", default=[])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--save-probs", default=None, metavar="FILE",
+                    help="write the out-of-fold word probabilities (JSON lines) to FILE")
     args = ap.parse_args(argv)
     import torch
 
@@ -76,6 +83,7 @@ def main(argv=None) -> int:
             folds[j].extend(exs[i] for i in f)
     everything = [ex for exs in by_lang.values() for ex in exs]
     preds: dict[str, object] = {}
+    probs_out = open(args.save_probs, "w", encoding="utf-8") if args.save_probs else None
     fits, infer_s, n_infer, weights = [], 0.0, 0, 0
     for j, held in enumerate(folds):
         ids = {ex.id for ex in held}
@@ -88,11 +96,29 @@ def main(argv=None) -> int:
                      "synthetic": info.get("synthetic_items", 0)})
         weights = info["weights_bytes"]
         print(f"fold {j}: fit {fits[-1]}", file=sys.stderr, flush=True)
+        captured = []
+        raw_word_probs = module.word_probs
+
+        def word_probs(*a, **kw):  # forward's own call, kept: the raw probabilities without a second pass
+            captured.append(raw_word_probs(*a, **kw))
+            return captured[-1]
+
+        module.word_probs = word_probs
         t = time.perf_counter()
         for ex in held:
+            captured.clear()
             preds[ex.id] = module(question=ex.question, answer=ex.answer, context=ex.context, lang=ex.lang)
+            if probs_out is not None:
+                wp = captured[-1] if captured else []  # an empty answer is never read
+                probs_out.write(json.dumps({"id": ex.id, "lang": ex.lang, "fold": j, "answer": ex.answer,
+                                            "probs": [[a, b, round(float(p), 6)] for a, b, p in wp]},
+                                           ensure_ascii=False) + "\n")
         infer_s += time.perf_counter() - t
+        if probs_out is not None:
+            probs_out.flush()
         n_infer += len(held)
+    if probs_out is not None:
+        probs_out.close()
     mark_all = get("mark-all").make()
     rows = {}
     for lang, exs in by_lang.items():

@@ -12,6 +12,10 @@ not fitted on.
   python scripts/bench_grounded.py hidden    [-O hidden_model=gemma] [-O hidden_cache_dir=DIR] [--threads 1]
                                              # #19: fill the hidden-state cache, with its speed (s/item, CPU, RSS)
 
+``cv --encoder-probs OOF.jsonl``: with the ``encoder_prob`` signal (``-O encoder_prob=true``) fed the encoder's
+out-of-fold word probabilities (``scripts/bench_encoder.py --save-probs``), keyed by item id, instead of a trained
+artifact; it prints whether the grounded folds are the encoder's own (the same split: seed 0, 5 folds).
+
 ``cv``: per language, k seeded folds (averaged over ``--seeds``, default 0 1 2): fit on k-1 folds (``fit_grounded``, metric iou), predict the held-out
 fold; IoU / Corr / MaxIoU are the official item scores averaged over all items of the language, beside ``mark-all``
 and ``logits`` on the same items. Prints a Markdown table.
@@ -83,10 +87,68 @@ def baseline(name: str, examples) -> dict:
 FEATURE_CACHE: dict = {}
 
 
+#: ``(question, answer, context, lang) -> word probabilities`` given to the encoder_prob signal (--encoder-probs)
+ENCODER_PROVIDER = None
+
+
 def make(opts: dict) -> GroundedDetector:
     module = build_grounded(**opts)
     module.feature_cache = FEATURE_CACHE
+    sig = module.signal("encoder_prob")
+    if sig is not None and ENCODER_PROVIDER is not None:
+        sig.provider = ENCODER_PROVIDER
     return module
+
+
+def read_oof(path) -> dict[str, dict]:
+    """The rows of a ``bench_encoder.py --save-probs`` file by item id (``ValueError`` naming the line when one
+    is malformed or an id repeats)."""
+    rows: dict[str, dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                ok = isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("fold"), int) and \
+                    all(len(t) == 3 for t in r["probs"])
+            except (ValueError, TypeError, KeyError):
+                ok = False
+            if not ok:
+                raise ValueError(f"{path}: line {n}: not an out-of-fold row (id, fold, probs [[start, end, p], ...])")
+            if r["id"] in rows:
+                raise ValueError(f"{path}: line {n}: id {r['id']!r} repeats")
+            rows[r["id"]] = r
+    return rows
+
+
+def oof_provider(rows: dict[str, dict], examples):
+    """The encoder_prob signal's provider over ``rows`` (:func:`read_oof`): an item is found by its id through its
+    (lang, question, answer), so two items with the same answer keep their own probabilities. ``ValueError``
+    naming the first example whose id has no row, or whose answer differs from the row's."""
+    by_key = {}
+    for ex in examples:
+        r = rows.get(ex.id)
+        if r is None or r.get("answer", ex.answer) != ex.answer:
+            raise ValueError(f"the out-of-fold file has no row for item {ex.id!r}"
+                             + ("" if r is None else " with its answer"))
+        by_key[(ex.get("lang", ""), ex.get("question", "") or "", ex.answer)] = [tuple(t) for t in r["probs"]]
+
+    def provider(question, answer, context, lang):
+        return by_key[(lang, question or "", answer)]
+    return provider
+
+
+def split_agreement(rows: dict[str, dict], data: dict, k: int, seed: int) -> tuple[int, int]:
+    """How many items the per-language ``folds_of(n, k, seed)`` holds out in the same fold as the encoder's
+    out-of-fold row says, of how many."""
+    same = total = 0
+    for exs in data.values():
+        for j, fold in enumerate(folds_of(len(exs), k, seed)):
+            for i in fold:
+                total += 1
+                same += rows[exs[i].id]["fold"] == j
+    return same, total
 
 
 def cv_predict(examples, opts: dict, k: int, metric: str, seed: int = 0, fit_log: list | None = None) -> list:
@@ -773,6 +835,9 @@ def main(argv=None):
                     help="ablation: issue 9's signals, issue 19's, or the unit combiner (logreg vs trees)")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("-O", action="append", default=[], help="build option name=value (JSON value)")
+    ap.add_argument("--encoder-probs", default=None, metavar="OOF.jsonl",
+                    help="cv: the encoder_prob signal on, fed these out-of-fold word probabilities "
+                         "(scripts/bench_encoder.py --save-probs)")
     ap.add_argument("--lang", default="en", help="response: the grounded/<lang>/iou artifact whose unit part is used")
     ap.add_argument("--version", default=None, help="response: pin that artifact's version (default: the best)")
     ap.add_argument("--head-l2", type=float, default=10.0, help="response: the heads' L2 penalty")
@@ -803,6 +868,22 @@ def main(argv=None):
                     help="length: the fit weight of one framed answer (an original answer weighs 1)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
+    if args.encoder_probs:
+        global ENCODER_PROVIDER
+        if args.command != "cv":
+            ap.error("--encoder-probs goes with the cv command")
+        try:
+            rows = read_oof(args.encoder_probs)
+            data = {lang: load(args, lang) for lang in args.langs}
+            ENCODER_PROVIDER = oof_provider(rows, [ex for exs in data.values() for ex in exs])
+        except (OSError, ValueError) as e:
+            print(f"bench_grounded: --encoder-probs: {e}", file=sys.stderr)
+            return 2
+        args.O.append("encoder_prob=true")
+        for sd in args.seeds:
+            same, total = split_agreement(rows, data, args.folds, sd)
+            print(f"fold seed {sd}: {same} of {total} items are held out in the same fold as by the encoder"
+                  + (" (the same split)" if same == total else ""), file=sys.stderr)
     {"cv": cmd_cv, "ablation": cmd_ablation, "xling": cmd_xling,
      "halluclean": lambda a: cmd_halluclean(a), "speed": lambda a: cmd_speed(a),
      "response": cmd_response, "hidden": cmd_hidden,
@@ -812,4 +893,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

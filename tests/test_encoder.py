@@ -409,3 +409,27 @@ def test_store_refuses_a_listed_file_that_is_not_safetensors_even_with_a_valid_h
     (art.path / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(A.ArtifactIntegrityError, match=r"artifact file 'weights.pkl' is not NAME.safetensors"):
         A.load_artifact_dir(art.path)
+
+
+def test_load_encoder_dir_reads_a_version_folder_and_feeds_grounded_s_signal(trained, tmp_path):
+    from halluscope.artifacts import store as A
+    from halluscope.programs.encoder.program import encoder_word_probs, load_encoder_dir
+    from halluscope.programs.registry import get_program as get
+
+    module, _ = trained
+    art = A.write_artifact(module, {"source": "toy", "program_options": OPTIONS}, program_name="encoder", lang="en",
+                           metric="iou", root=tmp_path / "store")
+    answer = "river 4242 garden"
+    det = load_encoder_dir(art.path)
+    assert det.word_probs(answer, "What?", "") == encoder_word_probs("What?", answer, "", "en", art)
+    g = get("grounded").make(encoder_prob=True, encoder_artifact=str(art.path))
+    feats = g.item_features(question="What?", answer=answer, context="river garden", lang="en")
+    col = feats.X[:, g.features.index("enc_p")].tolist()
+    assert col == pytest.approx([p for *_, p in det.word_probs(answer, "What?", "river garden")])
+    assert "encoder_prob_missing" not in feats.failures
+    weights = art.path / "encoder.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(ValueError, match="does not match its SHA-256"):
+        load_encoder_dir(art.path)
+    with pytest.raises(ValueError, match="not an encoder artifact folder"):
+        load_encoder_dir(tmp_path)

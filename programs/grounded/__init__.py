@@ -28,6 +28,14 @@ def _lm_model_problem(lm_model, options) -> str | None:
     return None
 
 
+def _encoder_artifact_problem(path, options) -> str | None:
+    """A named encoder artifact must be a folder (a trained one is checked when the signal loads it)."""
+    if path and not (Path(path).expanduser() / "manifest.json").is_file():
+        return f"no encoder artifact folder (with a manifest.json) at {path!r}; give a version folder such as " \
+               f"compiled/encoder/<key>/iou/v0001, trained with python optimize.py --program encoder"
+    return None
+
+
 def _rules_problem(rules, options) -> str | None:
     if rules not in (True, False, "all", "numbers", "true", "false"):
         return f"rules takes true, false, \"all\" or \"numbers\", not {rules!r}"
@@ -57,5 +65,7 @@ register_program(ProgramSpec(
                   "head_features": text("all", "content"), "head_frame_weight": number(0, lo_open=True),
                   "decide_words": text("any", "claims"), "decide_p": number(0.5, 1, hi_open=True),
                   "head_metric": text("", "f1", "balanced_accuracy", "accuracy"),
+                  "encoder_artifact": text(what="a trained encoder artifact version folder, or \"\"",
+                                           check=_encoder_artifact_problem),
                   "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))

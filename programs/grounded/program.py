@@ -1095,6 +1095,8 @@ def translate_options(options: dict) -> dict:
                                    "alpha": o["hidden_alpha"], "parts": o["hidden_parts"], "pool": o["hidden_pool"]}))
     if str(o["detectors"] or "").strip():
         signals.append(("detectors", {"names": o["detectors"]}))
+    if o["encoder_prob"]:
+        signals.append(("encoder_prob", {"artifact": o["encoder_artifact"]}))
     return {"signals": signals, "combiner": o["combiner"], "l2": o["l2"], "window": o["window"],
             "aggregate": o["aggregate"], "rules": o["rules"], "evidence_free": o["evidence_free"],
             "units": {"fit": o["fit_units"], "pool": o["unit_pool"], "pool_weight": o["unit_pool_weight"],
@@ -1124,7 +1126,7 @@ def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = Tru
                    resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
                    head_frame_weight: float = 0.15, evidence_free: bool = False, head_question: bool = True,
                    head_task: bool = False, decide_words: str = "any", decide_p: float = 0.5,
-                   head_metric: str = "") -> GroundedDetector:
+                   head_metric: str = "", encoder_prob: bool = False, encoder_artifact: str = "") -> GroundedDetector:
     """The ``grounded`` program from its ``-O`` options (the registry's build: these are what ``-O`` and a
     manifest's ``program_options`` name); :func:`translate_options` maps them onto the detector's signals.
 
@@ -1234,6 +1236,10 @@ def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = Tru
         decide_p: the rescaled probability a unit must exceed to decide that way (0.5 = the unit threshold).
         head_metric: what the response head's threshold is chosen for ("" = the fit's metric: F1 for ``--metric
             f1``; "balanced_accuracy" trades caught answers for fewer false alarms where the head is weak).
+        encoder_prob: the trained ``encoder`` program's word probability as a feature (``enc_p``; the ``encoder``
+            extra and a trained artifact, ``encoder_artifact``). Missing: ``enc_p`` imputed, note
+            ``encoder_prob_missing``. Off by default (BENCHMARKS: "`encoder` on Mu-SHROOM").
+        encoder_artifact: the trained encoder's artifact version folder (compiled/encoder/<key>/iou/vNNNN).
     """
     for name, value in (("lm_evidence_tokens", lm_evidence_tokens), ("lm_item_tokens", lm_item_tokens)):
         if int(value) < 0:

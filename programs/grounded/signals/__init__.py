@@ -2,13 +2,14 @@
 :mod:`halluscope.core.extensions` (see :mod:`.base` for what a signal declares).
 
 Built-ins, in column order: ``base`` (:mod:`.basic`), ``support``, ``numbers``, ``align``, ``encoder``, ``idf``,
-``genlogits``, ``lm`` (:mod:`.lmscore`), ``hidden``, ``detectors``. On the untrained program's default path:
+``genlogits``, ``lm`` (:mod:`.lmscore`), ``hidden``, ``detectors``, ``encoder_prob`` (the trained ``encoder``
+program's word probability). On the untrained program's default path:
 :data:`DEFAULT_SIGNALS`; the others are opt-in (their module docstrings give the measured reason)."""
 
 from __future__ import annotations
 
 from halluscope.programs.grounded.signals import basic, support, numbers, align, encoder, idf, genlogits, lmscore, \
-    hidden, detectors  # noqa: F401 — importing registers the built-ins in this order
+    hidden, detectors, encoder_prob  # noqa: F401 — importing registers the built-ins in this order
 from halluscope.core import extensions
 from halluscope.programs.grounded.signals.base import Signal, signal_class, signal_names
 
@@ -17,7 +18,8 @@ BUILTIN: dict[str, type[Signal]] = dict(extensions.table("signals"))
 
 __all__ = ["BUILTIN", "DEFAULT_SIGNALS", "make_signal", "signals_for", "ordered", "column_owner", "Signal"]
 
-#: the untrained program's signals (the ``-O`` defaults): align, encoder, lm, hidden and detectors are opt-in
+#: the untrained program's signals (the ``-O`` defaults): align, encoder, lm, hidden, detectors and encoder_prob are
+#: opt-in
 DEFAULT_SIGNALS = ("base", "support", "numbers", "idf", "genlogits")
 
 

@@ -1,0 +1,146 @@
+"""``grounded``'s ``encoder_prob`` signal (#37): the trained encoder's word probability as a unit column, from a
+provider (a fake one here: no torch needed), its fallback without the extra or an artifact, and the out-of-fold
+file the benchmark feeds it (scripts/bench_grounded.py --encoder-probs)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from halluscope.core import extensions
+from halluscope.programs.grounded.program import fit_grounded
+from halluscope.programs.grounded.signals import DEFAULT_SIGNALS
+from halluscope.programs.grounded.signals.base import signal_class, signal_names
+from halluscope.programs.grounded.signals.encoder_prob import EncoderProbSignal, unit_max
+from halluscope.programs.grounded.units import AnswerUnit
+from halluscope.programs.registry import InvalidOptionError, get_program
+from tests.test_grounded import fixture_examples, inputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+
+def _gold_provider(examples, hot=0.9, cold=0.1):
+    """A fake encoder: ``hot`` on the words inside the gold spans, ``cold`` elsewhere (per character range)."""
+    spans = {ex.answer: [tuple(s) for s in ex.hard_labels] for ex in examples}
+    calls = []
+
+    def provider(question, answer, context, lang):
+        calls.append(answer)
+        out, pos = [], 0
+        for word in answer.split():
+            a = answer.index(word, pos)
+            b = pos = a + len(word)
+            out.append((a, b, hot if any(s < b and a < e for s, e in spans.get(answer, [])) else cold))
+        return out
+    provider.calls = calls
+    return provider
+
+
+def test_the_signal_is_found_by_name_and_is_opt_in():
+    assert "encoder_prob" in signal_names() and signal_class("encoder_prob") is EncoderProbSignal
+    assert extensions.get("signals", "encoder_prob") is EncoderProbSignal
+    assert "encoder_prob" not in DEFAULT_SIGNALS
+    doc = sys.modules[EncoderProbSignal.__module__].__doc__
+    assert "BENCHMARKS.md" in doc and "+0.013 IoU" in doc  # opt-in, with the measured reason
+    assert "enc_p" not in get_program("grounded").make().features
+    det = get_program("grounded").make(encoder_prob="true")
+    assert det.signal("encoder_prob") is not None and det.features.count("enc_p") == 1
+    with pytest.raises(InvalidOptionError, match="no encoder artifact folder .* at '/nowhere/v0001'"):
+        get_program("grounded").make(encoder_prob=True, encoder_artifact="/nowhere/v0001")
+
+
+def test_a_unit_gets_the_highest_probability_of_the_encoder_words_it_overlaps():
+    def u(a, b):
+        return AnswerUnit(a, b, "word", "x" * (b - a), "x" * (b - a))
+    words = [(0, 4, 0.2), (5, 7, 0.6), (7, 10, 0.9), (12, 15, 0.4)]
+    assert unit_max([u(0, 4), u(5, 10), u(10, 12), u(11, 13)], words) == [0.2, 0.9, 0.0, 0.4]
+
+
+def test_the_column_comes_from_the_provider_and_the_combiner_fits_a_weight_for_it():
+    examples = fixture_examples(16)
+    det = get_program("grounded").make(encoder_prob=True)
+    provider = det.signal("encoder_prob").provider = _gold_provider(examples)
+    bad = next(ex for ex in examples if ex.hard_labels)
+    feats = det.item_features(**{k: v for k, v in inputs(bad).items() if k != "task"})
+    col = feats.X[:, det.features.index("enc_p")]
+    s, e = bad.hard_labels[0]
+    for unit, p in zip(feats.units, col):
+        assert p == (0.9 if unit.start < e and s < unit.end else 0.1)
+    assert "encoder_prob_missing" not in feats.failures and provider.calls == [bad.answer]
+    info = fit_grounded(det, examples, "iou")
+    assert info["weights"]["enc_p"] > 0.5  # the fake encoder singles out the gold words
+    pred = det(**inputs(bad))
+    assert "encoder_prob_missing" not in pred.notes and "encoder_prob_missing" not in pred.failures
+
+
+def test_without_the_extra_or_an_artifact_the_column_is_imputed_with_one_warning(monkeypatch, caplog, tmp_path):
+    import importlib.util
+
+    examples = fixture_examples(16)
+    det = get_program("grounded").make(encoder_prob=True)
+    det.signal("encoder_prob").provider = _gold_provider(examples)
+    fit_grounded(det, examples, "iou")
+    mean = det.combiner.mean[det.features.index("enc_p")]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    (tmp_path / "manifest.json").write_text("{}")
+    cases = [{}, {"encoder_artifact": str(tmp_path)}]  # no artifact named; one named but torch missing
+    for options in cases:
+        fresh = get_program("grounded").make(encoder_prob=True, **options).load_state(det.dump_state())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            preds = [fresh(**inputs(ex)) for ex in examples[:3]]
+        warned = [r.getMessage() for r in caplog.records if "encoder_prob" in r.getMessage()]
+        assert len(warned) == 1 and "\n" not in warned[0], warned  # once, not per item
+        assert ("no trained encoder artifact" if not options else "needs torch") in warned[0]
+        for p in preds:
+            assert p.notes.get("encoder_prob_missing") == 1 and "encoder_prob_missing" not in p.failures
+        feats = fresh.item_features(**{k: v for k, v in inputs(examples[0]).items() if k != "task"})
+        assert all(x == mean for x in fresh.impute_missing(feats)[:, fresh.features.index("enc_p")])
+
+
+# -- the out-of-fold file of scripts/bench_encoder.py --save-probs -------------------------------------------
+
+def _rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_the_oof_file_is_read_by_id_and_keyed_so_equal_answers_keep_their_own_probabilities(tmp_path):
+    import dspy
+
+    bench = importlib.import_module("bench_grounded")
+    exs = [dspy.Example(id=f"val-ar-{i}", lang="ar", question=q, answer="same answer", context="")
+           for i, q in enumerate(["q one", "q two"])]
+    exs.append(dspy.Example(id="val-ar-2", lang="ar", question="q one", answer="other", context=""))
+    rows = bench.read_oof(_rows(tmp_path / "oof.jsonl", [
+        {"id": "val-ar-0", "lang": "ar", "fold": 0, "answer": "same answer", "probs": [[0, 4, 0.1], [5, 11, 0.2]]},
+        {"id": "val-ar-1", "lang": "ar", "fold": 1, "answer": "same answer", "probs": [[0, 4, 0.7], [5, 11, 0.8]]},
+        {"id": "val-ar-2", "lang": "ar", "fold": 1, "answer": "other", "probs": [[0, 5, 0.5]]}]))
+    provider = bench.oof_provider(rows, exs)
+    assert provider("q one", "same answer", "ctx", "ar") == [(0, 4, 0.1), (5, 11, 0.2)]
+    assert provider("q two", "same answer", "", "ar") == [(0, 4, 0.7), (5, 11, 0.8)]
+    assert provider("q one", "other", "", "ar") == [(0, 5, 0.5)]
+    with pytest.raises(ValueError, match="no row for item 'val-ar-9'"):
+        bench.oof_provider(rows, exs + [dspy.Example(id="val-ar-9", lang="ar", question="", answer="x")])
+    with pytest.raises(ValueError, match="line 2: id 'val-ar-0' repeats"):
+        bench.read_oof(_rows(tmp_path / "dup.jsonl", [rows["val-ar-0"], rows["val-ar-0"]]))
+    (tmp_path / "bad.jsonl").write_text('{"id": "a", "fold": 0, "probs": [[0, 1, 0.5]]}\n{"id": "b"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl: line 2: not an out-of-fold row"):
+        bench.read_oof(tmp_path / "bad.jsonl")
+
+
+def test_split_agreement_says_whether_the_grounded_folds_are_the_encoders():
+    import dspy
+
+    bench = importlib.import_module("bench_grounded")
+    exs = [dspy.Example(id=f"x{i}", answer="a") for i in range(10)]
+    folds = bench.folds_of(10, 5, 0)
+    rows = {exs[i].id: {"fold": j} for j, f in enumerate(folds) for i in f}
+    assert bench.split_agreement(rows, {"de": exs}, 5, 0) == (10, 10)
+    assert bench.split_agreement(rows, {"de": exs}, 5, 1)[0] < 10
