@@ -26,19 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_encoder import parse_opts  # noqa: E402  (the -O KEY=VALUE reader of the encoder benchmarks)
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("qa", "dialogue", "summarization")
-
-
-def parse_opts(pairs):
-    out = {}
-    for p in pairs or []:
-        k, _, v = p.partition("=")
-        try:
-            out[k] = json.loads(v)
-        except ValueError:
-            out[k] = v
-    return out
 
 
 def group_of(case_id: str) -> str:
