@@ -103,15 +103,14 @@ def choose(lang: str | None = None, task: str | None = None, *, program: str | N
             return Choice(name, CROSS_LINGUAL, span_metric, None, True,
                           f"program {name}{default}: no artifact for {key!r}, using the cross-lingual one "
                           f"({name}/{CROSS_LINGUAL}/{span_metric}, fitted on every validation language)")
-    train = (f"python optimize.py --program {name} {'--task' if task else '--lang'} {key} --metric {metric}")
+    train = f"python optimize.py --program {name} {'--task' if task else '--lang'} {key} --metric {metric}"
     if get_program(name).needs_fit:
         return Choice(name, key, metric, None, False,
                       f"program {name}: no trained artifact for {key!r}/{metric}, and it cannot run untrained: train "
                       f"one with {train}", refused=True)
     return Choice(name, key, metric, None, False,
                   f"program {name}{default}: no compiled artifact for {key!r}/{metric}, serving the unfitted program "
-                  f"(compile one: python optimize.py --program {name} {'--task' if task else '--lang'} {key} "
-                  f"--metric {metric})")
+                  f"(compile one: {train})")
 
 
 @dataclass(frozen=True)
@@ -151,16 +150,12 @@ def load_detector(lang: str | None = None, task: str | None = None, *, program: 
                                root=root, trust_endpoints=trust_endpoints, options=options)
         return Detector(program=loaded.program, manifest=loaded.manifest, path=loaded.path, choice=choice)
     spec = get_program(choice.program)
-    if choice.refused:
-        try:  # say what to install first when the program cannot even be built here
-            spec.make(**(options or {}))
-        except (TypeError, ValueError) as e:
-            raise ArtifactNotFoundError(f"{choice.why}; and the program cannot be built: {e}") from None
-        raise ArtifactNotFoundError(choice.why)
-    try:
+    try:  # built first, so that a refused program also says what to install when it cannot be built here
         module = spec.make(**(options or {}))
     except (TypeError, ValueError) as e:
         raise ArtifactNotFoundError(f"{choice.why}; and the program cannot be built: {e}") from None
+    if choice.refused:
+        raise ArtifactNotFoundError(choice.why)
     manifest = {"program": choice.program, "lang": choice.key, "metric": choice.metric, "version": 0,
                 "program_options": dict(options or {}), "content_hash": "", "unfitted": True}
     return Detector(program=module, manifest=manifest, path=None, choice=choice)

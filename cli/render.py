@@ -85,8 +85,7 @@ def _signals(row: dict) -> str:
 def verdict_text(row: dict) -> str:
     """The response-level verdict in words, from the row's ``verdict`` (the contract settles it: a labelled-correct
     answer holds no hard span): ``HALLUCINATED`` (with the reason when no span shows it), ``CANNOT VERIFY:
-    <reason>``, or correct, saying how many doubtful
-    parts are marked. A row from before the contract settled verdicts (label False beside hard spans) still says
+    <reason>``, or correct, saying how many doubtful parts are marked. A row from before the contract settled verdicts (label False beside hard spans) still says
     both, never "no hallucination found" above highlighted spans."""
     verdict = row.get("verdict") or ("hallucinated" if row.get("label") else "correct")
     if row.get("label", verdict == "hallucinated"):

