@@ -61,6 +61,9 @@ def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
     every command's, for tests and documentation; None: none, for ``halluscope --help``); the other commands
     are listed with their help line."""
     parser = argparse.ArgumentParser(prog="halluscope", description="Find and fix hallucinations in LLM answers.")
+    from halluscope import __version__  # noqa: PLC0415 - the package is imported already (this module is in it)
+
+    parser.add_argument("--version", action="version", version=f"halluscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         if command in ("*", name):

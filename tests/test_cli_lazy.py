@@ -144,3 +144,17 @@ def test_evaluate_prints_the_whole_commands_wall_time(tmp_path, monkeypatch, cap
     detect_s = float(out.split("detect time:")[1].split()[0])
     wall_s = float(out.strip().splitlines()[-1].split("wall time ")[1].split()[0])
     assert wall_s >= 100.0 > detect_s
+
+
+def test_version_is_the_packages_and_imports_no_command(capsys):
+    import tomllib
+
+    from halluscope import __version__
+    from halluscope.cli import main
+
+    assert __version__ == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"halluscope {__version__}"
+    mods = imported_by(["-m", "halluscope", "--version"])
+    assert not [m for m in mods if m.startswith("halluscope.cli.") and m != "halluscope.cli.log"]
