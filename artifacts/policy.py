@@ -15,9 +15,11 @@ The rules, in order:
   served ``grounded``, which needs no capable LM, and any other LM the LM span detector ``spans``;
 * the artifact is the best version for the language or task (:func:`halluscope.artifacts.store.rank_versions`,
   over the user's ``<home>/compiled`` and the artifacts bundled with the package);
-* no artifact for the key: ``grounded`` takes its cross-lingual artifact (``all``); a program with no artifact at
-  all is served **unfitted** (its zero-shot module, ``detector.fitted`` is False) and ``why`` says so. There is no
-  dead end, and the embedded model is never handed an LM program it cannot run unless asked for by name;
+* no artifact for the key: the program's cross-lingual artifact (``all``, compiled with ``--lang all``) if it has
+  one, for a language (``grounded``'s also for a HalluClean task); a program with no artifact at all is served
+  **unfitted** (its zero-shot module, ``detector.fitted`` is False) and ``why`` says so, or refused in one line when
+  it cannot run untrained (``encoder``). There is no dead end, and the embedded model is never handed an LM program
+  it cannot run unless asked for by name;
 * ``lang="auto"`` (or neither ``lang`` nor ``task``): an :class:`AutoDetector`, which identifies each answer's
   language offline (:func:`halluscope.core.langid.identify`, on the question with the answer) and serves it the
   detector the rules above give that language (``all`` when the identifier is unsure), loading each at most once.
@@ -36,7 +38,7 @@ from halluscope.programs.registry import get_program
 
 __all__ = ["Choice", "Detector", "AutoDetector", "choose", "load_detector", "is_embedded", "CROSS_LINGUAL", "AUTO"]
 
-#: the key of grounded's artifact fitted on every validation language, served for a language without its own
+#: the key of an artifact fitted on every validation language (``--lang all``), served for a language without its own
 CROSS_LINGUAL = "all"
 #: the language key that means "identify each answer's language"
 AUTO = "auto"
@@ -97,12 +99,12 @@ def choose(lang: str | None = None, task: str | None = None, *, program: str | N
     if version is not None or _has(name, key, metric, root):
         why = "" if explicit else f"program {name}{default}, artifact for {key!r}"
         return Choice(name, key, metric, version, True, why)
-    if name == "grounded" and key != CROSS_LINGUAL:
+    if key != CROSS_LINGUAL and (not task or name == "grounded"):
         span_metric = metric if not task else "iou"
         if _has(name, CROSS_LINGUAL, span_metric, root):
             return Choice(name, CROSS_LINGUAL, span_metric, None, True,
                           f"program {name}{default}: no artifact for {key!r}, using the cross-lingual one "
-                          f"({name}/{CROSS_LINGUAL}/{span_metric}, fitted on every validation language)")
+                          f"({name}/{CROSS_LINGUAL}/{span_metric}, fitted on every language of its data)")
     train = f"python optimize.py --program {name} {'--task' if task else '--lang'} {key} --metric {metric}"
     if get_program(name).needs_fit:
         return Choice(name, key, metric, None, False,

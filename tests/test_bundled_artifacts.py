@@ -134,6 +134,24 @@ def test_the_run_policy(empty_home, kwargs, program, key, fitted):
         assert "unfitted" in c.why
 
 
+def test_any_program_falls_back_to_its_cross_lingual_artifact_for_a_language(monkeypatch):
+    """A program compiled with --lang all (one multilingual artifact, the encoder's recipe) serves a language without
+    its own artifact, and says so; only grounded's serves a HalluClean task (a span-level artifact fitted on
+    Mu-SHROOM is no task-routed LM program)."""
+    import halluscope.artifacts.policy as policy
+
+    have = {("encoder", "all", "iou"), ("spans", "all", "iou")}
+    monkeypatch.setattr(policy, "_has", lambda program, key, metric, root: (program, key, metric) in have)
+    c = choose("fr", program="encoder")
+    assert (c.key, c.fitted, c.refused) == ("all", True, False) and "using the cross-lingual one" in c.why
+    c = choose("fi", lm="openai/gpt-4o-mini")
+    assert (c.program, c.key, c.fitted) == ("spans", "all", True) and "encoder/all" not in c.why
+    c = choose(task="qa", lm="openai/gpt-4o-mini")
+    assert (c.program, c.key, c.fitted) == ("spans", "qa", False)  # no task artifact: zero-shot, not the span one
+    assert choose("all", program="encoder").key == "all"
+    assert choose(task="qa", program="encoder").refused
+
+
 def test_no_dead_end_without_any_artifact(tmp_path):
     """No artifact anywhere (an explicit empty root): the unfitted grounded program serves, and says so; never the
     LM span detector on the embedded model."""
