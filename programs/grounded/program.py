@@ -1239,7 +1239,7 @@ def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = Tru
         encoder_prob: the trained ``encoder`` program's word probability as a feature (``enc_p``; the ``encoder``
             extra and a trained artifact, ``encoder_artifact``). Missing: ``enc_p`` imputed, note
             ``encoder_prob_missing``. Off by default (BENCHMARKS: "`encoder` on Mu-SHROOM").
-        encoder_artifact: the trained encoder's artifact version folder (compiled/encoder/<key>/iou/vNNNN).
+        encoder_artifact: the trained encoder: ``<key>/iou/vNNNN`` in the store's ``encoder/``, or a version folder.
     """
     for name, value in (("lm_evidence_tokens", lm_evidence_tokens), ("lm_item_tokens", lm_item_tokens)):
         if int(value) < 0:

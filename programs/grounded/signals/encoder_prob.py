@@ -5,8 +5,9 @@ encoder's words that overlap it (0 where none does), from :func:`halluscope.prog
 
 Opt-in, off the default path: BENCHMARKS.md ("`grounded` with the encoder's word probability") measured it on the
 10 languages, 5-fold CV with the encoder's out-of-fold probabilities: +0.013 IoU / +0.021 Corr on the encoder's own
-split (0.519 → 0.532), +0.014 / +0.024 over fold seeds 0 1 2, short of the +0.02 IoU the default asks for. Turn it on with ``-O encoder_prob=true -O encoder_artifact=PATH`` (``PATH``: a trained encoder's
-artifact version folder, ``compiled/encoder/<key>/iou/vNNNN``; read by
+split (0.519 → 0.532), +0.014 / +0.024 over fold seeds 0 1 2, short of the +0.02 IoU the default asks for. Turn it on with ``-O encoder_prob=true -O encoder_artifact=REF``
+(``REF``: a trained encoder's version in the store, ``<key>/iou/vNNNN`` under the compiled folder's ``encoder/``,
+which travels with a store; or a version folder's path; read by
 :func:`~halluscope.programs.encoder.program.load_encoder_dir`). Where the probabilities come from is the
 signal's ``provider``, a function ``(question, answer, context, lang) -> [(start, end, p), ...]``: built from
 ``artifact`` on the first item, or set by the caller (a benchmark gives out-of-fold probabilities this way).
@@ -41,8 +42,9 @@ def unit_max(units, word_probs) -> list[float]:
 @register_signal
 class EncoderProbSignal(Signal):
     name, columns, cost, order = "encoder_prob", ENCODER_PROB, "encoder", 45
-    option_types = {"artifact": text(what="a trained encoder artifact version folder (compiled/encoder/<key>/iou/"
-                                          "vNNNN), or \"\" (none: the column is imputed)")}
+    option_types = {"artifact": text(what="a trained encoder artifact: a version of the store (<key>/iou/vNNNN, "
+                                          "under the compiled folder's encoder/) or a version folder, or \"\" "
+                                          "(none: the column is imputed)")}
     missing = frozenset({"encoder_prob_missing"})
     notes = frozenset({"encoder_prob_missing"})
 
