@@ -121,6 +121,25 @@ def test_synthesize_is_deterministic_and_labels_the_edit():
         assert it.answer[:a].strip() in src and it.answer[b:] in src
 
 
+def test_a_kind_gives_as_many_items_as_its_sentences_allow_never_fewer_by_chance():
+    """A rare kind (one sentence in ten has a year) used to be dropped after 20 random misses in a row, so how many
+    items it gave (6 of 333 dates in one Mu-SHROOM fold, 140-329 substitutions across folds) was chance. Each kind
+    now draws from the sentences it can edit until n is reached or they are used up."""
+    filler = ["The hall has a large window facing the garden.", "Visitors often walk along the quiet river bank.",
+              "Its roof is covered with old grey slate tiles.", "A small cafe serves tea and cake to guests.",
+              "The garden contains many rare and beautiful flowers.", "Local children play football in the park.",
+              "The path leads up the hill to the old tower.", "Birds nest in the tall trees near the gate.",
+              "The library keeps many books about local history."]
+    passages = [" ".join([f"The hall was rebuilt in {1800 + i} after a long fire.", *filler]) for i in range(60)]
+    for n in (40, 60):
+        items = synthesize(passages, n, kinds="dates", seed=0)
+        assert len(items) == n and {i.kind for i in items} == {"dates"}
+        assert len({i.meta["passage"] for i in items}) == n  # each year sentence once
+    assert len(synthesize(passages, 100, kinds="dates", seed=0)) == 60  # used up: no more than the passages hold
+    mixed = synthesize(passages, 90, kinds="dates,addition", seed=1)
+    assert sum(i.kind == "dates" for i in mixed) == 45 and sum(i.kind == "addition" for i in mixed) == 45
+
+
 def test_synthesize_takes_values_only_from_the_same_group_and_drops_citations():
     passages = [*PASSAGES, "Die Brücke wurde 1955 gebaut[1]. Sie ist 77 Meter lang und hat 4 Spuren[2][3]."]
     groups = ["en", "en", "en", "de"]

@@ -115,17 +115,35 @@ def _context_around(passage: str, a: int, b: int, width: int) -> str:
     return passage[lo: max(b, lo + width)]
 
 
+def _applies(kind: str, sent: str) -> bool:
+    """Whether ``kind``'s edit has something to change in ``sent`` (a replacement value is checked when editing)."""
+    if kind == "numbers":
+        return any(not _YEAR.fullmatch(m.group()) for m in _NUMBER.finditer(sent))
+    if kind == "dates":
+        return _YEAR.search(sent) is not None
+    if kind == "names":
+        return _NAME.search(sent) is not None
+    if kind == "places":
+        return _PLACE.search(sent) is not None
+    if kind == "negation":
+        return any(p.search(sent) for p, _ in _NEGATE)
+    return True  # addition: any sentence
+
+
 def synthesize(passages: list[str], n: int, kinds: str | list[str] = "all", seed: int = 0,
-               context_chars: int = 900, max_tries: int = 20, groups: list | None = None) -> list[SynthItem]:
-    """Up to ``n`` synthetic items from ``passages`` (module docstring), the kinds taken in turn (a kind the
-    passages cannot give, ``max_tries`` misses in a row, is left out). ``groups``
-    (e.g. each passage's language): values and added sentences come only from passages of the same group.
-    Citation marks (``[1]``, ``[2, 3]``) are removed from the passages first."""
+               context_chars: int = 900, groups: list | None = None) -> list[SynthItem]:
+    """Up to ``n`` synthetic items from ``passages`` (module docstring), the kinds taken in turn. Each kind draws,
+    in a seeded random order, from the sentences it can edit (a year for ``dates``, a negatable verb for
+    ``negation``, ...), each sentence at most once: a kind stops when its sentences are used up, so how many items
+    it gives depends on what the passages hold, never on chance. ``groups`` (e.g. each passage's language): values
+    and added sentences come only from passages of the same group. Citation marks (``[1]``, ``[2, 3]``) are
+    removed from the passages first."""
     chosen = list(KINDS) if kinds in ("all", None) or kinds == ["all"] else \
         [k.strip() for k in (kinds.split(",") if isinstance(kinds, str) else kinds) if k.strip()]
     unknown = [k for k in chosen if k not in KINDS]
     if unknown:
         raise ValueError(f"unknown synthetic kinds {unknown}; choose from {', '.join(KINDS)} or all")
+    chosen = list(dict.fromkeys(chosen))
     groups = list(groups) if groups is not None else [None] * len(passages)
     if len(groups) != len(passages):
         raise ValueError(f"groups has {len(groups)} entries for {len(passages)} passages")
@@ -139,13 +157,21 @@ def synthesize(passages: list[str], n: int, kinds: str | list[str] = "all", seed
     pools = {"numbers": _pool(passages, _NUMBER), "dates": _pool(passages, _YEAR),
              "names": _pool(passages, _NAME), "places": _pool(passages, _PLACE, 1)}
     pools["numbers"] = [(i, v) for i, v in pools["numbers"] if not _YEAR.fullmatch(v)]
+    every = [(i, a, b) for i in usable for a, b in sents[i]]
+    order = {}
+    for kind in chosen:  # each kind's editable sentences, in a seeded random order
+        order[kind] = [c for c in every if _applies(kind, passages[c[0]][c[1]:c[2]])]
+        rng.shuffle(order[kind])
+    pos = dict.fromkeys(chosen, 0)
     out: list[SynthItem] = []
-    misses = dict.fromkeys(chosen, 0)  # a kind that fails max_tries times in a row is dropped
     turn = 0
     while len(out) < n and chosen:
         kind = chosen[turn % len(chosen)]
-        src = rng.choice(usable)
-        a, b = rng.choice(sents[src])
+        if pos[kind] >= len(order[kind]):  # used up: the other kinds go on
+            chosen.remove(kind)
+            continue
+        src, a, b = order[kind][pos[kind]]
+        pos[kind] += 1
         sent = passages[src][a:b]
 
         def same(i, src=src):
@@ -168,18 +194,13 @@ def synthesize(passages: list[str], n: int, kinds: str | list[str] = "all", seed
                 oa, ob = rng.choice(sents[other])
                 extra = passages[other][oa:ob]
                 made = (sent + " " + extra, [[len(sent) + 1, len(sent) + 1 + len(extra)]])
-        if not made:
-            misses[kind] += 1
-            if misses[kind] >= max_tries:
-                chosen.remove(kind)
+        if not made:  # nothing of the same group to put in: the next sentence of this kind
             continue
-        misses[kind] = 0
         turn += 1
         answer, labels = made
         out.append(SynthItem(answer=answer, context=_context_around(passages[src], a, b, context_chars),
                              hard_labels=labels, kind=kind, meta={"passage": src}))
     return out
-
 
 
 def halluclean_passages(data_dir) -> list[str]:
