@@ -228,7 +228,7 @@ def _toy(n: int, seed: int):
     return out
 
 
-OPTIONS = {"top_layers": 1, "epochs": 4, "lr": 5e-4, "max_len": 64, "answer_tokens": 32}
+OPTIONS = {"top_layers": 1, "epochs": 4, "lr": 5e-4, "max_len": 64, "answer_tokens": 32, "synthetic": 0}
 
 
 @pytest.fixture(scope="module")

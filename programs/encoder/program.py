@@ -99,7 +99,8 @@ class EncoderDetector(dspy.Module):
         max_len: tokens per window: answer + question + evidence.
         answer_tokens: answer tokens per window; a longer answer is read in overlapping windows.
         threshold: the probability cut; 0 chooses it on the training items for the metric when fitting.
-        synthetic: synthetic items per training item (0: none), made from the training items' evidence (synth).
+        synthetic: synthetic items per training item, made from the training items' evidence (synth); 0: none.
+            Default 1: +0.029 IoU over none in BENCHMARKS' 3-fold ablation.
         synthetic_kinds: which kinds of synthetic edits: "all" or a comma list of numbers, dates, names, places,
             negation, addition.
         synthetic_halluclean: a HalluClean data folder whose dev passages (knowledge, documents; English) are
@@ -108,7 +109,7 @@ class EncoderDetector(dspy.Module):
     """
 
     def __init__(self, top_layers: int = 2, epochs: int = 3, lr: float = 1e-4, max_len: int = 256,
-                 answer_tokens: int = 128, threshold: float = 0.0, synthetic: int = 0, synthetic_kinds: str = "all",
+                 answer_tokens: int = 128, threshold: float = 0.0, synthetic: int = 1, synthetic_kinds: str = "all",
                  synthetic_halluclean: str = "", seed: int = 0):
         super().__init__()
         require_extra()
