@@ -16,7 +16,7 @@ from halluscope.core.paths import set_offline_defaults
 set_offline_defaults()  # before anything imports litellm (through dspy) or MLflow
 
 from halluscope.lm.llamacpp import ModelFileError  # noqa: E402
-from halluscope.lm.models import LMCheckError, UnsafeFolderError, check_lm, configure  # noqa: E402
+from halluscope.lm.models import CacheFolderError, LMCheckError, UnsafeFolderError, check_lm, configure  # noqa: E402
 from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_specs, get_dataset
 from halluscope.loaders.generic import FIELDS, parse_column_mapping
 from halluscope.loaders.mushroom import CONTEXT_VARIANTS
@@ -292,7 +292,7 @@ def setup_lm(args, *, needed: bool = True):
         lm = configure(args.lm, cache_dir=args.cache_dir, adapter=args.adapter, api_base=args.api_base,
                        api_key=args.api_key, max_tokens=args.max_tokens, temperature=args.temperature,
                        response_schema=schema, **server)
-    except UnsafeFolderError as e:  # a cache others can write: one line, exit 2 (#35)
+    except (UnsafeFolderError, CacheFolderError) as e:  # a cache others can write, or not even you: one line, exit 2
         raise InputError(str(e)) from e
     try:  # once, before any item: a run where every item would fail stops here
         check_lm(lm, timeout=getattr(args, "lm_timeout", None) or 60.0)

@@ -1,0 +1,82 @@
+"""An installed halluscope whose home (``$HALLUSCOPE_HOME``, else the working folder) cannot be written: the
+commands that need to write nothing still work, the others fail in one line naming the folder, never with a
+traceback. A folder under a file stands in for a read-only one (root ignores permissions, a file does not)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import dspy
+import pytest
+
+from halluscope.lm.scripted import scripted_lm
+
+
+@pytest.fixture
+def blocked_home(tmp_path, monkeypatch):
+    """``$HALLUSCOPE_HOME`` under a file (nothing can be made there), the process in an empty folder."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    home = blocker / "home"
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("HALLUSCOPE_COMPILED_DIR", "HALLUSCOPE_CACHE_DIR", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(home))
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(dspy, "cache", dspy.cache)  # configure() replaces DSPy's global cache: restored after
+    return home
+
+
+def test_configure_without_a_writable_home_caches_in_memory_and_says_so(blocked_home, caplog):
+    from halluscope.lm.models import configure
+
+    lm = scripted_lm(lambda call: {})
+    with caplog.at_level(logging.WARNING, logger="halluscope.lm.models"):
+        assert configure(lm) is lm
+    assert dspy.settings.lm is lm
+    assert dspy.cache.enable_disk_cache is False and dspy.cache.enable_memory_cache is True
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "\n" not in warned[0]
+    assert str(blocked_home / ".cache" / "dspy") in warned[0] and "HALLUSCOPE_HOME" in warned[0]
+
+
+def test_configure_with_an_unusable_cache_dir_it_was_given_is_one_line(tmp_path, monkeypatch):
+    from halluscope.lm.models import CacheFolderError, configure
+
+    monkeypatch.setattr(dspy, "cache", dspy.cache)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(CacheFolderError, match=r"cannot use the LM cache folder .*f/c: .*--cache-dir"):
+        configure(scripted_lm(lambda call: {}), cache_dir=tmp_path / "f" / "c")
+
+
+def test_detect_with_an_lm_program_in_an_unwritable_home_works(blocked_home, monkeypatch, capsys):
+    """``detect --program spans`` configures the LM (DSPy's disk cache lives under the home): it runs anyway."""
+    from halluscope.cli import main
+
+    monkeypatch.setattr("halluscope.cli.common.check_lm", lambda lm, timeout=None: None)
+    lm = scripted_lm({"spans": [{"text": "Germany", "probability": 0.9}]})
+    monkeypatch.setattr("halluscope.lm.models.make_lm", lambda spec, **kw: lm)
+    rc = main(["detect", "--program", "spans", "--lang", "en", "--answer", "Paris is in Germany.",
+               "--context", "Paris is in France.", "--adapter", "json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "Traceback" not in err
+    row = json.loads(out.splitlines()[-1])
+    assert row["ok"] is True and row["hard_labels"] == [[12, 19]]  # "Germany", from the scripted LM
+    assert not blocked_home.parent.is_dir()  # nothing was made
+
+
+def test_detect_with_an_unusable_cache_dir_option_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    from halluscope.cli import main
+
+    (tmp_path / "f").write_text("x")
+    monkeypatch.setattr(dspy, "cache", dspy.cache)
+    monkeypatch.setattr("halluscope.lm.models.make_lm", lambda spec, **kw: scripted_lm(lambda call: {}))
+    rc = main(["detect", "--program", "spans", "--lang", "en", "--answer", "Paris is in Germany.",
+               "--cache-dir", str(tmp_path / "f" / "c")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "Traceback" not in err and "cannot use the LM cache folder" in err
+    assert [l for l in err.splitlines() if "cache folder" in l] == [err.strip().splitlines()[-1]]
