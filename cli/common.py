@@ -11,6 +11,7 @@ import sys
 from typing import NoReturn
 
 from halluscope.cli.log import setup_logging  # noqa: F401 — re-exported: commands import it from here
+from halluscope.core import paths
 from halluscope.core.paths import set_offline_defaults
 
 set_offline_defaults()  # before anything imports litellm (through dspy) or MLflow
@@ -96,6 +97,8 @@ def check_tracking(args, command: str) -> None:
         check_tracking_store(getattr(args, "tracking_uri", None))
     except TrackingStoreError as e:
         hint = " (--no-mlflow runs without tracking)" if hasattr(args, "no_mlflow") else ""
+        if not getattr(args, "tracking_uri", None) and not os.environ.get("MLFLOW_TRACKING_URI"):  # the default
+            hint += f"; the default store is under {paths.home()} (${paths.HOME_ENV}, else the working folder)"
         print(f"halluscope {command}: error: argument --tracking-uri: {e}; nothing was run{hint}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -80,3 +80,37 @@ def test_detect_with_an_unusable_cache_dir_option_is_one_line_exit_2(tmp_path, m
     assert rc == 2
     assert "Traceback" not in err and "cannot use the LM cache folder" in err
     assert [l for l in err.splitlines() if "cache folder" in l] == [err.strip().splitlines()[-1]]
+
+
+def test_the_tracking_check_in_an_unwritable_home_is_one_line(blocked_home):
+    from halluscope.tracking.runs import TrackingStoreError, check_tracking_store
+
+    with pytest.raises(TrackingStoreError, match=r"cannot use the tracking store sqlite:///.*a-file/home/mlruns"):
+        check_tracking_store()
+
+
+def test_evaluate_in_an_unwritable_home_is_one_line_exit_2(blocked_home, tmp_path, capsys):
+    from halluscope.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["evaluate", "--lang", "de", "--limit", "2", "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("halluscope evaluate: error: argument --tracking-uri: cannot use the tracking store")
+    assert "--no-mlflow" in line and "$HALLUSCOPE_HOME" in line
+
+
+def test_compare_reads_and_makes_no_store(blocked_home, tmp_path, monkeypatch, capsys):
+    """compare is a reader: without a store there are no runs to show, in an unwritable home or a fresh one."""
+    from halluscope.cli import main
+
+    assert main(["compare", "--no-plot"]) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "no halluscope runs in sqlite:///" in out
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(fresh))
+    assert main(["compare", "--no-plot"]) == 1
+    assert "no halluscope runs" in capsys.readouterr().out
+    assert not fresh.exists()
