@@ -114,3 +114,35 @@ def test_compare_reads_and_makes_no_store(blocked_home, tmp_path, monkeypatch, c
     assert main(["compare", "--no-plot"]) == 1
     assert "no halluscope runs" in capsys.readouterr().out
     assert not fresh.exists()
+
+
+def test_the_demo_set_in_an_unwritable_home_is_one_line_naming_the_folder_and_the_way_out(blocked_home):
+    from halluscope.loaders.demo import demo_data_dir
+
+    with pytest.raises(OSError) as err:
+        demo_data_dir()
+    message = str(err.value)
+    assert "\n" not in message and not message.startswith("[Errno")
+    assert f"cannot write the built-in demo set to {blocked_home / 'demo_data'}" in message
+    assert "$HALLUSCOPE_HOME" in message and "--data-dir" in message
+
+
+def test_evaluate_without_data_in_an_unwritable_home_is_one_line_exit_2(blocked_home, tmp_path, capsys):
+    from halluscope.cli import main
+
+    rc = main(["evaluate", "--lang", "de", "--limit", "2", "--no-mlflow", "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(
+        f"halluscope evaluate: error: cannot write the built-in demo set to {blocked_home / 'demo_data'}")
+
+
+def test_evaluate_says_where_its_default_output_folder_lives(blocked_home, capsys):
+    from halluscope.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["evaluate", "--lang", "de", "--limit", "2", "--no-mlflow"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1
+    assert err[0].startswith(f"halluscope evaluate: error: argument --out-dir: cannot use {blocked_home / 'outputs'}")
+    assert "$HALLUSCOPE_HOME" in err[0]
