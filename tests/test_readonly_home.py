@@ -146,3 +146,26 @@ def test_evaluate_says_where_its_default_output_folder_lives(blocked_home, capsy
     assert exit_.value.code == 2 and len(err) == 1
     assert err[0].startswith(f"halluscope evaluate: error: argument --out-dir: cannot use {blocked_home / 'outputs'}")
     assert "$HALLUSCOPE_HOME" in err[0]
+
+
+def test_detect_trace_in_an_unwritable_home_is_one_line_exit_2(blocked_home, capsys):
+    from halluscope.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["detect", "--trace", "--lang", "en", "--answer", "Paris is in Germany."])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("halluscope detect: error: argument --tracking-uri: cannot use")
+
+
+def test_ui_in_an_unwritable_home_is_one_line_exit_2(blocked_home, monkeypatch, capsys):
+    from halluscope.cli import main
+
+    started = []
+    monkeypatch.setattr("halluscope.cli.ui.run_group", lambda cmd, env=None: started.append(cmd) or 0)
+    rc = main(["ui"])
+    err = capsys.readouterr().err
+    assert rc == 2 and not started and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"halluscope ui: error: cannot make the MLflow store in {blocked_home / 'mlruns'}")
+    assert "--tracking-uri" in line and "$HALLUSCOPE_HOME" in line
