@@ -169,3 +169,50 @@ def test_ui_in_an_unwritable_home_is_one_line_exit_2(blocked_home, monkeypatch, 
     line = err.strip().splitlines()[-1]
     assert line.startswith(f"halluscope ui: error: cannot make the MLflow store in {blocked_home / 'mlruns'}")
     assert "--tracking-uri" in line and "$HALLUSCOPE_HOME" in line
+
+
+def test_two_writers_that_list_the_same_versions_never_share_a_number(tmp_path, monkeypatch):
+    """Two optimize runs of one program/language/metric into one home: both list the store before either writes
+    (a barrier holds them there), so both pick v0001; the rename that loses takes the next number, neither version
+    overwrites the other, and each manifest names its own folder."""
+    import threading
+
+    from halluscope.artifacts import store
+    from halluscope.programs.registry import get_program
+
+    real_list = store.list_versions
+    barrier = threading.Barrier(2, timeout=30)
+    first = threading.local()
+    listings = []
+
+    def listed_together(*args, **kwargs):
+        out = real_list(*args, **kwargs)
+        listings.append(len(out))
+        if not getattr(first, "done", False):  # each writer's first listing waits for the other's
+            first.done = True
+            barrier.wait()
+        return out
+
+    monkeypatch.setattr(store, "list_versions", listed_together)
+    written, errors = {}, []
+
+    def write(tag):
+        try:
+            written[tag] = store.write_artifact(get_program("mark-all").make(), {"source": tag},
+                                                program_name="mark-all", lang="en", metric="iou", root=tmp_path)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(tag,)) for tag in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert sorted(w.manifest["version"] for w in written.values()) == [1, 2]
+    assert listings[:2] == [0, 0] and len(listings) == 3  # both saw an empty store; the loser listed again
+    base = store.artifact_dir("mark-all", "en", "iou", tmp_path)
+    assert sorted(p.name for p in base.iterdir()) == ["v0001", "v0002"]  # no temp folder left behind
+    for tag, w in written.items():
+        on_disk = json.loads((w.path / "manifest.json").read_text())
+        assert on_disk["source"] == tag and w.path.name == f"v{on_disk['version']:04d}"
