@@ -18,6 +18,7 @@ never pays for another's dependencies (FastAPI and uvicorn for serve, MLflow's s
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
 import sys
 import time
@@ -77,9 +78,21 @@ def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
     return parser
 
 
+def _tolerant_stdout() -> None:
+    """A stdout that cannot encode every character (a non-UTF-8 locale, a Windows pipe) writes what it cannot as
+    escapes, as Python's stderr always does, instead of failing the command at the first umlaut or CJK character
+    of an answer (JSON output escapes them itself: :func:`halluscope.cli.render.write_row`)."""
+    try:
+        if codecs.lookup(sys.stdout.encoding).name != "utf-8" and sys.stdout.errors in ("strict", "surrogateescape"):
+            sys.stdout.reconfigure(errors="backslashreplace")
+    except (AttributeError, LookupError, TypeError, ValueError):  # no stdout, or not a TextIOWrapper: leave it
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     set_offline_defaults()  # before any command imports litellm (through dspy) or MLflow
     setup_logging()
+    _tolerant_stdout()
     argv = sys.argv[1:] if argv is None else list(argv)
     command = command_in(argv)
     stored = _stored_help(command, argv)
