@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import importlib
+import os
 import sys
 import time
 
@@ -89,11 +90,22 @@ def _tolerant_stdout() -> None:
         pass
 
 
+def _utf8_arg(arg: str) -> str:
+    """An argument Python decoded in an ASCII locale (LC_ALL=C without locale coercion) holds its UTF-8 bytes as
+    surrogates: read it as the UTF-8 it is, so an answer's offsets point into the text the user typed."""
+    if not any("\udc80" <= c <= "\udcff" for c in arg):
+        return arg
+    try:
+        return os.fsencode(arg).decode("utf-8")
+    except UnicodeError:  # not UTF-8 either: left as Python decoded it
+        return arg
+
+
 def main(argv: list[str] | None = None) -> int:
     set_offline_defaults()  # before any command imports litellm (through dspy) or MLflow
     setup_logging()
     _tolerant_stdout()
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = [_utf8_arg(a) for a in (sys.argv[1:] if argv is None else argv)]
     command = command_in(argv)
     stored = _stored_help(command, argv)
     if stored is not None:

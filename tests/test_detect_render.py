@@ -158,3 +158,17 @@ def test_detect_on_a_stdout_that_cannot_encode_the_answer_still_writes_it(monkey
     assert main([*argv, "--format", "text"]) == 0
     text = raw.getvalue().decode(encoding)
     assert "\\u957f\\u57ce" in text and "rationale:" in text  # 长城 as escapes; the view written to its end
+
+
+def test_an_answer_python_decoded_in_an_ascii_locale_is_read_as_utf8(capsys):
+    """LC_ALL=C without locale coercion (PYTHONCOERCECLOCALE=0, a system with no C.UTF-8): Python hands the
+    arguments' UTF-8 bytes over as surrogates; the answer is read as the UTF-8 it is, so the offsets point into
+    the text the user typed."""
+    typed = "Die Brücke ist grün."
+    as_python_saw_it = typed.encode("utf-8").decode("ascii", "surrogateescape")
+    assert as_python_saw_it != typed
+    assert main(["detect", "--lang", "de", "--program", "grounded", "--answer", as_python_saw_it,
+                 "--context", "Die Brücke ist rot."]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["answer"] == typed
+    assert [typed[s["start"]:s["end"]] for s in row["spans"]][-1:] == ["grün"]
