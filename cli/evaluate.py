@@ -249,18 +249,16 @@ def artifact_params(detector) -> dict:
 
 
 def check_out_dir(path, *, default: bool = False) -> Path:
-    """``path`` as a folder that exists (created) and is writable; a usage error (exit 2) otherwise (``default``:
-    the user chose no folder, so the message says where the default lives)."""
+    """``path`` as a folder that exists or can be made (it is made when the outputs are written, so a refused run
+    leaves no empty folder) and is writable; a usage error (exit 2) otherwise (``default``: the user chose no
+    folder, so the message says where the default lives)."""
     path = Path(path)
     hint = f" (the default is under {paths.home()}: ${paths.HOME_ENV}, else the working folder)" if default else ""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        print(f"halluscope evaluate: error: argument --out-dir: cannot use {path}: {e.strerror or e}{hint}",
-              file=sys.stderr)
-        raise SystemExit(2) from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        print(f"halluscope evaluate: error: argument --out-dir: {path} is not writable{hint}", file=sys.stderr)
+    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    why = ("Not a directory" if existing is not None and not existing.is_dir() else
+           "Permission denied" if existing is None or not os.access(existing, os.W_OK | os.X_OK) else None)
+    if why:
+        print(f"halluscope evaluate: error: argument --out-dir: cannot use {path}: {why}{hint}", file=sys.stderr)
         raise SystemExit(2)
     return path
 

@@ -96,6 +96,7 @@ def test_evaluate_in_an_unwritable_home_is_one_line_exit_2(blocked_home, tmp_pat
         main(["evaluate", "--lang", "de", "--limit", "2", "--out-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert exit_.value.code == 2
+    assert not (tmp_path / "out").exists()
     assert "Traceback" not in err
     line = err.strip().splitlines()[-1]
     assert line.startswith("halluscope evaluate: error: argument --tracking-uri: cannot use the tracking store")
@@ -133,6 +134,7 @@ def test_evaluate_without_data_in_an_unwritable_home_is_one_line_exit_2(blocked_
     rc = main(["evaluate", "--lang", "de", "--limit", "2", "--no-mlflow", "--out-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # a refused run leaves no empty output folder behind
     assert err.strip().splitlines()[-1].startswith(
         f"halluscope evaluate: error: cannot write the built-in demo set to {blocked_home / 'demo_data'}")
 
