@@ -85,11 +85,12 @@ def failed_share_line(n_failed: int, total: int, max_share: float, why: str, wha
             f"--max-failed-share {max_share:g})")
 
 
-def check_tracking(args, command: str) -> None:
-    """Before any work: when the run will record to MLflow (no ``--no-mlflow``, or ``--trace``), open the
-    tracking store (``--tracking-uri``, ``$MLFLOW_TRACKING_URI`` or the project's) and check that it answers; a bad
-    or hanging store is one line and exit status 2 within a few seconds, not a warning after the work."""
-    if getattr(args, "no_mlflow", True) and not getattr(args, "trace", False):
+def check_tracking(args, command: str, *, always: bool = False) -> None:
+    """Before any work: when the run will record to MLflow (no ``--no-mlflow``, or ``--trace``; ``always``: a
+    command that only records, like ``register``), open the tracking store (``--tracking-uri``,
+    ``$MLFLOW_TRACKING_URI`` or the project's) and check that it answers; a bad or hanging store is one line and
+    exit status 2 within a few seconds, not a warning after the work."""
+    if not always and getattr(args, "no_mlflow", True) and not getattr(args, "trace", False):
         return
     from halluscope.tracking.runs import TrackingStoreError, check_tracking_store  # mlflow: only when tracking
 

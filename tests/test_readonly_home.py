@@ -218,3 +218,15 @@ def test_two_writers_that_list_the_same_versions_never_share_a_number(tmp_path, 
     for tag, w in written.items():
         on_disk = json.loads((w.path / "manifest.json").read_text())
         assert on_disk["source"] == tag and w.path.name == f"v{on_disk['version']:04d}"
+
+
+def test_register_in_an_unwritable_home_is_one_line_exit_2(blocked_home, capsys):
+    from halluscope.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["register", "--lang", "de"])  # the bundled German grounded version
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("halluscope register: error: argument --tracking-uri: cannot use the tracking store")
+    assert str(blocked_home / "mlruns") in line and "$HALLUSCOPE_HOME" in line
