@@ -18,7 +18,9 @@ never pays for another's dependencies (FastAPI and uvicorn for serve, MLflow's s
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
+import os
 import sys
 import time
 
@@ -80,10 +82,33 @@ def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
     return parser
 
 
+def _tolerant_stdout() -> None:
+    """A stdout that cannot encode every character (a non-UTF-8 locale, a Windows pipe) writes what it cannot as
+    escapes, as Python's stderr always does, instead of failing the command at the first umlaut or CJK character
+    of an answer (JSON output escapes them itself: :func:`halluscope.cli.render.write_row`)."""
+    try:
+        if codecs.lookup(sys.stdout.encoding).name != "utf-8" and sys.stdout.errors in ("strict", "surrogateescape"):
+            sys.stdout.reconfigure(errors="backslashreplace")
+    except (AttributeError, LookupError, TypeError, ValueError):  # no stdout, or not a TextIOWrapper: leave it
+        pass
+
+
+def _utf8_arg(arg: str) -> str:
+    """An argument Python decoded in an ASCII locale (LC_ALL=C without locale coercion) holds its UTF-8 bytes as
+    surrogates: read it as the UTF-8 it is, so an answer's offsets point into the text the user typed."""
+    if not any("\udc80" <= c <= "\udcff" for c in arg):
+        return arg
+    try:
+        return os.fsencode(arg).decode("utf-8")
+    except UnicodeError:  # not UTF-8 either: left as Python decoded it
+        return arg
+
+
 def main(argv: list[str] | None = None) -> int:
     set_offline_defaults()  # before any command imports litellm (through dspy) or MLflow
     setup_logging()
-    argv = sys.argv[1:] if argv is None else list(argv)
+    _tolerant_stdout()
+    argv = [_utf8_arg(a) for a in (sys.argv[1:] if argv is None else argv)]
     command = command_in(argv)
     stored = _stored_help(command, argv)
     if stored is not None:

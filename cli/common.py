@@ -11,12 +11,13 @@ import sys
 from typing import NoReturn
 
 from halluscope.cli.log import setup_logging  # noqa: F401 — re-exported: commands import it from here
+from halluscope.core import paths
 from halluscope.core.paths import set_offline_defaults
 
 set_offline_defaults()  # before anything imports litellm (through dspy) or MLflow
 
 from halluscope.lm.llamacpp import ModelFileError  # noqa: E402
-from halluscope.lm.models import LMCheckError, UnsafeFolderError, check_lm, configure  # noqa: E402
+from halluscope.lm.models import CacheFolderError, LMCheckError, UnsafeFolderError, check_lm, configure  # noqa: E402
 from halluscope.loaders import DatasetArgumentError, DatasetSpec, dataset_specs, get_dataset
 from halluscope.loaders.generic import FIELDS, parse_column_mapping
 from halluscope.loaders.mushroom import CONTEXT_VARIANTS
@@ -84,11 +85,12 @@ def failed_share_line(n_failed: int, total: int, max_share: float, why: str, wha
             f"--max-failed-share {max_share:g})")
 
 
-def check_tracking(args, command: str) -> None:
-    """Before any work: when the run will record to MLflow (no ``--no-mlflow``, or ``--trace``), open the
-    tracking store (``--tracking-uri``, ``$MLFLOW_TRACKING_URI`` or the project's) and check that it answers; a bad
-    or hanging store is one line and exit status 2 within a few seconds, not a warning after the work."""
-    if getattr(args, "no_mlflow", True) and not getattr(args, "trace", False):
+def check_tracking(args, command: str, *, always: bool = False) -> None:
+    """Before any work: when the run will record to MLflow (no ``--no-mlflow``, or ``--trace``; ``always``: a
+    command that only records, like ``register``), open the tracking store (``--tracking-uri``,
+    ``$MLFLOW_TRACKING_URI`` or the project's) and check that it answers; a bad or hanging store is one line and
+    exit status 2 within a few seconds, not a warning after the work."""
+    if not always and getattr(args, "no_mlflow", True) and not getattr(args, "trace", False):
         return
     from halluscope.tracking.runs import TrackingStoreError, check_tracking_store  # mlflow: only when tracking
 
@@ -96,6 +98,8 @@ def check_tracking(args, command: str) -> None:
         check_tracking_store(getattr(args, "tracking_uri", None))
     except TrackingStoreError as e:
         hint = " (--no-mlflow runs without tracking)" if hasattr(args, "no_mlflow") else ""
+        if not getattr(args, "tracking_uri", None) and not os.environ.get("MLFLOW_TRACKING_URI"):  # the default
+            hint += f"; the default store is under {paths.home()} (${paths.HOME_ENV}, else the working folder)"
         print(f"halluscope {command}: error: argument --tracking-uri: {e}; nothing was run{hint}", file=sys.stderr)
         raise SystemExit(2) from None
 
@@ -292,7 +296,7 @@ def setup_lm(args, *, needed: bool = True):
         lm = configure(args.lm, cache_dir=args.cache_dir, adapter=args.adapter, api_base=args.api_base,
                        api_key=args.api_key, max_tokens=args.max_tokens, temperature=args.temperature,
                        response_schema=schema, **server)
-    except UnsafeFolderError as e:  # a cache others can write: one line, exit 2 (#35)
+    except (UnsafeFolderError, CacheFolderError) as e:  # a cache others can write, or not even you: one line, exit 2
         raise InputError(str(e)) from e
     try:  # once, before any item: a run where every item would fail stops here
         check_lm(lm, timeout=getattr(args, "lm_timeout", None) or 60.0)

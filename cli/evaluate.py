@@ -94,7 +94,7 @@ def cmd_evaluate(args) -> int:
     if not 0.0 <= args.max_failed_share <= 1.0:
         print("halluscope evaluate: error: argument --max-failed-share: must be between 0 and 1", file=sys.stderr)
         raise SystemExit(2)
-    out_root = check_out_dir(args.out_dir or paths.outputs_dir())  # before any work: a bad folder fails now
+    out_root = check_out_dir(args.out_dir or paths.outputs_dir(), default=not args.out_dir)  # a bad one fails now
     check_tracking(args, "evaluate")  # and so does a tracking store that cannot record the run
     examples, source = load_examples(args)
     if not examples:
@@ -248,16 +248,17 @@ def artifact_params(detector) -> dict:
             "optimizer_desc": (m.get("optimizer") or {}).get("description")}
 
 
-def check_out_dir(path) -> Path:
-    """``path`` as a folder that exists (created) and is writable; a usage error (exit 2) otherwise."""
+def check_out_dir(path, *, default: bool = False) -> Path:
+    """``path`` as a folder that exists or can be made (it is made when the outputs are written, so a refused run
+    leaves no empty folder) and is writable; a usage error (exit 2) otherwise (``default``: the user chose no
+    folder, so the message says where the default lives)."""
     path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        print(f"halluscope evaluate: error: argument --out-dir: cannot use {path}: {e.strerror or e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        print(f"halluscope evaluate: error: argument --out-dir: {path} is not writable", file=sys.stderr)
+    hint = f" (the default is under {paths.home()}: ${paths.HOME_ENV}, else the working folder)" if default else ""
+    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    why = ("Not a directory" if existing is not None and not existing.is_dir() else
+           "Permission denied" if existing is None or not os.access(existing, os.W_OK | os.X_OK) else None)
+    if why:
+        print(f"halluscope evaluate: error: argument --out-dir: cannot use {path}: {why}{hint}", file=sys.stderr)
         raise SystemExit(2)
     return path
 

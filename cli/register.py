@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from halluscope.artifacts.store import ArtifactError, best_version, list_versions
+from halluscope.cli.common import check_tracking
 from halluscope.metrics.adapters import METRICS
 from halluscope.tracking.model_registry import register_artifact
 from halluscope.programs.registry import program_names
@@ -47,6 +48,7 @@ def cmd_register(args) -> int:
         print(f"halluscope register: no compiled {args.program} for {args.lang}/{args.metric}"
               f"{' version ' + str(args.version) if args.version else ''}", file=sys.stderr)
         return 2
+    check_tracking(args, "register", always=True)  # an unusable store is one line, exit 2, not a traceback
     try:
         reg = register_artifact(chosen.path, name=args.name, alias=args.alias or None, tracking_uri=args.tracking_uri)
     except ArtifactError as e:

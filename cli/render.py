@@ -11,6 +11,7 @@ any failures. Long answers wrap at the terminal's width (80 columns off a termin
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import IO
 
@@ -159,6 +160,17 @@ def write_row(stream: IO, row: dict, fmt: str, *, header: str = "") -> None:
     """One output row on ``stream`` in ``fmt`` (``json``/``jsonl``: one JSON line; ``text``: for people)."""
     if fmt == "text":
         render_detection(make_console(stream), row, header=header)
-    else:
-        stream.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    else:  # a stream that cannot encode every character (not UTF-8) gets JSON's own escapes: still the same row
+        stream.write(json.dumps(row, ensure_ascii=not writes_utf8(stream), default=str) + "\n")
     stream.flush()
+
+
+def writes_utf8(stream: IO) -> bool:
+    """Whether ``stream`` encodes text as UTF-8 (a stream without an ``encoding``, like ``io.StringIO``, counts)."""
+    encoding = getattr(stream, "encoding", None)
+    if not encoding:
+        return True
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False

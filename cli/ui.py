@@ -75,11 +75,17 @@ def ui_command(uri: str, *, host: str = "127.0.0.1", port: int = 5000) -> list[s
 
 
 def cmd_ui(args) -> int:
-    uri = resolve_tracking_uri(args.tracking_uri)
+    uri = resolve_tracking_uri(args.tracking_uri, create=False)
     port = args.port or free_port(args.host)
     dest = _artifacts_destination(uri)
     if dest is not None:
-        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a read-only working folder without $HALLUSCOPE_HOME: one line, not a traceback
+            print(f"halluscope ui: error: cannot make the MLflow store in {dest.parent}: {e.strerror or e} "
+                  f"(--tracking-uri chooses another store; the default is under ${paths.HOME_ENV}, else the "
+                  f"working folder)", file=sys.stderr)
+            return 2
     cmd = ui_command(uri, host=args.host, port=port)
     print(f"MLflow UI on {uri}\n  http://{args.host}:{port}   (Ctrl-C stops it)", flush=True)
     return run_group(cmd, env=ui_env())

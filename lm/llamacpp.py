@@ -342,7 +342,13 @@ def fast_path(model_path: str | os.PathLike | None = None) -> bool:
 
 
 def _decide(key: dict, kid: str, model_path) -> bool:
-    path = probe_cache_path()
+    try:
+        path = probe_cache_path()
+    except RuntimeError as e:  # no $HOME and no passwd entry (a container run as an arbitrary user id)
+        logger.warning("no folder for the llama.cpp probe cache (%s): using the safe llama.cpp parameters "
+                       "(use_extra_bufts off) in this process; %s names a file for it, %s=1 forces the fast path",
+                       e, PROBE_CACHE_ENV, FAST_ENV)
+        return False
     entries = _read_cache(path)
     if kid in entries:
         return entries[kid]["fast"]

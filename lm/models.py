@@ -61,6 +61,7 @@ __all__ = [
     "check_lm",
     "make_lm",
     "configure",
+    "CacheFolderError",
     "smollm2_path",
     "file_sha256",
     "LMUsage",
@@ -779,6 +780,31 @@ fits the call's ``max_tokens``: :func:`schema_bounds`); ``None`` leaves it as is
             lm_kwargs["extra_body"] = {**(lm_kwargs.get("extra_body") or {}), "max_tokens": int(budget)}
 
 
+class CacheFolderError(ValueError):
+    """The LM cache folder the caller chose (``cache_dir=``, ``--cache-dir``, ``$HALLUSCOPE_CACHE_DIR``) cannot be
+    made or used; the message is one line."""
+
+
+def _cache_folder(folder: Path, chosen: bool) -> Path | None:
+    """``folder`` made private (:func:`private_dir`), or None when it cannot be made and nobody chose it: the default
+    under a home that cannot be written (a read-only working folder, no ``$HALLUSCOPE_HOME``) leaves the LM's
+    replies cached in memory only, with one warning, rather than failing a command that needs to write nothing.
+    A folder the caller chose is a :class:`CacheFolderError`; one that others can write stays an
+    :class:`UnsafeFolderError`."""
+    try:
+        return private_dir(folder, "LM cache folder")
+    except UnsafeFolderError:
+        raise
+    except OSError as e:
+        why = e.strerror or str(e)
+        if chosen:
+            raise CacheFolderError(f"cannot use the LM cache folder {folder}: {why}; choose a writable one "
+                                   f"(--cache-dir or ${paths.CACHE_ENV})") from None
+        logger.warning("cannot make the LM cache folder %s (%s): LM replies are cached in memory only, for this "
+                       "process; set $%s to a writable folder to keep them", folder, why, paths.HOME_ENV)
+        return None
+
+
 def configure(
     lm: str | dspy.LM = DEFAULT_LM,
     *,
@@ -789,22 +815,24 @@ def configure(
 ) -> dspy.LM:
     """Make ``lm`` (a spec or an LM) the default, with DSPy's disk cache in ``cache_dir``.
 
-    ``cache_dir`` defaults to :func:`halluscope.core.paths.cache_dir`. ``adapter`` is
+    ``cache_dir`` defaults to :func:`halluscope.core.paths.cache_dir` (when that folder cannot be made, replies are
+    cached in memory only, with a warning; a ``cache_dir`` given that cannot is a :class:`CacheFolderError`). ``adapter`` is
     "json" or "chat"; by default JSON for the embedded model (constrained decoding) and DSPy's chat
     adapter otherwise. ``response_schema`` (default: on for a model served from an ``api_base``, unless the
     chat adapter is asked for) sends each signature's JSON schema and output budget to the server
     (:class:`SchemaJSONAdapter`).
     """
+    chosen = cache_dir is not None or paths.env_path(paths.CACHE_ENV) is not None
     cache_dir = Path(cache_dir) if cache_dir else paths.cache_dir()
     # DSPy's disk cache unpickles what it reads: its folder is created 0700, and refused if others can write it
-    private_dir(cache_dir, "LM cache folder")  # (#35, item 10)
+    disk = _cache_folder(cache_dir, chosen)  # (#35, item 10)
     if isinstance(lm, str):
         lm = make_lm(lm, **lm_kwargs)
     api_base = server_base(lm)  # without credentials
-    if api_base:  # DSPy's cache key ignores api_base: one folder per server
-        cache_dir = private_dir(cache_dir / f"server-{hashlib.sha256(api_base.encode()).hexdigest()[:12]}",
-                                "LM cache folder")
-    cache = ReplyCache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(cache_dir),
+    if api_base and disk is not None:  # DSPy's cache key ignores api_base: one folder per server
+        disk = _cache_folder(disk / f"server-{hashlib.sha256(api_base.encode()).hexdigest()[:12]}", chosen)
+    cache = ReplyCache(enable_disk_cache=disk is not None, enable_memory_cache=True,
+                       disk_cache_dir=str(disk) if disk is not None else "",
                        disk_size_limit_bytes=int(os.environ.get("DSPY_CACHE_LIMIT", 3e10)))
     with dspy._cache_lock:  # what dspy.configure_cache does, with a cache that can evict a garbage reply
         dspy.cache = cache

@@ -514,12 +514,17 @@ def demo_data_dir(root: str | os.PathLike | None = None) -> Path:
     out = Path(root) if root is not None else paths.demo_data_dir()
     version_file = out / "VERSION"
     if _read_version(version_file) != DEMO_VERSION:
-        with file_lock(out / ".write.lock"):
-            if _read_version(version_file) != DEMO_VERSION:  # not written meanwhile by a concurrent process
-                for sub in ("val", "context"):
-                    shutil.rmtree(out / sub, ignore_errors=True)
-                write_demo_data(out)
-                _write_text(version_file, DEMO_VERSION + "\n")  # last: a partial write is redone
+        try:
+            with file_lock(out / ".write.lock"):
+                if _read_version(version_file) != DEMO_VERSION:  # not written meanwhile by a concurrent process
+                    for sub in ("val", "context"):
+                        shutil.rmtree(out / sub, ignore_errors=True)
+                    write_demo_data(out)
+                    _write_text(version_file, DEMO_VERSION + "\n")  # last: a partial write is redone
+        except OSError as e:  # a read-only working folder without $HALLUSCOPE_HOME: one line that says what to do
+            where = f"set ${paths.HOME_ENV} to a writable folder" if root is None else "choose a writable folder"
+            raise OSError(f"cannot write the built-in demo set to {out} ({e.strerror or e}): {where}, or pass "
+                          f"--data-dir (or ${paths.MUSHROOM_DATA_ENV}) for real data") from e
     return out
 
 

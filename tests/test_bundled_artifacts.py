@@ -240,7 +240,9 @@ def installed(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
                                 "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip())
-    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    # this environment's site folders, and those its .pth files add (a venv whose dependencies come from another)
+    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+            *(p for p in sys.path if p.endswith("site-packages"))}
     (site / "_halluscope_test_deps.pth").write_text("\n".join(sorted(deps)) + "\n")
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
                            "--no-deps", "--no-index", "--quiet", str(wheel)], capture_output=True, text=True,
@@ -306,6 +308,46 @@ def test_installed_wheel_serves(installed, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_installed_wheel_with_a_home_it_cannot_write(installed, tmp_path):
+    """A read-only install run from a folder it cannot write (a home under a file stands in: root ignores
+    permissions). What needs to write nothing works, writing nothing anywhere; what must write says so in one line
+    naming the folder, exit 2, no traceback; a stdout that cannot encode the answer still gets it."""
+    bin_dir, _ = installed
+    blocker, work = tmp_path / "a-file", tmp_path / "work"
+    blocker.write_text("x")
+    work.mkdir()
+    env = {**_env(blocker / "home"), "PYTHONDONTWRITEBYTECODE": "1"}
+    site = bin_dir.parent / "lib"
+
+    def files():
+        return {p for p in site.rglob("*") if "__pycache__" not in p.parts}
+
+    before = files()
+
+    def run(*argv, **extra):
+        return subprocess.run([str(bin_dir / argv[0]), *argv[1:]], cwd=work, env={**env, **extra},
+                              capture_output=True, text=True, timeout=300)
+
+    proc = run("halluscope", "detect", "--lang", "de", "--answer", "Die Brücke ist grün.", "--context",
+               "Die Brücke ist rot.", PYTHONIOENCODING="ascii")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["answer"] == "Die Brücke ist grün."
+    proc = run("python", "-c", "import halluscope, dspy; d = halluscope.load_detector(lang='en'); "
+               "halluscope.configure(dspy.LM('openai/x', api_key='k')); "
+               f"print(halluscope.detect(d, {SWAPPED!r}, context={EVIDENCE!r}).label)")
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr[-3000:]
+    assert proc.stderr.count("cannot make the LM cache folder") == 1
+    for argv, folder in ((["evaluate", "--lang", "de", "--limit", "2"], "outputs"),
+                         (["optimize", "--metric", "iou", "--lang", "de"], "compiled"),
+                         (["ui"], "mlruns")):
+        proc = run("halluscope", *argv)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert str(blocker / "home" / folder) in proc.stderr.strip().splitlines()[-1]
+    proc = run("halluscope", "compare", "--no-plot")
+    assert proc.returncode == 1 and "no halluscope runs" in proc.stdout and "Traceback" not in proc.stderr
+    assert list(work.iterdir()) == [] and blocker.read_text() == "x" and files() == before
 
 
 def test_optimize_context_none_scores_words_without_evidence(empty_home, capsys):

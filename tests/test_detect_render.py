@@ -142,3 +142,33 @@ def test_detect_with_a_closed_stdout_is_refused_before_any_work(monkeypatch, cap
         main(GROUNDED)
     assert e.value.code == 2
     assert "stdout is closed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_detect_on_a_stdout_that_cannot_encode_the_answer_still_writes_it(monkeypatch, encoding):
+    """A non-UTF-8 locale or a Windows pipe: JSON escapes what the stream cannot encode (the row reads back
+    exactly), the text view shows it as escapes; before, the first umlaut or CJK character was a traceback."""
+    answer = "长城位于日本, die Brücke ist grün."
+    argv = ["detect", "--lang", "de", "--program", "grounded", "--answer", answer, "--context", "Die Brücke ist rot."]
+    raw = io.BytesIO()
+    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(raw, encoding=encoding, write_through=True))
+    assert main(argv) == 0
+    assert json.loads(raw.getvalue().decode(encoding))["answer"] == answer
+    raw.seek(0), raw.truncate()
+    assert main([*argv, "--format", "text"]) == 0
+    text = raw.getvalue().decode(encoding)
+    assert "\\u957f\\u57ce" in text and "rationale:" in text  # 长城 as escapes; the view written to its end
+
+
+def test_an_answer_python_decoded_in_an_ascii_locale_is_read_as_utf8(capsys):
+    """LC_ALL=C without locale coercion (PYTHONCOERCECLOCALE=0, a system with no C.UTF-8): Python hands the
+    arguments' UTF-8 bytes over as surrogates; the answer is read as the UTF-8 it is, so the offsets point into
+    the text the user typed."""
+    typed = "Die Brücke ist grün."
+    as_python_saw_it = typed.encode("utf-8").decode("ascii", "surrogateescape")
+    assert as_python_saw_it != typed
+    assert main(["detect", "--lang", "de", "--program", "grounded", "--answer", as_python_saw_it,
+                 "--context", "Die Brücke ist rot."]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["answer"] == typed
+    assert [typed[s["start"]:s["end"]] for s in row["spans"]][-1:] == ["grün"]

@@ -152,6 +152,29 @@ def test_an_unwritable_cache_folder_warns_once_and_keeps_the_safe_parameters(pro
     assert blocker.read_text() == "x"
 
 
+def test_no_home_directory_warns_once_and_keeps_the_safe_parameters(probe_env, monkeypatch, caplog):
+    """A container run as a user id with no passwd entry and no $HOME (docker run --user 12345): Path.home()
+    raises; the embedded model still loads, with the safe parameters (before: every LM call failed with
+    'Could not determine home directory')."""
+    from pathlib import Path as P
+
+    for name in (L.PROBE_CACHE_ENV, "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(P, "home", staticmethod(no_home))
+    no_probe(monkeypatch)
+    with caplog.at_level("WARNING", logger=L.__name__):
+        assert L.load_llama(probe_env.model).model_params.use_extra_bufts is False
+        assert L.load_llama(probe_env.model).model_params.use_extra_bufts is False  # decided once per process
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert message.startswith("no folder for the llama.cpp probe cache (Could not determine home directory.)")
+    assert L.PROBE_CACHE_ENV in message and "\n" not in message
+
+
 def test_bad_model_paths_are_one_clear_error(tmp_path, probe_env):
     with pytest.raises(L.ModelFileNotFound, match="GGUF model file not found: .*missing.gguf"):
         L.load_llama(tmp_path / "missing.gguf")

@@ -81,7 +81,7 @@ def check_tracking_store(tracking_uri: str | None = None, timeout: float | None 
     message is one line, credentials in the URI redacted."""
     from halluscope.core.redact import redact_url
 
-    uri = resolve_tracking_uri(tracking_uri)
+    uri = resolve_tracking_uri(tracking_uri, create=False)  # the SQLite check makes the folder, or says why not
     timeout = float(timeout if timeout is not None else os.environ.get("HALLUSCOPE_TRACKING_CHECK_TIMEOUT",
                                                                       CHECK_TIMEOUT))
     shown = redact_url(uri)
