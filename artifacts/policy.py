@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from halluscope.artifacts.compiled import CompiledDetector
 from halluscope.artifacts.store import ArtifactNotFoundError, list_versions, load_compiled
+from halluscope.core import paths
 from halluscope.core.tasks import canonical_task
 from halluscope.programs.registry import get_program
 
@@ -105,7 +106,7 @@ def choose(lang: str | None = None, task: str | None = None, *, program: str | N
             return Choice(name, CROSS_LINGUAL, span_metric, None, True,
                           f"program {name}{default}: no artifact for {key!r}, using the cross-lingual one "
                           f"({name}/{CROSS_LINGUAL}/{span_metric}, fitted on every language of its data)")
-    train = f"python optimize.py --program {name} {'--task' if task else '--lang'} {key} --metric {metric}"
+    train = f"{paths.optimize_command()} --program {name} {'--task' if task else '--lang'} {key} --metric {metric}"
     if get_program(name).needs_fit:
         return Choice(name, key, metric, None, False,
                       f"program {name}: no trained artifact for {key!r}/{metric}, and it cannot run untrained: train "

@@ -834,7 +834,7 @@ def load_compiled(
             where = " or ".join(str(artifact_dir(program, lang, metric, r)) for r, _ in store_roots(root))
             raise ArtifactNotFoundError(
                 f"no compiled {program!r} for lang={lang!r}, metric={metric!r} under {where}; "
-                f"run: python optimize.py --program {program} {'--task' if lang in HALLUCLEAN_TASKS else '--lang'} "
+                f"run: {paths.optimize_command()} --program {program} {'--task' if lang in HALLUCLEAN_TASKS else '--lang'} "
                 f"{lang} --metric {metric}")
         if below_zero_shot(chosen.manifest):
             logger.warning("%s: served by default, but its cross-validated compiled %s (%.4f) is below its zero-shot "

@@ -26,7 +26,7 @@ __all__ = [
     "HOME_ENV", "COMPILED_ENV", "CACHE_ENV", "MUSHROOM_DATA_ENV", "HALLUCLEAN_DATA_ENV",
     "home", "compiled_dir", "outputs_dir", "cache_dir", "tracking_dir", "demo_data_dir", "env_path",
     "default_tracking_uri", "resolve_tracking_uri",
-    "OFFLINE_ENV", "set_offline_defaults", "source_checkout", "install_hint",
+    "OFFLINE_ENV", "set_offline_defaults", "source_checkout", "install_hint", "optimize_command",
 ]
 
 HOME_ENV = "HALLUSCOPE_HOME"
@@ -111,3 +111,9 @@ def install_hint(extra: str) -> str:
     from a source checkout, ``pip install "halluscope[extra]"`` for an installed wheel."""
     root = source_checkout()
     return f'pip install -e "{root}[{extra}]"' if root is not None else f'pip install "halluscope[{extra}]"'
+
+
+def optimize_command() -> str:
+    """The optimize command as it is typed where this package runs: ``python optimize.py`` in a source checkout
+    (the README's), ``halluscope optimize`` for an installed wheel (which has no optimize.py)."""
+    return "python optimize.py" if source_checkout() is not None else "halluscope optimize"

@@ -261,11 +261,12 @@ def test_installed_wheel_detects_from_an_empty_folder(installed, tmp_path):
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     where = subprocess.run([str(bin_dir / "python"), "-c", "import halluscope.artifacts.store as s; "
-                            "print(s.__file__); print(s.bundled_dir()); from halluscope.core.paths import install_hint as h; "
-                            "print(h('encoder'))"], cwd=work, env=_env(home),
+                            "print(s.__file__); print(s.bundled_dir()); from halluscope.core.paths import install_hint as h, "
+                            "optimize_command as o; print(h('encoder')); print(o())"], cwd=work, env=_env(home),
                            capture_output=True, text=True, timeout=120)
-    module, bundled, hint = where.stdout.strip().split("\n")
+    module, bundled, hint, optimize = where.stdout.strip().split("\n")
     assert hint == 'pip install "halluscope[encoder]"'  # a wheel user is told the extra, not a checkout's -e .
+    assert optimize == "halluscope optimize"  # and the command a wheel has (no optimize.py)
     assert Path(module).is_relative_to(bin_dir.parent) and Path(bundled).is_relative_to(bin_dir.parent), where
     for lang, question in (("de", ["--question", "Where is the Golden Gate Bridge?"]), ("en", [])):
         proc = subprocess.run([str(bin_dir / "halluscope"), "detect", "--lang", lang, "--answer", SWAPPED,

