@@ -357,7 +357,11 @@ def test_ray_lm_gate_is_shared_by_concurrent_callers(ray_session):
     @ray.remote(num_cpus=0)
     def call(g):
         ray.get(g.acquire.remote())
-        time.sleep(0.05)
+        # hold the permit until a second caller holds one too (a fixed sleep let a loaded machine, whose Ray workers
+        # start seconds apart, run the callers one after another): deterministic, bounded by the deadline
+        deadline = time.monotonic() + 60
+        while ray.get(g.stats.remote())["max_in_flight"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
         g.release.remote()
 
     ray.get([call.remote(gate) for _ in range(10)])
