@@ -32,7 +32,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 #: command -> (module that defines ``add_parser(subparsers)``, the one-line help ``halluscope --help`` shows)
 COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("halluscope.cli.evaluate", "run a detector on a labelled dataset and score it"),
-    "optimize": ("halluscope.cli.optimize", "compile a detector (same as python optimize.py)"),
+    "optimize": ("halluscope.cli.optimize", "compile a detector (python optimize.py in a source checkout)"),
     "detect": ("halluscope.cli.detect", "run a compiled artifact on one answer or a JSONL file of answers"),
     "compare": ("halluscope.cli.compare", "table of MLflow runs (metric by language, optimizer, LM) + PNG plot"),
     "index": ("halluscope.cli.index", "build a knowledge-base index (BM25 over ≤256-token passages)"),

@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_parser(subparsers) -> None:
     """``halluscope optimize``: the same arguments as ``python optimize.py``."""
-    p = subparsers.add_parser("optimize", help="compile a detector (same as python optimize.py)",
+    p = subparsers.add_parser("optimize", help="compile a detector (python optimize.py in a source checkout)",
                               description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=lambda args: _run(args, p))
