@@ -99,7 +99,7 @@ def check_tracking(args, command: str, *, always: bool = False) -> None:
     except TrackingStoreError as e:
         hint = " (--no-mlflow runs without tracking)" if hasattr(args, "no_mlflow") else ""
         if not getattr(args, "tracking_uri", None) and not os.environ.get("MLFLOW_TRACKING_URI"):  # the default
-            hint += f"; the default store is under {paths.home()} (${paths.HOME_ENV}, else the working folder)"
+            hint += f"; {paths.home_hint()}"
         print(f"halluscope {command}: error: argument --tracking-uri: {e}; nothing was run{hint}", file=sys.stderr)
         raise SystemExit(2) from None
 

@@ -44,7 +44,8 @@ def add_parser(subparsers) -> None:
 
 def cmd_compare(args) -> int:
     uri = resolve_tracking_uri(args.tracking_uri, create=False)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):].split("?", 1)[0]).is_file():
+    db = paths.sqlite_path(uri)
+    if db is not None and not db.is_file():
         # a reader: no database file is no runs (made neither here nor in a folder that cannot be written)
         print(f"no halluscope runs in {uri} (run optimize.py or 'halluscope evaluate' first)")
         return 1

@@ -253,7 +253,7 @@ def check_out_dir(path, *, default: bool = False) -> Path:
     leaves no empty folder) and is writable; a usage error (exit 2) otherwise (``default``: the user chose no
     folder, so the message says where the default lives)."""
     path = Path(path)
-    hint = f" (the default is under {paths.home()}: ${paths.HOME_ENV}, else the working folder)" if default else ""
+    hint = f" ({paths.home_hint()})" if default else ""
     existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
     why = ("Not a directory" if existing is not None and not existing.is_dir() else
            "Permission denied" if existing is None or not os.access(existing, os.W_OK | os.X_OK) else None)

@@ -59,9 +59,8 @@ def ui_env(base: dict | None = None) -> dict:
 def _artifacts_destination(uri: str) -> Path | None:
     """For a SQLite store, ``artifacts/`` beside the database (where halluscope's experiments keep theirs),
     so that experiments created in the UI do not write to ``./mlartifacts``; None for other stores."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///"):]).parent / "artifacts"
+    db = paths.sqlite_path(uri)
+    return None if db is None else db.parent / "artifacts"
 
 
 def ui_command(uri: str, *, host: str = "127.0.0.1", port: int = 5000) -> list[str]:
@@ -83,8 +82,7 @@ def cmd_ui(args) -> int:
             dest.mkdir(parents=True, exist_ok=True)
         except OSError as e:  # a read-only working folder without $HALLUSCOPE_HOME: one line, not a traceback
             print(f"halluscope ui: error: cannot make the MLflow store in {dest.parent}: {e.strerror or e} "
-                  f"(--tracking-uri chooses another store; the default is under ${paths.HOME_ENV}, else the "
-                  f"working folder)", file=sys.stderr)
+                  f"(--tracking-uri chooses another store; {paths.home_hint()})", file=sys.stderr)
             return 2
     cmd = ui_command(uri, host=args.host, port=port)
     print(f"MLflow UI on {uri}\n  http://{args.host}:{port}   (Ctrl-C stops it)", flush=True)

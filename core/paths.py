@@ -25,7 +25,7 @@ from pathlib import Path
 __all__ = [
     "HOME_ENV", "COMPILED_ENV", "CACHE_ENV", "MUSHROOM_DATA_ENV", "HALLUCLEAN_DATA_ENV",
     "home", "compiled_dir", "outputs_dir", "cache_dir", "tracking_dir", "demo_data_dir", "env_path",
-    "default_tracking_uri", "resolve_tracking_uri",
+    "default_tracking_uri", "resolve_tracking_uri", "sqlite_path", "home_hint",
     "OFFLINE_ENV", "set_offline_defaults", "source_checkout", "install_hint", "optimize_command",
 ]
 
@@ -89,6 +89,16 @@ def resolve_tracking_uri(tracking_uri: str | None = None, *, create: bool = True
     """``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else the project's SQLite store (:func:`default_tracking_uri`;
     ``create=False``: a reader that must not make its folder)."""
     return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(create)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH[?query]`` tracking URI; None for any other store."""
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+
+
+def home_hint() -> str:
+    """Where the default outputs live, for an error about a folder the user did not choose."""
+    return f"the default is under {home()} (${HOME_ENV}, else the working folder)"
 
 
 def demo_data_dir() -> Path:

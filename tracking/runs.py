@@ -88,8 +88,9 @@ def check_tracking_store(tracking_uri: str | None = None, timeout: float | None 
     if uri.split(":", 1)[0].lower() in ("http", "https"):
         _check_server(uri, shown, timeout)
         return uri
-    if uri.startswith("sqlite:///"):  # opened with sqlite3 (MLflow creates its tables when the run is recorded)
-        _check_sqlite(Path(uri[len("sqlite:///"):].split("?", 1)[0]), shown, timeout)
+    db = paths.sqlite_path(uri)
+    if db is not None:  # opened with sqlite3 (MLflow creates its tables when the run is recorded)
+        _check_sqlite(db, shown, timeout)
         return uri
     import mlflow  # noqa: F401  (imported here, outside the time limit: about 2 s)
 
