@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
-import dspy
-import pytest
+import atexit
+import os
+import shutil
+import tempfile
+
+# DSPy's default disk cache (~/.dspy_cache) outlives a test run: a module run on its own, before any command
+# configures halluscope's cache, would be answered from the previous run's replies (a scripted LM then sees fewer
+# calls than its test counts). Each session gets a fresh one, set before dspy is imported.
+os.environ["DSPY_CACHEDIR"] = tempfile.mkdtemp(prefix="halluscope-tests-dspy-")
+atexit.register(shutil.rmtree, os.environ["DSPY_CACHEDIR"], True)
+
+import dspy  # noqa: E402
+import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
