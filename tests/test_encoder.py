@@ -462,3 +462,30 @@ def test_load_encoder_dir_reads_a_version_folder_and_feeds_grounded_s_signal(tra
         load_encoder_dir(art.path)
     with pytest.raises(ValueError, match="not an encoder artifact folder"):
         load_encoder_dir(tmp_path)
+
+
+def test_device_option_auto_is_the_cpu_here_and_a_missing_gpu_falls_back_with_a_warning(trained, caplog):
+    module, info = trained
+    import torch
+
+    import halluscope.programs.encoder.model as M
+    from halluscope.programs.registry import get_program as get
+
+    if torch.cuda.is_available():  # pragma: no cover - CI and the 2-core machines have no GPU
+        pytest.skip("this check is for a machine without a CUDA GPU")
+    assert info["device"] == "cpu" and module.device == "auto"
+    assert M.pick_device("auto").type == "cpu" and M.pick_device("CPU").type == "cpu"
+    with caplog.at_level(logging.WARNING):
+        assert M.pick_device("cuda:1").type == "cpu"
+    assert "no CUDA GPU" in caplog.text
+    for bad in ("gpu", "cuda:x", "tpu"):
+        with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
+            M.pick_device(bad)
+        with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
+            get("encoder").make(**OPTIONS, device=bad)
+    # an artifact written with device=cuda serves here, on the CPU, with the same probabilities
+    other = get("encoder").make(**OPTIONS, device="cuda")
+    other.load_state(module.dump_state())
+    other.load_artifact_files(module.artifact_files())
+    ex = _toy(1, 5)[0]
+    assert other.word_probs(ex.answer, ex.question, "") == module.word_probs(ex.answer, ex.question, "")

