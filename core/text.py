@@ -12,9 +12,9 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import threading
 import unicodedata
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import pysbd
@@ -215,9 +215,18 @@ _PYSBD_LANGS = {
 }
 
 
-@lru_cache(maxsize=32)
+_LOCAL = threading.local()
+
+
 def _segmenter(lang: str):
-    return pysbd.Segmenter(language=lang if lang in _PYSBD_LANGS else "en", clean=False)
+    """This thread's pysbd segmenter for ``lang``: a Segmenter keeps the text it works on in the instance, so one
+    shared by threads hands a text another thread's sentences (or none)."""
+    cache = getattr(_LOCAL, "segmenters", None)
+    if cache is None:
+        cache = _LOCAL.segmenters = {}
+    if lang not in cache:
+        cache[lang] = pysbd.Segmenter(language=lang if lang in _PYSBD_LANGS else "en", clean=False)
+    return cache[lang]
 
 
 def segment(text: str, lang: str = "en") -> list[Segment]:
@@ -233,6 +242,8 @@ def segment(text: str, lang: str = "en") -> list[Segment]:
     try:
         pieces = _segmenter(lang).segment(text)
     except Exception:  # pysbd fails on a few pathological inputs: one block is the honest fallback
+        pieces = [text]
+    if not any(p.strip() for p in pieces):  # never no sentence for a text that is not blank
         pieces = [text]
     out: list[Segment] = []
     cursor = 0

@@ -606,3 +606,30 @@ def test_fuzzy_deletion_typo_covers_whole_phrase():
 
 def test_diff_unspaced_chinese_marks_only_changed_characters():
     assert diff_spans("北京是中国的首都。", "上海是中国的首都。") == [Span(0, 2, 1.0)]
+
+
+def test_segment_from_many_threads_at_once_gives_each_text_its_own_sentences():
+    """pysbd's Segmenter keeps the text it is working on in the instance: one instance shared by threads (an
+    evaluation's threads, FINCH's samplers, a server's requests) handed a text another thread's sentences, or none
+    (FINCH then answered 'empty answer: nothing to check')."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from halluscope.core.text import segment
+
+    texts = [f"Paris holds item {i}. It was moved there in {1900 + i}! Is it still there? Yes, item {i} is."
+             for i in range(64)]
+    want = [[(s.start, s.end) for s in segment(t, "en")] for t in texts]
+    assert all(len(w) == 4 for w in want)
+    start = threading.Barrier(8)
+
+    def run(k):
+        start.wait(timeout=30)
+        return [[(s.start, s.end) for s in segment(texts[i], "en")]
+                for i in range(k % 8, len(texts), 8) for _ in range(5)]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(run, range(8)))
+    for k, got in enumerate(results):
+        expected = [want[i] for i in range(k % 8, len(texts), 8) for _ in range(5)]
+        assert got == expected
