@@ -91,3 +91,29 @@ def test_the_suite_covers_what_issue_19_asks():
             "substituted number", "substituted date", "negation flipped", "paraphrased correct sentence",
             "fully correct answer"} <= kinds
     assert len({c[1] for c in CASES}) >= 4
+
+
+def test_served_artifacts_give_the_same_verdicts_from_many_threads_at_once():
+    """A server answers no-LM requests in parallel threads: the served detector, shared by them, must give each
+    request the verdict it gives it alone (a shared sentence splitter once broke FINCH's that way)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [(c[0], c[1], c[3], c[4], c[5]) for c in CASES] + [(c[0], c[1], "", c[2], c[3]) for c in NO_EVIDENCE_CASES]
+    detectors = {c[1]: loaded(c[1], False) for c in cases}
+
+    def verdict(case):
+        cid, lang, evidence, q, answer = case
+        return detectors[lang](question=q, answer=answer, context=evidence, lang=lang).detection.to_dict()
+
+    alone = [verdict(c) for c in cases]
+    start = threading.Barrier(8)
+
+    def run(k):
+        start.wait(timeout=60)
+        return [(i, verdict(cases[i])) for i in range(k % 8, len(cases), 8) for _ in range(2)]
+
+    with ThreadPoolExecutor(8) as pool:
+        for rows in pool.map(run, range(8)):
+            for i, got in rows:
+                assert got == alone[i], cases[i][0]
