@@ -961,10 +961,16 @@ def _parse_model_uri(uri: str) -> tuple[str, str]:
     raise ValueError(f"invalid model URI {uri!r}: use models:/NAME@ALIAS or models:/NAME/VERSION")
 
 
+#: the recorded versions whose difference can change what a loaded artifact does: DSPy's (it reads the saved
+#: signatures and demos). The Python minor version and cloudpickle's, which DSPy records too, cannot: the state is
+#: JSON, never a pickle, so the bundled artifacts load the same on every Python the package supports, silently.
+VERSIONS_THAT_MATTER = ("dspy",)
+
+
 def _warn_versions(state: dict, where: Path) -> None:
     saved = ((state.get("metadata") or {}).get("dependency_versions")) or {}
     now = get_dependency_versions()
-    diff = {k: (v, now.get(k)) for k, v in saved.items() if now.get(k) != v}
+    diff = {k: (v, now.get(k)) for k, v in saved.items() if k in VERSIONS_THAT_MATTER and now.get(k) != v}
     if diff:
         logger.warning("%s was compiled with %s; running with %s", where,
                        ", ".join(f"{k}=={a}" for k, (a, _) in diff.items()),

@@ -366,3 +366,21 @@ def test_optimize_context_none_scores_words_without_evidence(empty_home, capsys)
     assert m["program_options"]["evidence_free"] is True
     zero = [f["zero_shot"]["iou"] for f in m["cv"]["folds"]]
     assert all(z < 1.0 for z in zero)  # words were marked (all-unverifiable output scores 1.0 only on empty gold)
+
+
+def test_only_a_different_dspy_is_worth_a_warning_when_loading(caplog, tmp_path):
+    """The bundled artifacts were compiled on one Python; a wheel user on another Python (3.12, 3.13) loads the same
+    JSON state: no warning for the Python minor version or cloudpickle, which DSPy records beside its own version."""
+    import logging
+
+    from dspy.utils.saving import get_dependency_versions
+
+    from halluscope.artifacts.store import _warn_versions
+
+    now = get_dependency_versions()
+    with caplog.at_level(logging.WARNING, logger="halluscope.artifacts.store"):
+        _warn_versions({"metadata": {"dependency_versions": {**now, "python": "3.99", "cloudpickle": "0.1"}}},
+                       tmp_path)
+        assert caplog.text == ""
+        _warn_versions({"metadata": {"dependency_versions": {**now, "python": "3.99", "dspy": "0.0.1"}}}, tmp_path)
+    assert "dspy==0.0.1" in caplog.text and "python" not in caplog.text
