@@ -4,8 +4,8 @@
 encoder's words that overlap it (0 where none does), from :func:`halluscope.programs.encoder.program.encoder_word_probs`.
 
 Opt-in, off the default path: BENCHMARKS.md ("`grounded` with the encoder's word probability") measured it on the
-10 languages, 5-fold CV with the encoder's out-of-fold probabilities: +0.013 IoU / +0.021 Corr on the encoder's own
-split (0.519 → 0.532), +0.014 / +0.024 over fold seeds 0 1 2, short of the +0.02 IoU the default asks for. Turn it on with ``-O encoder_prob=true -O encoder_artifact=REF``
+10 languages, 5-fold CV with the encoder's out-of-fold probabilities: +0.013 IoU / +0.017 Corr on the encoder's own
+split (0.519 → 0.532), +0.016 / +0.023 over fold seeds 0 1 2, short of the +0.02 IoU the default asks for. Turn it on with ``-O encoder_prob=true -O encoder_artifact=REF``
 (``REF``: a trained encoder's version in the store, ``<key>/iou/vNNNN`` under the compiled folder's ``encoder/``,
 which travels with a store; or a version folder's path; read by
 :func:`~halluscope.programs.encoder.program.load_encoder_dir`). Where the probabilities come from is the
