@@ -99,8 +99,27 @@ def served(root: Path) -> list[tuple[str, str, int]]:
     return out
 
 
+def _rounded(x, places: int = 9):
+    if isinstance(x, float):
+        return round(x, places)
+    if isinstance(x, dict):
+        return {k: _rounded(v, places) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v, places) for v in x]
+    return x
+
+
+def stable_json(text: str) -> str:
+    """A detect output's JSON with every float rounded to 9 decimals: the last-bit differences between numpy
+    versions (a fresh install on another Python resolves a newer numpy; an unrounded score then differs in its 16th
+    digit) do not count, any real change does."""
+    import json
+    return json.dumps(_rounded(json.loads(text)), ensure_ascii=False)
+
+
 def fixture_digests(items: list[dict], root: Path) -> dict[str, str]:
-    """``{"<key>/<metric>/v<N>": sha256}`` of every served artifact's ``detect`` outputs on ``items``."""
+    """``{"<key>/<metric>/v<N>": sha256}`` of every served artifact's ``detect`` outputs on ``items``
+    (:func:`stable_json`)."""
     from halluscope.artifacts.compiled import detect
     from halluscope.artifacts.store import load_compiled
 
@@ -110,8 +129,8 @@ def fixture_digests(items: list[dict], root: Path) -> dict[str, str]:
         h = hashlib.sha256()
         for it in items:
             extra = {k: it[k] for k in ("model_output_tokens", "model_output_logits") if k in it}
-            h.update(detect(det, it["answer"], question=it["question"], context=it["context"], lang=it["lang"],
-                            **extra).to_json().encode() + b"\n")
+            h.update(stable_json(detect(det, it["answer"], question=it["question"], context=it["context"],
+                                        lang=it["lang"], **extra).to_json()).encode() + b"\n")
         out[f"{key}/{metric}/v{version:04d}"] = h.hexdigest()
     return out
 

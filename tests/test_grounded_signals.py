@@ -261,7 +261,7 @@ def test_no_module_outside_the_signal_modules_computes_a_feature_column():
 
 # -- the served artifacts' output is what it was --------------------------------------------------------------
 
-def test_served_artifacts_detect_byte_identically_to_the_code_before_the_signal_refactor():
+def test_served_artifacts_detect_as_the_code_before_the_signal_refactor_did():
     spec = importlib.util.spec_from_file_location("check_artifact_outputs", ROOT / "scripts" / "check_artifact_outputs.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
