@@ -40,8 +40,8 @@ except ImportError as _e:  # pragma: no cover - the program says what to install
     raise MissingEncoder(f"the encoder program needs torch and safetensors ({_e.name} is missing): {install_text()}") \
         from None
 
-__all__ = ["Encoder", "load_encoder", "pick_device", "cache_path", "Window", "windows", "train", "predict_chars", "trained_state",
-           "load_trained", "head_names"]
+__all__ = ["Encoder", "load_encoder", "pick_device", "cache_path", "Window", "windows", "train", "predict_chars",
+           "trained_state", "load_trained", "head_names"]
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ def windows(tok: Tokenizer, answer: str, question: str = "", context: str = "", 
     return out
 
 
-def _pad(batch: list[list[int]], pad: int, device=None):
+def _pad(batch: list[list[int]], pad: int, device):
     """Token ids (on the CPU: the vocabulary rows are looked up there) and the mask (on ``device``)."""
     T = max(len(b) for b in batch)
     ids = torch.full((len(batch), T), pad, dtype=torch.long)
@@ -258,7 +258,7 @@ def _pad(batch: list[list[int]], pad: int, device=None):
     for i, b in enumerate(batch):
         ids[i, : len(b)] = torch.tensor(b)
         mask[i, : len(b)] = True
-    return ids, mask.to(device) if device is not None else mask
+    return ids, mask.to(device)
 
 
 def _bottom(model: Encoder, wins: list[Window], pad: int, split: int, batch: int = 8) -> list["torch.Tensor"]:
