@@ -27,7 +27,7 @@ import time
 from halluscope.cli.log import setup_logging
 from halluscope.core.paths import set_offline_defaults
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "Parser", "build_parser", "main"]
 
 #: command -> (module that defines ``add_parser(subparsers)``, the one-line help ``halluscope --help`` shows)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -42,6 +42,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lm-server": ("halluscope.cli.lm_server", "serve a GGUF model (default: the embedded one) as an OpenAI-compatible "
                                               "chat server"),
 }
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line: ``prog: error: <problem> (see prog --help)``, exit status 2.
+
+    argparse's own ``error`` prints the whole usage block first, which for ``optimize`` is 25 lines with the
+    problem at the bottom; ``--help`` still prints it. Subparsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 #: when the process started the command (``time.perf_counter``): commands print wall times from here, so
 #: that a time covers the whole command (imports, loading, writing), not only the loop over items
@@ -62,7 +72,7 @@ def build_parser(command: str | None = "*") -> argparse.ArgumentParser:
     """The ``halluscope`` parser. Only ``command``'s module is imported and its arguments defined (``"*"``:
     every command's, for tests and documentation; None: none, for ``halluscope --help``); the other commands
     are listed with their help line."""
-    parser = argparse.ArgumentParser(prog="halluscope", description="Find and fix hallucinations in LLM answers.")
+    parser = Parser(prog="halluscope", description="Find and fix hallucinations in LLM answers.")
     from halluscope import __version__  # noqa: PLC0415 - the package is imported already (this module is in it)
 
     parser.add_argument("--version", action="version", version=f"halluscope {__version__}")

@@ -20,7 +20,7 @@ import dspy
 from halluscope.artifacts.store import (below_zero_shot, list_versions, rank_versions, selection_score,
                                        zero_shot_score)
 from halluscope.optimize.changes import format_changes, unsupported_changes
-from halluscope.cli import wall_time
+from halluscope.cli import Parser, wall_time
 from halluscope.cli.common import (COUNT, POSITIVE_INT, SEED, SHARE, THREADS, TOKENS, InputError, add_data_args,
                                    add_debug_arg, add_lm_args, check_data_args, check_tracking, load_examples, one_line,
                                    parse_options, ranged, run_command, setup_lm, setup_logging,
@@ -46,7 +46,7 @@ DESCRIPTION = ("Compile a halluscope detector with MIPROv2/BootstrapFewShot unde
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python optimize.py``."""
-    p = argparse.ArgumentParser(prog="optimize.py", description=DESCRIPTION,
+    p = Parser(prog="optimize.py", description=DESCRIPTION,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(p)
     return p

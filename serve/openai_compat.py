@@ -22,7 +22,6 @@ with HTTP 500) and ``delay_s`` (sleep before answering). Every request's body, w
 
 # no "from __future__ import annotations": FastAPI reads the route annotations at run time
 
-import argparse
 import asyncio
 import json
 import threading
@@ -171,9 +170,11 @@ def create_openai_app(backend: Callable[[dict], Completion], *, model_name: str 
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    p = argparse.ArgumentParser(prog="python -m halluscope.serve.openai_compat",
-                                description="A minimal OpenAI-compatible server for a GGUF model (default: the "
-                                            "embedded SmolLM2-135M-Instruct).")
+    from halluscope.cli import Parser
+
+    p = Parser(prog="python -m halluscope.serve.openai_compat",
+               description="A minimal OpenAI-compatible server for a GGUF model (default: the "
+                           "embedded SmolLM2-135M-Instruct).")
     p.add_argument("--model", default=None, help="GGUF file (default: the embedded model)")
     p.add_argument("--name", default=None, help="model id it reports (default: the file's stem)")
     p.add_argument("--host", default="127.0.0.1")

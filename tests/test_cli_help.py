@@ -55,6 +55,7 @@ def test_a_plugin_gets_the_live_parser(monkeypatch, capsys):
     """With a halluscope plugin installed, its names are choices the stored text lacks: the parser answers."""
     import importlib.metadata as md
 
+    import halluscope.core.extensions  # noqa: F401 - imported now, it binds the real entry_points, not the patch
     from halluscope import cli
 
     ep = md.EntryPoint(name="my-detector", value="my_pkg:SPEC", group="halluscope.programs")
@@ -63,3 +64,33 @@ def test_a_plugin_gets_the_live_parser(monkeypatch, capsys):
     monkeypatch.undo()
     assert cli._stored_help("detect", ["detect", "--help"]).startswith("usage: halluscope detect")
     assert cli._stored_help("detect", ["detect", "--lang", "de"]) is None
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_line_error_is_one_line(command, capsys):
+    """A mistake on the command line is one line naming it and where help is, exit 2: not argparse's usage block
+    (25 lines for optimize) with the problem under it."""
+    from halluscope.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main([command, "--debug=x"])  # the command's own parser finds it
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"halluscope {command}: error: argument --debug: ignored explicit argument "
+                                       f"'x' (see halluscope {command} --help)\n")
+    with pytest.raises(SystemExit) as e:
+        main([command, "--no-such-flag"])  # the top parser reports what no parser took (or a required argument)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("halluscope") and ": error: " in err and err.endswith(" --help)\n") and err.count("\n") == 1
+
+
+def test_optimize_py_and_the_lm_server_module_errors_are_one_line(capsys):
+    from halluscope.cli.optimize import build_parser
+    from halluscope.serve.openai_compat import main as server_main
+
+    for parse in (build_parser().parse_args, server_main):
+        with pytest.raises(SystemExit) as e:
+            parse(["--threads", "x"] if parse is not server_main else ["--port", "x"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error: argument" in err and err.endswith("--help)\n"), err
