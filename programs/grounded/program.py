@@ -786,7 +786,8 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
         "train_hash": training_hash(labelled), "train_iou": choice["iou"], "train_corr": choice["corr"],
         "failures": failures, **info, **hidden_info, **pool_info,
     }
-    checks = {s.name: c for s in module.signals if (c := s.fit_check([str(_get(ex, "answer", "")) for ex in labelled]))}
+    answers = [str(_get(ex, "answer", "")) for ex in labelled]
+    checks = {s.name: c for s in module.signals if (c := s.fit_check(answers))}
     if checks:
         module.fitted["signal_checks"] = checks
     if module.response_data:
