@@ -526,3 +526,23 @@ def test_grounded_fit_counts_and_warns_about_answers_the_encoder_trained_on(trai
     g = get("grounded").make()  # no encoder signal: nothing recorded
     fit_grounded(g, _toy(5, 9), "iou")
     assert "signal_checks" not in g.fitted
+
+
+def test_a_state_loads_with_the_number_of_layers_it_was_trained_with(trained):
+    """An artifact whose manifest lists only some options (a script's, or one from before a default changed) is
+    built with today's default top_layers: the state's own number wins, and a bad one is refused by name."""
+    module, _ = trained
+    from halluscope.programs.registry import get_program as get
+
+    other = get("encoder").make(max_len=OPTIONS["max_len"], answer_tokens=OPTIONS["answer_tokens"])
+    assert other.top_layers == 4 and module.top_layers == 1
+    other.load_state(module.dump_state())
+    other.load_artifact_files(module.artifact_files())
+    assert other.top_layers == 1
+    ex = _toy(1, 5)[0]
+    assert other.word_probs(ex.answer, ex.question, "") == module.word_probs(ex.answer, ex.question, "")
+    for bad in (0, 5, "2", True, None):
+        state = module.dump_state()
+        state["encoder"]["top_layers"] = bad
+        with pytest.raises(ValueError, match="top_layers must be a whole number in \\[1, 4\\]"):
+            get("encoder").make().load_state(state)
