@@ -217,16 +217,7 @@ class VersionInfo:
 def bundled_dir() -> Path | None:
     """The folder of the artifacts that ship inside the package (``halluscope.compiled``'s package data: the served
     default versions, one per program/language-or-task/metric), or None when the package has none."""
-    import importlib.util  # noqa: PLC0415 - only where the bundled store is looked up
-
-    try:
-        spec = importlib.util.find_spec("halluscope.compiled")
-    except (ImportError, ValueError):
-        return None
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        if Path(loc).is_dir():
-            return Path(loc)
-    return None
+    return paths.bundled_compiled_dir()
 
 
 def store_roots(root: str | os.PathLike | None = None) -> list[tuple[Path, str]]:
@@ -605,7 +596,21 @@ def unchanged(manifest: dict | None) -> bool:
     return isinstance((manifest or {}).get("changes"), list) and not manifest["changes"]
 
 
-def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> list[Ranked]:
+def missing_reason(manifest: dict | None, installed: set[str] | None = None) -> str | None:
+    """Why the program a manifest records cannot run with what is installed (an optional extra it needs, e.g.
+    ``grounded -O encoder_prob=true`` without the ``encoder`` extra), or None (also for an unknown program: the
+    loader says so). ``installed``: assume exactly these extras are installed instead of checking."""
+    if not isinstance(manifest, dict):
+        return None
+    try:
+        spec = get_program(str(manifest.get("program")))
+    except Exception:  # noqa: BLE001 — an unknown program is the loader's error, not the ranking's
+        return None
+    return spec.missing(manifest.get("program_options") or {}, installed)
+
+
+def rank_versions(versions: list[VersionInfo], metric: str | None = None,
+                  installed: set[str] | None = None) -> list[Ranked]:
     """Every version (in the order given) with whether it is the best, and why it is or is not.
 
     The honest choice (:func:`best_version`): scores compete only among versions compiled on the same data with
@@ -617,8 +622,9 @@ def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> lis
     it worse) loses to any that is not; when every version of the group is below, the best of them is served and
     marked so (:func:`load_compiled` warns). Never served by default (each stays loadable with ``--version``): a
     retired version (:data:`RETIRED_FILE`), an untracked one (:data:`UNTRACKED_FILE`: its optimize run was
-    interrupted or not recorded), and one whose compile changed nothing against the zero-shot program
-    (:func:`unchanged`)."""
+    interrupted or not recorded), one whose compile changed nothing against the zero-shot program
+    (:func:`unchanged`), and one that needs an extra that is not installed (:func:`missing_reason`; ``installed``:
+    assume exactly these extras are)."""
     excluded: dict[Path, str | None] = {}
     for v in versions:
         reason = retired_reason(v.path)
@@ -628,6 +634,8 @@ def rank_versions(versions: list[VersionInfo], metric: str | None = None) -> lis
             excluded[v.path] = "untracked: its optimize run was interrupted or not recorded"
         elif unchanged(v.manifest):
             excluded[v.path] = "the compile changed nothing against the zero-shot program"
+        elif (lacking := missing_reason(v.manifest, installed)) is not None:
+            excluded[v.path] = f"what it needs is not installed ({lacking})"
     readable = [v for v in versions if v.manifest is not None and v.path not in excluded]
     groups: dict[tuple, list[VersionInfo]] = {}
     for v in readable:
@@ -698,9 +706,10 @@ def _why(v: VersionInfo, best: VersionInfo, metric: str, n_comparable: int) -> s
     return f"not served: same cv {metric} as v{best.version:04d}, which is newer{below}"
 
 
-def best_version(versions: list[VersionInfo]) -> VersionInfo | None:
-    """The version :func:`load_compiled` serves by default (the honest choice of :func:`rank_versions`)."""
-    for r in rank_versions(versions):
+def best_version(versions: list[VersionInfo], installed: set[str] | None = None) -> VersionInfo | None:
+    """The version :func:`load_compiled` serves by default (the honest choice of :func:`rank_versions`;
+    ``installed``: as if exactly these extras were installed)."""
+    for r in rank_versions(versions, installed=installed):
         if r.best:
             return r.info
     return None

@@ -65,6 +65,21 @@ def compiled_dir() -> Path:
     return env_path(COMPILED_ENV) or home() / "compiled"
 
 
+def bundled_compiled_dir() -> Path | None:
+    """The folder of the compiled artifacts that ship inside the package (``halluscope.compiled``'s package data),
+    or None when the package has none (nothing is imported)."""
+    import importlib.util  # noqa: PLC0415 - only where the bundled store is looked up
+
+    try:
+        spec = importlib.util.find_spec("halluscope.compiled")
+    except (ImportError, ValueError):
+        return None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        if Path(loc).is_dir():
+            return Path(loc)
+    return None
+
+
 def outputs_dir() -> Path:
     return home() / "outputs"
 

@@ -360,6 +360,11 @@ class ProgramSpec:
     # Optional: lm_when(options) -> bool, for a program that uses an LM only with some options (``grounded``
     # with ``lm_detectors``); :meth:`needs_lm` reads it, ``uses_lm`` stays the default-options answer.
     lm_when: Callable[[dict], bool] | None = None
+    # Optional: extras_when(options) -> the optional extras (pyproject's [project.optional-dependencies] names, each
+    # with a check registered by register_extra) that a module built with ``options`` needs. The artifact store never
+    # serves a version whose extras are not installed (another version of the key is served; ``detect --list`` says
+    # why), and the wheel bundles the best version both with and without them; :meth:`missing`.
+    extras_when: Callable[[dict], tuple[str, ...]] | None = None
     # The type and range of each option: {option: OptionType}, see flag/whole/number/text/free. An undeclared
     # option gets its type, without a range, from its default; declare every number, None and list option.
     option_types: dict[str, OptionType] = field(default_factory=dict)
@@ -373,6 +378,22 @@ class ProgramSpec:
         if self.lm_when is None:
             return self.uses_lm
         return bool(self.lm_when({**self.options, **(options or {})}))
+
+    def extras(self, options: dict | None = None) -> tuple[str, ...]:
+        """The optional extras a module built with ``options`` needs (:attr:`extras_when`)."""
+        return tuple(self.extras_when({**self.options, **(options or {})})) if self.extras_when else ()
+
+    def missing(self, options: dict | None = None, installed: set[str] | None = None) -> str | None:
+        """Why a module built with ``options`` cannot run (one line), or None: an extra it needs that is not
+        installed (checked with :func:`register_extra`'s check; ``installed``: assume exactly these extras are)."""
+        for extra in self.extras(options):
+            if installed is not None:
+                problem = None if extra in installed else f"the {extra} extra is not installed"
+            else:
+                problem = extra_problem(extra)
+            if problem:
+                return problem
+        return None
 
     def __post_init__(self):
         params = _build_parameters(self.build, self.name)  # refuses catch-alls and options without defaults
@@ -437,6 +458,21 @@ class ProgramSpec:
 
 
 REGISTRY: dict[str, ProgramSpec] = extensions.table("programs")  # the programs of the one extension registry
+
+
+_EXTRAS: dict[str, Callable[[], str | None]] = {}
+
+
+def register_extra(name: str, check: Callable[[], str | None]) -> None:
+    """Register how to tell whether the optional extra ``name`` is installed: ``check() -> None`` when it is, else
+    one line saying what is missing and how to install it (nothing may be imported that the extra provides)."""
+    _EXTRAS[name] = check
+
+
+def extra_problem(name: str) -> str | None:
+    """What the optional extra ``name`` lacks (one line), or None when it is installed."""
+    check = _EXTRAS.get(name)
+    return f"no check is registered for the extra {name!r}" if check is None else check()
 
 
 def register_program(spec: ProgramSpec) -> ProgramSpec:

@@ -40,6 +40,7 @@ from halluscope.programs.registry import get_program
 
 
 from halluscope.programs.grounded.program import GroundedDetector, build_grounded, fit_grounded
+from halluscope.programs.grounded.signals.encoder_prob import read_oof
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,28 +99,6 @@ def make(opts: dict) -> GroundedDetector:
     if sig is not None and ENCODER_PROVIDER is not None:
         sig.provider = ENCODER_PROVIDER
     return module
-
-
-def read_oof(path) -> dict[str, dict]:
-    """The rows of a ``bench_encoder.py --save-probs`` file by item id (``ValueError`` naming the line when one
-    is malformed or an id repeats)."""
-    rows: dict[str, dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                ok = isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("fold"), int) and \
-                    all(len(t) == 3 for t in r["probs"])
-            except (ValueError, TypeError, KeyError):
-                ok = False
-            if not ok:
-                raise ValueError(f"{path}: line {n}: not an out-of-fold row (id, fold, probs [[start, end, p], ...])")
-            if r["id"] in rows:
-                raise ValueError(f"{path}: line {n}: id {r['id']!r} repeats")
-            rows[r["id"]] = r
-    return rows
 
 
 def oof_provider(rows: dict[str, dict], examples):

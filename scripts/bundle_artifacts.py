@@ -17,21 +17,31 @@ BEGIN = '"halluscope.compiled" = [  # served default artifacts: python scripts/b
 END = "]  # end of the bundled artifacts"
 
 
+#: the optional extras a served version may need (pyproject's optional dependencies with a registered check)
+EXTRAS = {"encoder"}
+
+
 def served(root: Path = ROOT / "compiled") -> list[str]:
-    """``program/key/metric/vNNNN`` of every version served by default under ``root``."""
+    """``program/key/metric/vNNNN`` of every version served by default under ``root``: with no optional extra
+    installed and with every one (so a wheel serves the best version whatever its user installs, and the list does
+    not depend on what is installed where it is written)."""
     from halluscope.artifacts.store import best_version, list_versions
 
     out = []
     for metric_dir in sorted(p for p in root.glob("*/*/*") if p.is_dir()):
         program, key, metric = metric_dir.relative_to(root).parts
-        best = best_version(list_versions(program, key, metric, root=root))
-        if best is not None:
-            out.append(f"{program}/{key}/{metric}/{best.name}")
+        versions = list_versions(program, key, metric, root=root)
+        for installed in (set(), EXTRAS):
+            best = best_version(versions, installed=installed)
+            if best is not None and f"{program}/{key}/{metric}/{best.name}" not in out:
+                out.append(f"{program}/{key}/{metric}/{best.name}")
     return out
 
 
 def block(versions: list[str]) -> str:
-    lines = [BEGIN, *(f'    "{v}/*.json",' for v in versions), END]
+    """The package-data block: each version's JSON files, and an encoder's trained weights."""
+    lines = [BEGIN, *(f'    "{v}/*.json",' for v in versions),
+             *(f'    "{v}/*.safetensors",' for v in versions if v.startswith("encoder/")), END]
     return "\n".join(lines)
 
 

@@ -87,15 +87,17 @@ FIXTURE_ITEMS = [
 ]
 
 
-def served(root: Path) -> list[tuple[str, str, int]]:
-    """``(key, metric, version)`` of every grounded artifact ``load_compiled`` serves from the store ``root``."""
-    from halluscope.artifacts.store import load_compiled
+def served(root: Path, installed: set[str] | None = None) -> list[tuple[str, str, int]]:
+    """``(key, metric, version)`` of every grounded artifact ``load_compiled`` serves from the store ``root`` (with
+    what is installed; ``installed``: as if exactly these optional extras were)."""
+    from halluscope.artifacts.store import best_version, list_versions
 
     out = []
     for kdir in sorted(p for p in (root / "grounded").iterdir() if p.is_dir()):
         for mdir in sorted(p for p in kdir.iterdir() if p.is_dir()):
-            out.append((kdir.name, mdir.name, load_compiled("grounded", lang=kdir.name, metric=mdir.name,
-                                                             root=root).version))
+            best = best_version(list_versions("grounded", kdir.name, mdir.name, root=root), installed=installed)
+            if best is not None:
+                out.append((kdir.name, mdir.name, best.version))
     return out
 
 
@@ -118,13 +120,14 @@ def stable_json(text: str) -> str:
 
 
 def fixture_digests(items: list[dict], root: Path) -> dict[str, str]:
-    """``{"<key>/<metric>/v<N>": sha256}`` of every served artifact's ``detect`` outputs on ``items``
-    (:func:`stable_json`)."""
+    """``{"<key>/<metric>/v<N>": sha256}`` of the ``detect`` outputs on ``items`` (:func:`stable_json`) of every
+    artifact served where no optional extra is installed (the versions that need one, ``grounded`` with the
+    encoder's torch model, are left out: their floats depend on the machine's torch kernels)."""
     from halluscope.artifacts.compiled import detect
     from halluscope.artifacts.store import load_compiled
 
     out = {}
-    for key, metric, version in served(root):
+    for key, metric, version in served(root, installed=set()):
         det = load_compiled("grounded", lang=key, metric=metric, version=version, root=root)
         h = hashlib.sha256()
         for it in items:

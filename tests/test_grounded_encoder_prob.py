@@ -16,7 +16,7 @@ from halluscope.core import extensions
 from halluscope.programs.grounded.program import fit_grounded
 from halluscope.programs.grounded.signals import DEFAULT_SIGNALS
 from halluscope.programs.grounded.signals.base import signal_class, signal_names
-from halluscope.programs.grounded.signals.encoder_prob import EncoderProbSignal, unit_max
+from halluscope.programs.grounded.signals.encoder_prob import EncoderProbSignal, read_oof, unit_max
 from halluscope.programs.grounded.units import AnswerUnit
 from halluscope.programs.registry import InvalidOptionError, get_program
 from tests.test_grounded import fixture_examples, inputs
@@ -63,9 +63,14 @@ def test_an_encoder_artifact_is_a_folder_path_or_a_version_of_the_store(tmp_path
     (tmp_path / "mine" / "v0001").mkdir(parents=True)
     assert encoder_artifact_dir("mine/v0001") == Path("mine/v0001")           # a folder here: as given
     assert encoder_artifact_dir("/srv/enc/v0003") == Path("/srv/enc/v0003")   # absolute: as given
+    assert encoder_artifact_dir("de/iou/v0009") == tmp_path / "home" / "compiled" / "encoder" / "de" / "iou" / "v0009"
+    with pytest.raises(InvalidOptionError, match=r"at 'de/iou/v0009' \(.*home/compiled/encoder/de/iou/v0009\)"):
+        get_program("grounded").make(encoder_prob=True, encoder_artifact="de/iou/v0009")
+    # a version the user's store lacks is found in the package's bundled store (the served encoder ships there)
+    bundled = Path(__file__).resolve().parents[1] / "compiled"
+    assert encoder_artifact_dir("all/iou/v0001") == bundled / "encoder" / "all" / "iou" / "v0001"
+    (tmp_path / "home" / "compiled" / "encoder" / "all" / "iou" / "v0001").mkdir(parents=True)
     assert encoder_artifact_dir("all/iou/v0001") == tmp_path / "home" / "compiled" / "encoder" / "all" / "iou" / "v0001"
-    with pytest.raises(InvalidOptionError, match=r"at 'all/iou/v0001' \(.*home/compiled/encoder/all/iou/v0001\)"):
-        get_program("grounded").make(encoder_prob=True, encoder_artifact="all/iou/v0001")
 
 
 def test_a_unit_gets_the_highest_probability_of_the_encoder_words_it_overlaps():
@@ -132,7 +137,7 @@ def test_the_oof_file_is_read_by_id_and_keyed_so_equal_answers_keep_their_own_pr
     exs = [dspy.Example(id=f"val-ar-{i}", lang="ar", question=q, answer="same answer", context="")
            for i, q in enumerate(["q one", "q two"])]
     exs.append(dspy.Example(id="val-ar-2", lang="ar", question="q one", answer="other", context=""))
-    rows = bench.read_oof(_rows(tmp_path / "oof.jsonl", [
+    rows = read_oof(_rows(tmp_path / "oof.jsonl", [
         {"id": "val-ar-0", "lang": "ar", "fold": 0, "answer": "same answer", "probs": [[0, 4, 0.1], [5, 11, 0.2]]},
         {"id": "val-ar-1", "lang": "ar", "fold": 1, "answer": "same answer", "probs": [[0, 4, 0.7], [5, 11, 0.8]]},
         {"id": "val-ar-2", "lang": "ar", "fold": 1, "answer": "other", "probs": [[0, 5, 0.5]]}]))
@@ -143,10 +148,10 @@ def test_the_oof_file_is_read_by_id_and_keyed_so_equal_answers_keep_their_own_pr
     with pytest.raises(ValueError, match="no row for item 'val-ar-9'"):
         bench.oof_provider(rows, exs + [dspy.Example(id="val-ar-9", lang="ar", question="", answer="x")])
     with pytest.raises(ValueError, match="line 2: id 'val-ar-0' repeats"):
-        bench.read_oof(_rows(tmp_path / "dup.jsonl", [rows["val-ar-0"], rows["val-ar-0"]]))
+        read_oof(_rows(tmp_path / "dup.jsonl", [rows["val-ar-0"], rows["val-ar-0"]]))
     (tmp_path / "bad.jsonl").write_text('{"id": "a", "fold": 0, "probs": [[0, 1, 0.5]]}\n{"id": "b"}\n')
     with pytest.raises(ValueError, match="bad.jsonl: line 2: not an out-of-fold row"):
-        bench.read_oof(tmp_path / "bad.jsonl")
+        read_oof(tmp_path / "bad.jsonl")
 
 
 def test_split_agreement_says_whether_the_grounded_folds_are_the_encoders():
@@ -158,3 +163,57 @@ def test_split_agreement_says_whether_the_grounded_folds_are_the_encoders():
     rows = {exs[i].id: {"fold": j} for j, f in enumerate(folds) for i in f}
     assert bench.split_agreement(rows, {"de": exs}, 5, 0) == (10, 10)
     assert bench.split_agreement(rows, {"de": exs}, 5, 1)[0] < 10
+
+
+# -- encoder_oof: the combiner fitted (and cross-validated) on out-of-fold probabilities --------------------
+
+def test_oof_rows_of_one_answer_asked_twice_are_averaged_word_by_word(tmp_path):
+    from halluscope.programs.grounded.signals.encoder_prob import oof_table
+
+    table = oof_table(read_oof(_rows(tmp_path / "oof.jsonl", [
+        {"id": "a", "lang": "ar", "fold": 0, "answer": "same answer", "probs": [[0, 4, 0.1], [5, 11, 0.2]]},
+        {"id": "b", "lang": "ar", "fold": 1, "answer": "same answer", "probs": [[0, 4, 0.7], [5, 11, 0.8]]},
+        {"id": "c", "lang": "de", "fold": 1, "answer": "same answer", "probs": [[0, 4, 0.5], [5, 11, 0.5]]}])))
+    assert [t[:2] for t in table[("ar", "same answer")]] == [(0, 4), (5, 11)]
+    assert [t[2] for t in table[("ar", "same answer")]] == pytest.approx([0.4, 0.5])
+    assert table[("de", "same answer")] == [(0, 4, 0.5), (5, 11, 0.5)]
+
+
+def test_with_encoder_oof_a_fit_reads_the_file_and_a_loaded_artifact_does_not(tmp_path):
+    examples = fixture_examples(16)
+    held, train = examples[0], examples[1:]
+    # the out-of-fold file singles out the gold words; the "encoder" (provider) says 0.5 everywhere
+    oof = _gold_provider(examples, hot=0.95, cold=0.05)
+    path = _rows(tmp_path / "oof.jsonl", [
+        {"id": f"x{i}", "lang": ex.get("lang", "") or "", "fold": i % 5, "answer": ex.answer,
+         "probs": [list(t) for t in oof("", ex.answer, "", "")]} for i, ex in enumerate(examples)])
+    det = get_program("grounded").make(encoder_prob=True, encoder_oof=str(path))
+    flat = det.signal("encoder_prob").provider = _gold_provider(examples, hot=0.5, cold=0.5)
+    info = fit_grounded(det, train, "iou")
+    assert flat.calls == []  # every training answer took its out-of-fold row
+    assert info["weights"]["enc_p"] > 0.5
+    got = info["signal_inputs"]["encoder_prob"]
+    assert got["oof"] == str(path) and got["oof_answers"] == len({ex.answer for ex in examples})
+    assert len(got["oof_sha256"]) == 64
+    assert info["signal_checks"]["encoder_prob"] == {"answers": len(train), "from_oof": len(train)}
+    # the fitted program (as cross-validation scores it) gives a held-out item of the file its row too
+    col = det.item_features(**{k: v for k, v in inputs(held).items() if k != "task"}).X[:, det.features.index("enc_p")]
+    assert set(col) <= {0.95, 0.05} and flat.calls == []
+    # a loaded artifact never reads the file (it may not exist where the artifact is served): the encoder answers
+    path.unlink()
+    fresh = get_program("grounded").make(encoder_prob=True, encoder_oof=str(path)).load_state(det.dump_state())
+    fresh.signal("encoder_prob").provider = flat
+    col = fresh.item_features(**{k: v for k, v in inputs(held).items() if k != "task"}).X[:, fresh.features.index("enc_p")]
+    assert set(col) == {0.5} and flat.calls == [held.answer]
+
+
+def test_a_bad_oof_file_stops_the_fit_with_one_line_naming_it(tmp_path):
+    examples = fixture_examples(8)
+    (tmp_path / "bad.jsonl").write_text('{"id": "a", "fold": 0, "probs": [[0, 1, "x"]]}\n')
+    for path, msg in ((tmp_path / "bad.jsonl", r"bad.jsonl: line 1: not an out-of-fold row"),
+                      (tmp_path / "none.jsonl", r"cannot read the out-of-fold file .*none.jsonl")):
+        det = get_program("grounded").make(encoder_prob=True, encoder_oof=str(path))
+        det.signal("encoder_prob").provider = _gold_provider(examples)
+        with pytest.raises(ValueError, match=msg) as e:
+            fit_grounded(det, examples, "iou")
+        assert "\n" not in str(e.value)

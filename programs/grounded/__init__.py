@@ -43,6 +43,11 @@ def _encoder_artifact_problem(path, options) -> str | None:
     return None
 
 
+def _extras(options) -> tuple[str, ...]:
+    """``encoder_prob`` needs the ``encoder`` extra (the artifact store then serves another version without it)."""
+    return ("encoder",) if str(options.get("encoder_prob")).lower() in ("true", "1") else ()
+
+
 def _rules_problem(rules, options) -> str | None:
     if rules not in (True, False, "all", "numbers", "true", "false"):
         return f"rules takes true, false, \"all\" or \"numbers\", not {rules!r}"
@@ -59,6 +64,7 @@ register_program(ProgramSpec(
     extra_inputs=("model_output_tokens", "model_output_logits"),
     fit=fit_grounded,
     lm_when=lambda options: bool(str(options.get("detectors") or "").strip()),
+    extras_when=_extras,
     load_options=("evidence_free",),
     option_types={"lm_model": text(what="a GGUF file path, or \"\" for the embedded model", check=_lm_model_problem),
                   "lm_evidence_tokens": whole(0), "lm_item_tokens": whole(0), "window": whole(0),
@@ -74,5 +80,8 @@ register_program(ProgramSpec(
                   "head_metric": text("", "f1", "balanced_accuracy", "accuracy"),
                   "encoder_artifact": text(what="a trained encoder artifact (<key>/iou/vNNNN in the store, or a folder), or \"\"",
                                            check=_encoder_artifact_problem),
+                  "encoder_oof": text(what="a file of out-of-fold encoder probabilities the fit reads (JSON lines of "
+                                           "scripts/bench_encoder.py --save-probs), or \"\"; a loaded artifact "
+                                           "never reads it"),
                   "rules": free("true, false, \"all\" (= true) or \"numbers\"", check=_rules_problem)},
 ))

@@ -749,6 +749,7 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
         module.evidence_free = True  # fitted to score words without evidence: it goes on doing so (#34)
     if module.use_idf:  # the hand-set weights were set for the untrained program's empty table: they keep it
         module.idf_table = IdfTable.build(_get(ex, "context", "") for ex in labelled) if module.fit_units else IdfTable()
+    inputs = {s.name: i for s in module.signals if (i := s.fit_start())}
     rows, ys, items, failures = [], [], [], {}
     for ex in labelled:
         answer = _get(ex, "answer", "")
@@ -790,6 +791,8 @@ def fit_grounded(module: GroundedDetector, trainset, metric_name: str = "iou", *
     checks = {s.name: c for s in module.signals if (c := s.fit_check(answers))}
     if checks:
         module.fitted["signal_checks"] = checks
+    if inputs:
+        module.fitted["signal_inputs"] = inputs
     if module.response_data:
         module.fitted["response"] = fit_pooled_head(module)
     return {**module.fitted, "threshold": module.threshold, "floor": module.floor,
@@ -1100,7 +1103,7 @@ def translate_options(options: dict) -> dict:
     if str(o["detectors"] or "").strip():
         signals.append(("detectors", {"names": o["detectors"]}))
     if o["encoder_prob"]:
-        signals.append(("encoder_prob", {"artifact": o["encoder_artifact"]}))
+        signals.append(("encoder_prob", {"artifact": o["encoder_artifact"], "oof": o["encoder_oof"]}))
     return {"signals": signals, "combiner": o["combiner"], "l2": o["l2"], "window": o["window"],
             "aggregate": o["aggregate"], "rules": o["rules"], "evidence_free": o["evidence_free"],
             "units": {"fit": o["fit_units"], "pool": o["unit_pool"], "pool_weight": o["unit_pool_weight"],
@@ -1130,7 +1133,8 @@ def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = Tru
                    resp_hs: bool = False, head_features: str = "all", head_frames: bool = False,
                    head_frame_weight: float = 0.15, evidence_free: bool = False, head_question: bool = True,
                    head_task: bool = False, decide_words: str = "any", decide_p: float = 0.5,
-                   head_metric: str = "", encoder_prob: bool = False, encoder_artifact: str = "") -> GroundedDetector:
+                   head_metric: str = "", encoder_prob: bool = False, encoder_artifact: str = "",
+                   encoder_oof: str = "") -> GroundedDetector:
     """The ``grounded`` program from its ``-O`` options (the registry's build: these are what ``-O`` and a
     manifest's ``program_options`` name); :func:`translate_options` maps them onto the detector's signals.
 
@@ -1244,6 +1248,11 @@ def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = Tru
             extra and a trained artifact, ``encoder_artifact``). Missing: ``enc_p`` imputed, note
             ``encoder_prob_missing``. Off by default (BENCHMARKS: "`encoder` on Mu-SHROOM").
         encoder_artifact: the trained encoder: ``<key>/iou/vNNNN`` in the store's ``encoder/``, or a version folder.
+        encoder_oof: a fit-time input: a file of out-of-fold encoder probabilities (``scripts/bench_encoder.py
+            --save-probs``; JSON lines ``{"id", "lang", "fold", "answer", "probs"}``). A fitted program gives every item the file
+            holds (by language and answer) its out-of-fold probabilities instead of the artifact's, so the combiner
+            is fitted, and cross-validated, on probabilities of encoders that did not train on the item; a loaded
+            artifact never reads it (the encoder answers every item). "" = the artifact for every item.
     """
     for name, value in (("lm_evidence_tokens", lm_evidence_tokens), ("lm_item_tokens", lm_item_tokens)):
         if int(value) < 0:

@@ -151,6 +151,12 @@ class Signal:
         """What the signal counts once the row is built (after every signal's columns)."""
         return {}
 
+    def fit_start(self) -> dict[str, Any]:
+        """Called by ``grounded``'s span fit before any training item's columns are built: read what the fit needs
+        that serving does not (e.g. out-of-fold inputs for the training rows) and say what was read
+        (``fitted["signal_inputs"][name]``); ``{}``: nothing. Raise ``ValueError`` (one line) for a bad input."""
+        return {}
+
     def fit_check(self, answers: list[str]) -> dict[str, Any]:
         """Called by ``grounded``'s fit with the training answers, after their columns are built: what the fit
         should record about this signal's data (``fitted["signal_checks"][name]``), e.g. how many of the answers

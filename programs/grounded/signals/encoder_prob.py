@@ -18,12 +18,15 @@ a provider that fails): one warning line, ``enc_p`` imputed with the combiner's 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from pathlib import Path
 
 from halluscope.programs.grounded.signals.base import Item, Signal, register_signal
 from halluscope.programs.registry import text
 
-__all__ = ["EncoderProbSignal", "ENCODER_PROB", "unit_max"]
+__all__ = ["EncoderProbSignal", "ENCODER_PROB", "read_oof", "oof_table", "unit_max"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,18 +44,66 @@ def unit_max(units, word_probs) -> list[float]:
     return out
 
 
+def read_oof(path) -> dict[str, dict]:
+    """The rows of an out-of-fold file (``scripts/bench_encoder.py --save-probs``: JSON lines ``{"id", "lang",
+    "fold", "answer", "probs": [[start, end, p], ...]}``) by item id. ``ValueError`` (one line) naming the file
+    and line when it cannot be read, a row is malformed or an id repeats."""
+    rows: dict[str, dict] = {}
+    try:
+        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the out-of-fold file {str(path)!r} ({type(e).__name__}: {e})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            ok = isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("fold"), int) and \
+                isinstance(r.get("answer", ""), str) and isinstance(r.get("lang", ""), str) and \
+                all(len(t) == 3 and all(isinstance(x, (int, float)) for x in t) for t in r["probs"])
+        except (ValueError, TypeError, KeyError):
+            ok = False
+        if not ok:
+            raise ValueError(f"{path}: line {n}: not an out-of-fold row (id, fold, probs [[start, end, p], ...])")
+        if r["id"] in rows:
+            raise ValueError(f"{path}: line {n}: id {r['id']!r} repeats")
+        rows[r["id"]] = r
+    return rows
+
+
+def oof_table(rows: dict[str, dict]) -> dict[tuple[str, str], list[tuple[int, int, float]]]:
+    """``(lang, answer) -> [(start, end, p), ...]`` of out-of-fold rows (:func:`read_oof`; rows without an
+    ``answer`` are left out). Two rows with the same language and answer (asked differently) get the mean of their
+    probabilities word by word, so a lookup by answer is defined."""
+    groups: dict[tuple[str, str], list[list]] = {}
+    for r in rows.values():
+        if "answer" in r:
+            groups.setdefault((r.get("lang", ""), r["answer"]), []).append(r["probs"])
+    table = {}
+    for key, group in groups.items():
+        first = group[0]
+        same = all(len(g) == len(first) and all(tuple(a[:2]) == tuple(b[:2]) for a, b in zip(g, first)) for g in group)
+        if not same:  # cannot happen for one answer and one tokenizer; keep the first rather than guess
+            group = [first]
+        table[key] = [(int(a), int(b), sum(float(g[i][2]) for g in group) / len(group))
+                      for i, (a, b, _p) in enumerate(first)]
+    return table
+
+
 @register_signal
 class EncoderProbSignal(Signal):
     name, columns, cost, order = "encoder_prob", ENCODER_PROB, "encoder", 45
     option_types = {"artifact": text(what="a trained encoder artifact: a version of the store (<key>/iou/vNNNN, "
                                           "under the compiled folder's encoder/) or a version folder, or \"\" "
-                                          "(none: the column is imputed)")}
+                                          "(none: the column is imputed)"),
+                    "oof": text(what="a file of out-of-fold encoder probabilities read when fitting (JSON lines "
+                                     "from scripts/bench_encoder.py --save-probs), or \"\"")}
     missing = frozenset({"encoder_prob_missing"})
     notes = frozenset({"encoder_prob_missing"})
 
     @classmethod
     def defaults(cls) -> dict:
-        return {"artifact": ""}
+        return {"artifact": "", "oof": ""}
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -61,6 +112,9 @@ class EncoderProbSignal(Signal):
         self._broken: str | None = None  # why no provider could be built (warned once)
         #: the fingerprints of the answers the artifact's encoder trained on (None: unknown, or a set provider)
         self.trained_on: frozenset[str] | None = None
+        #: ``(lang, answer) -> word probabilities`` read from ``oof`` by :meth:`fit_start` (never by a loaded
+        #: artifact): the items it holds take these instead of the encoder's
+        self.oof: dict[tuple[str, str], list] | None = None
 
     def _provider(self):
         if self.provider is None and self._broken is None:
@@ -83,6 +137,10 @@ class EncoderProbSignal(Signal):
         st = item.state["encoder_prob"] = {"probs": None, "failed": False}
         if not item.answer.strip():
             return
+        if self.oof is not None and (item.lang or "", item.answer) in self.oof:
+            st["probs"] = list(self.oof[(item.lang or "", item.answer)])
+            st["oof"] = True
+            return
         provider = self._provider()
         if provider is None:
             st["failed"] = True
@@ -103,23 +161,37 @@ class EncoderProbSignal(Signal):
         item.used.append("encoder_prob")
         return {"enc_p": unit_max(item.units, probs)}
 
+    def fit_start(self) -> dict:
+        """With ``oof`` set: read the out-of-fold file (``ValueError``, one line, when it cannot be) so that every
+        item it holds, training and held-out, gets the probabilities of the encoder that did not train on it."""
+        path = self.options["oof"]
+        if not path:
+            return {}
+        if self.oof is None:
+            self.oof = oof_table(read_oof(path))
+            self._oof_sha = hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+        return {"oof": str(path), "oof_sha256": self._oof_sha, "oof_answers": len(self.oof)}
+
     def fit_check(self, answers: list[str]) -> dict:
         """How many of ``grounded``'s training answers the artifact's encoder trained on (by fingerprint), with one
         warning per encoder and process when any did: on those its probabilities are in-sample, more confident
         and more often right than on new answers, so the combiner learns to trust ``enc_p`` more than it should.
         ``{}`` when unknown (a provider set by the caller, or an encoder artifact that stores no fingerprints)."""
+        covered = {a for _lang, a in self.oof} if self.oof is not None else set()
+        from_oof = {"from_oof": sum(a in covered for a in answers)} if self.oof is not None else {}
         if self.trained_on is None:
-            return {}
+            return {"answers": len(answers), **from_oof} if from_oof else {}
         from halluscope.programs.encoder.program import answer_fingerprint
 
-        seen = sum(answer_fingerprint(a) in self.trained_on for a in answers)
+        seen = sum(answer_fingerprint(a) in self.trained_on and a not in covered for a in answers)
         if seen and self.options["artifact"] not in _WARNED:
             _WARNED.add(self.options["artifact"])
             logger.warning("grounded: %d of %d training answers are answers the encoder (%s) trained on: its enc_p "
                            "on them is in-sample, and the combiner learns to trust it more than it should; fit the "
-                           "combiner on other items than the encoder's (docs/guides/encoder.md)", seen, len(answers),
+                           "combiner on other items than the encoder's, or give its out-of-fold probabilities (-O encoder_oof=FILE; "
+                           "docs/guides/encoder.md)", seen, len(answers),
                            self.options["artifact"])
-        return {"answers": len(answers), "in_encoder_training": seen}
+        return {"answers": len(answers), "in_encoder_training": seen, **from_oof}
 
     def late_failures(self, item: Item) -> dict[str, int]:
         return {"encoder_prob_missing": int(bool((item.state.get("encoder_prob") or {}).get("failed")))}
