@@ -217,3 +217,23 @@ def test_a_bad_oof_file_stops_the_fit_with_one_line_naming_it(tmp_path):
         with pytest.raises(ValueError, match=msg) as e:
             fit_grounded(det, examples, "iou")
         assert "\n" not in str(e.value)
+
+
+def test_the_encoders_answers_are_remembered_per_artifact_and_item(monkeypatch):
+    from halluscope.programs.grounded.signals import encoder_prob
+
+    monkeypatch.setattr(encoder_prob, "_MEMO", {})
+    calls = []
+
+    def provider(q, a, c, lang):
+        calls.append(a)
+        return [(0, len(a), 0.5)]
+    one, other = encoder_prob.memoized("all/iou/v0001", provider), encoder_prob.memoized("mine/iou/v0002", provider)
+    assert one("q", "an answer", "ctx", "de") == [(0, 9, 0.5)] and one("q", "an answer", "ctx", "de") == [(0, 9, 0.5)]
+    assert calls == ["an answer"]                      # the second fold's fit reads the first's
+    one("q", "an answer", "other evidence", "de")      # another item (the evidence differs): computed
+    other("q", "an answer", "ctx", "de")               # another encoder: computed
+    assert len(calls) == 3
+    monkeypatch.setattr(encoder_prob, "MEMO_ITEMS", 3)
+    one("q", "a fourth", "", "de")                      # full: cleared, then remembered again
+    assert len(encoder_prob._MEMO) == 1

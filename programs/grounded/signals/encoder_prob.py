@@ -90,6 +90,26 @@ def oof_table(rows: dict[str, dict]) -> dict[tuple[str, str], list[tuple[int, in
     return table
 
 
+#: the encoder's word probabilities already computed in this process, by artifact and item (:func:`memoized`)
+_MEMO: dict[tuple[str, str], list] = {}
+MEMO_ITEMS = 20_000
+
+
+def memoized(artifact: str, provider):
+    """``provider`` remembering its answers per ``artifact`` and item for the life of the process (up to
+    :data:`MEMO_ITEMS`, then cleared): cross-validation builds a program per fold, and every fold's fit reads the
+    same training items (a response head's thousands of HalluClean answers) through the same encoder."""
+    def remembered(question, answer, context, lang):
+        key = (str(artifact), hashlib.sha256(json.dumps([question, answer, context, lang]).encode()).hexdigest())
+        hit = _MEMO.get(key)
+        if hit is None:
+            if len(_MEMO) >= MEMO_ITEMS:
+                _MEMO.clear()
+            hit = _MEMO[key] = [tuple(t) for t in provider(question, answer, context, lang)]
+        return list(hit)
+    return remembered
+
+
 @register_signal
 class EncoderProbSignal(Signal):
     name, columns, cost, order = "encoder_prob", ENCODER_PROB, "encoder", 45
@@ -125,7 +145,7 @@ class EncoderProbSignal(Signal):
                 from halluscope.programs.encoder.program import encoder_word_probs, load_encoder_dir, require_extra
                 require_extra()
                 det = load_encoder_dir(path)
-                self.provider = lambda q, a, c, lang: encoder_word_probs(q, a, c, lang, det)
+                self.provider = memoized(path, lambda q, a, c, lang: encoder_word_probs(q, a, c, lang, det))
                 self.trained_on = frozenset(det.trained_on) if det.trained_on else None
             except Exception as e:  # noqa: BLE001 — the extra missing, a bad artifact: the defined fallback
                 self._broken = f"{type(e).__name__}: {e}"
