@@ -23,6 +23,7 @@ import pytest
 
 from halluscope.artifacts import store
 from halluscope.artifacts.policy import choose, load_detector
+from halluscope.programs.encoder.program import extra_missing
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIDENCE = ("The Golden Gate Bridge is a suspension bridge in San Francisco, California. It opened in 1937 "
@@ -31,7 +32,8 @@ SWAPPED = "The Golden Gate Bridge is a suspension bridge in Los Angeles."
 
 
 def test_the_wheel_list_is_the_served_versions():
-    """pyproject's package data of halluscope.compiled is exactly one served version per program/key/metric."""
+    """pyproject's package data of halluscope.compiled is exactly the served version of each program/key/metric,
+    with no optional extra installed and with every one (two versions of a key where they differ)."""
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bundle_artifacts.py"), "--check"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -42,8 +44,9 @@ def test_the_wheel_list_is_the_served_versions():
         sys.path.remove(str(ROOT / "scripts"))
     served = bundle_artifacts.served()
     assert "grounded/de/iou/v0002" in served and "grounded/all/iou/v0007" in served
+    assert "grounded/de/iou/v0004" in served and "encoder/all/iou/v0001" in served  # with the encoder extra
     keys = [v.rsplit("/", 1)[0] for v in served]
-    assert len(keys) == len(set(keys))  # one version per program/key/metric
+    assert len(keys) == len(set(keys)) + 8  # ar de fi fr hi it sv zh: one version each without the extra, one with
     for v in served:  # never a retired one
         assert store.retired_reason(ROOT / "compiled" / v) is None, v
 
@@ -51,10 +54,12 @@ def test_the_wheel_list_is_the_served_versions():
 def test_an_empty_home_finds_the_bundled_artifacts(empty_home):
     versions = store.list_versions("grounded", "de", "iou")
     assert versions and {v.origin for v in versions} == {"bundled"}
-    best = store.best_version(versions)
+    best = store.best_version(versions, installed=set())
     assert best.name == "v0002" and best.path.is_relative_to(store.bundled_dir())
+    with_extra = store.best_version(versions, installed={"encoder"})
+    assert with_extra.name == "v0004" and with_extra.path.is_relative_to(store.bundled_dir())
     detector = store.load_compiled("grounded", lang="de", metric="iou")
-    assert detector.version == 2
+    assert detector.version == (2 if extra_missing() else 4)  # what is installed here decides
 
 
 def _copy_version(src: Path, home: Path, version: int, **manifest_changes) -> Path:
@@ -71,8 +76,13 @@ def _copy_version(src: Path, home: Path, version: int, **manifest_changes) -> Pa
     return dst
 
 
+def _served_bundled(key: str = "de") -> Path:
+    """The bundled version of grounded/<key>/iou served here (v0002, or v0004 where the encoder extra is installed)."""
+    return store.best_version(store.list_versions("grounded", key, "iou", root=store.bundled_dir())).path
+
+
 def test_the_users_versions_compete_with_the_bundled_ones(empty_home):
-    bundled = store.bundled_dir() / "grounded" / "de" / "iou" / "v0002"
+    bundled = _served_bundled()
     score = store.selection_score(json.loads((bundled / "manifest.json").read_text()))
     # a demo-data run of the user's never displaces the bundled real-data version
     demo = _copy_version(bundled, empty_home, 7, source="demo (built-in)")
@@ -86,9 +96,10 @@ def test_the_users_versions_compete_with_the_bundled_ones(empty_home):
     assert [r.info.path for r in ranked if r.best] == [better]
     assert load_detector(lang="de").path == better
     # an identical copy of a bundled version is listed once, as the user's
-    same = _copy_version(bundled, empty_home, 2)
+    served = int(bundled.name[1:])
+    same = _copy_version(bundled, empty_home, served)
     listed = store.list_versions("grounded", "de", "iou")
-    assert [v.origin for v in listed if v.version == 2] == ["home"] and same in [v.path for v in listed]
+    assert [v.origin for v in listed if v.version == served] == ["home"] and same in [v.path for v in listed]
 
 
 def test_new_versions_are_numbered_after_the_bundled_ones(empty_home):
@@ -104,14 +115,15 @@ def test_new_versions_are_numbered_after_the_bundled_ones(empty_home):
 def test_never_served_by_default_untracked_or_unchanged(empty_home):
     """An untracked version (its optimize run was killed) and a compile that changed nothing are listed with the
     reason and never served by default; both stay loadable with --version."""
-    bundled = store.bundled_dir() / "grounded" / "de" / "iou" / "v0002"
+    bundled = _served_bundled()
+    served = int(bundled.name[1:])
     cv = json.loads((bundled / "manifest.json").read_text())["cv"]
     cv["mean"]["compiled"]["iou"]["mean"] += 0.05
     untracked = _copy_version(bundled, empty_home, 9, cv=cv)
     (untracked / store.UNTRACKED_FILE).write_text("interrupted\n")
     _copy_version(bundled, empty_home, 10, cv=cv, changes=[])
     ranked = {r.info.version: r for r in store.rank_versions(store.list_versions("grounded", "de", "iou"), "iou")}
-    assert ranked[2].best and not ranked[9].best and not ranked[10].best
+    assert ranked[served].best and not ranked[9].best and not ranked[10].best
     assert "untracked" in ranked[9].why and "changed nothing" in ranked[10].why
     assert store.load_compiled("grounded", lang="de", metric="iou", version=9).path == untracked
     changed = _copy_version(bundled, empty_home, 11, cv=cv, changes=[{"predictor": "p", "what": "state"}])

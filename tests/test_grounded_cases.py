@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from halluscope.artifacts.store import list_versions, load_compiled
+from halluscope.artifacts.store import list_versions, load_compiled, retired_reason
 from halluscope.core.contract import display_marks
 from tests.grounded_cases import CASES, NO_EVIDENCE_CASES
 
@@ -50,7 +50,8 @@ _DETECTORS: dict = {}
 def loaded(lang: str, newest: bool):
     key = (lang, newest)
     if key not in _DETECTORS:
-        version = max(v.version for v in list_versions("grounded", lang, "iou")) if newest else None
+        version = max(v.version for v in list_versions("grounded", lang, "iou")
+                      if retired_reason(v.path) is None) if newest else None
         _DETECTORS[key] = load_compiled("grounded", lang=lang, metric="iou", version=version).program
     return _DETECTORS[key]
 

@@ -46,7 +46,7 @@ def test_the_signal_is_found_by_name_and_is_opt_in():
     assert extensions.get("signals", "encoder_prob") is EncoderProbSignal
     assert "encoder_prob" not in DEFAULT_SIGNALS
     doc = sys.modules[EncoderProbSignal.__module__].__doc__
-    assert "BENCHMARKS.md" in doc and "not served by default" in doc  # opt-in, with where the measurement is
+    assert "BENCHMARKS.md" in doc and "served where the ``encoder`` extra is installed" in doc  # and where measured
     assert "enc_p" not in get_program("grounded").make().features
     det = get_program("grounded").make(encoder_prob="true")
     assert det.signal("encoder_prob") is not None and det.features.count("enc_p") == 1

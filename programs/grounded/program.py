@@ -1246,11 +1246,12 @@ def build_grounded(support: bool = True, idf: bool = True, genlogits: bool = Tru
             f1``; "balanced_accuracy" trades caught answers for fewer false alarms where the head is weak).
         encoder_prob: the trained ``encoder`` program's word probability as a feature (``enc_p``; the ``encoder``
             extra and a trained artifact, ``encoder_artifact``). Missing: ``enc_p`` imputed, note
-            ``encoder_prob_missing``. Off by default (BENCHMARKS: "`encoder` on Mu-SHROOM").
+            ``encoder_prob_missing``. Off by default; the served versions that use it are served only where the
+            extra is installed (BENCHMARKS: "`grounded` with the encoder's word probability").
         encoder_artifact: the trained encoder: ``<key>/iou/vNNNN`` in the store's ``encoder/``, or a version folder.
         encoder_oof: a fit-time input: a file of out-of-fold encoder probabilities (``scripts/bench_encoder.py
-            --save-probs``; JSON lines ``{"id", "lang", "fold", "answer", "probs"}``). A fitted program gives every item the file
-            holds (by language and answer) its out-of-fold probabilities instead of the artifact's, so the combiner
+            --save-probs``; JSON lines ``{"id", "lang", "fold", "answer", "probs"}``). A fitted program gives every
+            item the file holds (by language and answer) its out-of-fold probabilities instead of the artifact's, so the combiner
             is fitted, and cross-validated, on probabilities of encoders that did not train on the item; a loaded
             artifact never reads it (the encoder answers every item). "" = the artifact for every item.
     """

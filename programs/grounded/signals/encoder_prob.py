@@ -3,15 +3,20 @@
 ``enc_p``: for each unit of the answer, the highest raw probability (before the encoder's threshold) of the
 encoder's words that overlap it (0 where none does), from :func:`halluscope.programs.encoder.program.encoder_word_probs`.
 
-Opt-in, off the default path: BENCHMARKS.md ("`grounded` with the encoder's word probability") measured it on the
-10 languages, 5-fold CV with the 5-epoch encoder's out-of-fold probabilities: +0.021 IoU / +0.036 Corr on the
-encoder's own split (0.519 → 0.540), +0.022 / +0.035 over fold seeds 0 1 2; not served by default (the default
-install has no torch). Turn it on with ``-O encoder_prob=true -O encoder_artifact=REF``
-(``REF``: a trained encoder's version in the store, ``<key>/iou/vNNNN`` under the compiled folder's ``encoder/``,
-which travels with a store; or a version folder's path; read by
+Off by default as an option; served where the ``encoder`` extra is installed: BENCHMARKS.md ("`grounded` with
+the encoder's word probability") measured it on the 10 languages, 5-fold CV with the default encoder's out-of-fold
+probabilities: +0.041 to +0.049 IoU and +0.057 to +0.066 Corr, and the served ``grounded`` versions of the
+languages where it pays use it (the artifact store serves them only with the extra; without it, the versions
+without the signal, so the default install, which has no torch, is unchanged). Turn it on with ``-O
+encoder_prob=true -O encoder_artifact=REF`` (``REF``: a trained encoder's version in the store, ``<key>/iou/vNNNN``
+under the compiled folder's ``encoder/``, else the package's bundled store, where the served encoder
+``all/iou/v0001`` ships; or a version folder's path; read by
 :func:`~halluscope.programs.encoder.program.load_encoder_dir`). Where the probabilities come from is the
 signal's ``provider``, a function ``(question, answer, context, lang) -> [(start, end, p), ...]``: built from
-``artifact`` on the first item, or set by the caller (a benchmark gives out-of-fold probabilities this way).
+``artifact`` on the first item (its answers remembered per item for the process), or set by the caller (a
+benchmark gives out-of-fold probabilities this way). ``oof`` (``-O encoder_oof=FILE``) is read when the program is
+fitted: every item the file holds then takes its out-of-fold probabilities, so the combiner is fitted and
+cross-validated on probabilities of encoders that did not train on the item.
 Missing at run time (the ``encoder`` extra not installed, no ``artifact`` given, an artifact that does not load,
 a provider that fails): one warning line, ``enc_p`` imputed with the combiner's training mean, the note
 ``encoder_prob_missing``."""
