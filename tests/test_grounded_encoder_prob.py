@@ -237,3 +237,21 @@ def test_the_encoders_answers_are_remembered_per_artifact_and_item(monkeypatch):
     monkeypatch.setattr(encoder_prob, "MEMO_ITEMS", 3)
     one("q", "a fourth", "", "de")                      # full: cleared, then remembered again
     assert len(encoder_prob._MEMO) == 1
+
+
+def test_every_grounded_of_a_process_shares_one_loaded_encoder_per_artifact(tmp_path, monkeypatch):
+    from halluscope.programs.encoder import program as enc
+    from halluscope.programs.grounded.signals import encoder_prob
+
+    monkeypatch.setattr(encoder_prob, "_ENCODERS", {})
+    loads = []
+    monkeypatch.setattr(enc, "load_encoder_dir", lambda ref: loads.append(ref) or object())
+    for name, sha in (("a", "11"), ("b", "22")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text(json.dumps({"files": {"encoder.safetensors": sha}}))
+    one = encoder_prob.shared_encoder(str(tmp_path / "a"))
+    assert encoder_prob.shared_encoder(str(tmp_path / "a")) is one and len(loads) == 1   # eight languages, one copy
+    assert encoder_prob.shared_encoder(str(tmp_path / "b")) is not one and len(loads) == 2
+    key = encoder_prob.artifact_key(str(tmp_path / "a"))
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps({"files": {"encoder.safetensors": "33"}}))
+    assert encoder_prob.artifact_key(str(tmp_path / "a")) != key  # other weights in the same folder: another key

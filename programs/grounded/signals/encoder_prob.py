@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from pathlib import Path
 
 from halluscope.programs.grounded.signals.base import Item, Signal, register_signal
@@ -95,6 +96,37 @@ def oof_table(rows: dict[str, dict]) -> dict[tuple[str, str], list[tuple[int, in
     return table
 
 
+#: the trained encoders loaded in this process, by folder (:func:`shared_encoder`)
+_ENCODERS: dict[str, object] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def artifact_key(ref) -> str:
+    """What identifies a trained encoder in this process: its folder and its weights' SHA-256 (from its manifest),
+    so two stores that both hold ``all/iou/v0001`` never share answers."""
+    from halluscope.programs.encoder.program import encoder_artifact_dir
+
+    where = encoder_artifact_dir(ref)
+    try:
+        sha = (json.loads((where / "manifest.json").read_text(encoding="utf-8")).get("files") or {})
+    except (OSError, ValueError, AttributeError):
+        sha = {}
+    return f"{where.resolve()}#{sorted(sha.values()) if isinstance(sha, dict) else ''}"
+
+
+def shared_encoder(ref):
+    """The trained encoder ``ref`` names (:func:`~halluscope.programs.encoder.program.load_encoder_dir`), loaded
+    once per process and folder: every served language's ``grounded`` reads the same encoder, and a server that
+    loads eight of them holds one copy (about 700 MB), not eight. Loading is serialised (threads of a server)."""
+    from halluscope.programs.encoder.program import load_encoder_dir
+
+    key = artifact_key(ref)
+    with _LOAD_LOCK:
+        if key not in _ENCODERS:
+            _ENCODERS[key] = load_encoder_dir(ref)
+        return _ENCODERS[key]
+
+
 #: the encoder's word probabilities already computed in this process, by artifact and item (:func:`memoized`)
 _MEMO: dict[tuple[str, str], list] = {}
 MEMO_ITEMS = 20_000
@@ -147,10 +179,11 @@ class EncoderProbSignal(Signal):
             try:
                 if not path:
                     raise ValueError("no trained encoder artifact given (-O encoder_artifact=PATH)")
-                from halluscope.programs.encoder.program import encoder_word_probs, load_encoder_dir, require_extra
+                from halluscope.programs.encoder.program import encoder_word_probs, require_extra
                 require_extra()
-                det = load_encoder_dir(path)
-                self.provider = memoized(path, lambda q, a, c, lang: encoder_word_probs(q, a, c, lang, det))
+                det = shared_encoder(path)
+                self.provider = memoized(artifact_key(path),
+                                         lambda q, a, c, lang: encoder_word_probs(q, a, c, lang, det))
                 self.trained_on = frozenset(det.trained_on) if det.trained_on else None
             except Exception as e:  # noqa: BLE001 — the extra missing, a bad artifact: the defined fallback
                 self._broken = f"{type(e).__name__}: {e}"
