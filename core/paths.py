@@ -24,7 +24,7 @@ from pathlib import Path
 
 __all__ = [
     "HOME_ENV", "COMPILED_ENV", "CACHE_ENV", "MUSHROOM_DATA_ENV", "HALLUCLEAN_DATA_ENV",
-    "home", "compiled_dir", "outputs_dir", "cache_dir", "tracking_dir", "demo_data_dir", "env_path",
+    "home", "compiled_dir", "outputs_dir", "cache_dir", "user_cache_dir", "tracking_dir", "demo_data_dir", "env_path",
     "default_tracking_uri", "resolve_tracking_uri", "sqlite_path", "home_hint",
     "OFFLINE_ENV", "set_offline_defaults", "source_checkout", "install_hint", "optimize_command",
 ]
@@ -63,6 +63,17 @@ def home() -> Path:
 
 def compiled_dir() -> Path:
     return env_path(COMPILED_ENV) or home() / "compiled"
+
+
+def user_cache_dir() -> Path:
+    """Where derived files that can be rebuilt are cached (the encoder's converted weights, 83 MB):
+    ``$HALLUSCOPE_HOME/.cache`` when ``$HALLUSCOPE_HOME`` is set, else ``$XDG_CACHE_HOME/halluscope`` (default
+    ``~/.cache/halluscope``), never the current folder, which a command run from any folder leaves as it was."""
+    set_home = env_path(HOME_ENV)
+    if set_home is not None:
+        return set_home / ".cache"
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "halluscope"
 
 
 def bundled_compiled_dir() -> Path | None:

