@@ -95,11 +95,14 @@ DE_EV = ("Der Eiffelturm ist ein 330 Meter hoher Eisenfachwerkturm in Paris. Er 
 
 
 def test_a_flagged_word_that_stands_verbatim_in_the_evidence_is_labelled_verbatim_not_unsupported():
-    from halluscope.artifacts.store import load_compiled
+    from halluscope.artifacts.store import best_version, list_versions, load_compiled
     from halluscope.core.contract import display_marks
     from halluscope.programs.grounded.program import VERBATIM_REASON
 
-    m = load_compiled("grounded", lang="de", metric="iou").program
+    # the version served without the optional extras: it flags verbatim words next to wrong ones, which is what
+    # the label is for (the encoder's version, served with the extra, leaves them below 0.5 here)
+    plain = best_version(list_versions("grounded", "de", "iou"), installed=set()).version
+    m = load_compiled("grounded", lang="de", metric="iou", version=plain).program
     answer = "Der Eiffelturm in Berlin wurde 1912 fertiggestellt."
     d = m(question="", answer=answer, context=DE_EV, lang="de").detection
     labels = {u.text: u for u in d.units}

@@ -261,7 +261,8 @@ def _edited_grounded(root: Path, edit) -> Path:
 
     from halluscope.artifacts.store import content_hash
 
-    src = max((PROJECT_ROOT / "compiled" / "grounded" / "en" / "iou").glob("v*"))
+    src = max(p for p in (PROJECT_ROOT / "compiled" / "grounded" / "en" / "iou").glob("v*")
+              if not (p / "RETIRED").exists())  # the newest committed version that is not retired
     dst = root / "grounded" / "en" / "iou" / src.name
     shutil.copytree(src, dst)
     prog, man = dst / "program.json", dst / "manifest.json"
