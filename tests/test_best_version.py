@@ -102,7 +102,8 @@ def test_a_version_needing_an_extra_that_is_not_installed_is_not_served(monkeypa
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     assert _best(plain, with_enc) == 1
     why = {r.info.version: r.why for r in rank_versions([plain, with_enc])}
-    assert why[2].startswith("not served: what it needs is not installed (the encoder program needs torch: ")
+    assert why[2].startswith("not served: what it needs is not installed (the encoder program needs torch")
+    assert "[encoder]" in why[2]  # and how to install it
     assert "--version 2" in why[2] and "\n" not in why[2]
     assert _best(plain, replace(with_enc, manifest={**with_enc.manifest, "program": "no-such-program"})) == 2
     # what the wheel bundles does not depend on what is installed where the list is written
