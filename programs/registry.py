@@ -59,6 +59,9 @@ __all__ = [
     "register_program",
     "get_program",
     "program_names",
+    "register_extra",
+    "extra_names",
+    "extra_problem",
     "REGISTRY",
 ]
 
@@ -467,6 +470,11 @@ def register_extra(name: str, check: Callable[[], str | None]) -> None:
     """Register how to tell whether the optional extra ``name`` is installed: ``check() -> None`` when it is, else
     one line saying what is missing and how to install it (nothing may be imported that the extra provides)."""
     _EXTRAS[name] = check
+
+
+def extra_names() -> list[str]:
+    """The optional extras with a registered check (those a served version may need)."""
+    return sorted(_EXTRAS)
 
 
 def extra_problem(name: str) -> str | None:

@@ -17,31 +17,28 @@ BEGIN = '"halluscope.compiled" = [  # served default artifacts: python scripts/b
 END = "]  # end of the bundled artifacts"
 
 
-#: the optional extras a served version may need (pyproject's optional dependencies with a registered check)
-EXTRAS = {"encoder"}
-
-
 def served(root: Path = ROOT / "compiled") -> list[str]:
     """``program/key/metric/vNNNN`` of every version served by default under ``root``: with no optional extra
     installed and with every one (so a wheel serves the best version whatever its user installs, and the list does
     not depend on what is installed where it is written)."""
     from halluscope.artifacts.store import best_version, list_versions
+    from halluscope.programs.registry import extra_names
 
     out = []
     for metric_dir in sorted(p for p in root.glob("*/*/*") if p.is_dir()):
         program, key, metric = metric_dir.relative_to(root).parts
         versions = list_versions(program, key, metric, root=root)
-        for installed in (set(), EXTRAS):
+        for installed in (set(), set(extra_names())):
             best = best_version(versions, installed=installed)
             if best is not None and f"{program}/{key}/{metric}/{best.name}" not in out:
                 out.append(f"{program}/{key}/{metric}/{best.name}")
     return out
 
 
-def block(versions: list[str]) -> str:
-    """The package-data block: each version's JSON files, and an encoder's trained weights."""
+def block(versions: list[str], root: Path = ROOT / "compiled") -> str:
+    """The package-data block: each version's JSON files, and the weights files of those that have them."""
     lines = [BEGIN, *(f'    "{v}/*.json",' for v in versions),
-             *(f'    "{v}/*.safetensors",' for v in versions if v.startswith("encoder/")), END]
+             *(f'    "{v}/*.safetensors",' for v in versions if any((root / v).glob("*.safetensors"))), END]
     return "\n".join(lines)
 
 
