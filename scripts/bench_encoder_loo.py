@@ -2,7 +2,9 @@
 model is fine-tuned on the other languages' validation items (plus synthetic items made from *their* retrieved
 contexts with ``-O synthetic=N``), and scored on the held-out language's items with the official metrics.
 Each language's result is appended to ``--out`` (JSON lines) as soon as it is done, so a run cut short keeps the
-languages it finished.
+languages it finished. ``--save-probs FILE`` appends each held-out item's raw word probabilities from the model
+that never saw its language, in the format of ``scripts/bench_encoder.py --save-probs`` with ``"fold"`` = the
+held-out language (``scripts/bench_grounded.py xling --encoder-held-probs`` reads it).
 
   taskset -c 0 nice -n 5 python scripts/bench_encoder_loo.py -O synthetic=1 --hold-out en de zh --out loo.jsonl
 """
@@ -35,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="items per language (a quick run)")
     ap.add_argument("-O", dest="opts", action="append", default=[])
     ap.add_argument("--out", required=True, help="JSON lines, one per held-out language")
+    ap.add_argument("--save-probs", default=None, metavar="FILE",
+                    help="append the held-out items' raw word probabilities (JSON lines, one per item)")
     args = ap.parse_args(argv)
     import torch
 
@@ -49,10 +53,26 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         info = fit_encoder(module, train, "iou")
         fit_s = time.perf_counter() - t
+        captured, raw_word_probs = [], module.word_probs
+
+        def word_probs(*a, _raw=raw_word_probs, **kw):  # forward's own call, kept: no second pass
+            captured.append(_raw(*a, **kw))
+            return captured[-1]
+
+        module.word_probs = word_probs
         t = time.perf_counter()
-        preds = [module(question=ex.question, answer=ex.answer, context=ex.context, lang=ex.lang)
-                 for ex in by_lang[held]]
+        preds, lines = [], []
+        for ex in by_lang[held]:
+            captured.clear()
+            preds.append(module(question=ex.question, answer=ex.answer, context=ex.context, lang=ex.lang))
+            wp = captured[-1] if captured else []  # an empty answer is never read
+            lines.append(json.dumps({"id": ex.id, "lang": ex.lang, "fold": held, "answer": ex.answer,
+                                     "probs": [[a, b, round(float(p), 6)] for a, b, p in wp]},
+                                    ensure_ascii=False))
         infer_s = time.perf_counter() - t
+        if args.save_probs:
+            with open(args.save_probs, "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
         s = [score_item(gold_of(ex), {"hard_labels": p.hard_labels, "soft_labels": p.soft_labels})
              for ex, p in zip(by_lang[held], preds)]
         m = [score_item(gold_of(ex), {"hard_labels": (p := mark_all(answer=ex.answer)).hard_labels,

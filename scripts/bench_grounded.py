@@ -15,6 +15,9 @@ not fitted on.
 ``cv --encoder-probs OOF.jsonl``: with the ``encoder_prob`` signal (``-O encoder_prob=true``) fed the encoder's
 out-of-fold word probabilities (``scripts/bench_encoder.py --save-probs``), keyed by item id, instead of a trained
 artifact; it prints whether the grounded folds are the encoder's own (the same split: seed 0, 5 folds).
+``xling --encoder-probs OOF.jsonl --encoder-held-probs LOO.jsonl``: the same signal across languages; the combiner
+is fitted on the other languages' out-of-fold rows (OOF.jsonl) and the held-out language is read with the
+probabilities of the encoder that never saw it (``scripts/bench_encoder_loo.py --save-probs``).
 
 ``cv``: per language, k seeded folds (averaged over ``--seeds``, default 0 1 2): fit on k-1 folds (``fit_grounded``, metric iou), predict the held-out
 fold; IoU / Corr / MaxIoU are the official item scores averaged over all items of the language, beside ``mark-all``
@@ -90,6 +93,8 @@ FEATURE_CACHE: dict = {}
 
 #: ``(question, answer, context, lang) -> word probabilities`` given to the encoder_prob signal (--encoder-probs)
 ENCODER_PROVIDER = None
+#: xling --encoder-held-probs: the held-out language (read from the leave-one-language-out rows), or None
+HELD_LANG: list = [None]
 
 
 def make(opts: dict) -> GroundedDetector:
@@ -256,7 +261,11 @@ def cmd_xling(args):
         train = [ex for l2, e2 in data.items() if l2 != lang for ex in e2]
         module = make(opts)
         info = fit_grounded(module, train, args.metric)
+        if args.encoder_held_probs:  # the held-out items through the encoder that never saw their language:
+            HELD_LANG[0] = lang      # their cached features (from the fits, with the out-of-fold rows) are not used
+            module.feature_cache = {}
         g = score(exs, [module(**inputs_of(ex)) for ex in exs])
+        HELD_LANG[0] = None
         ma = baseline("mark-all", exs)
         allg.append(g)
         allm.append(ma)
@@ -817,6 +826,9 @@ def main(argv=None):
     ap.add_argument("--encoder-probs", default=None, metavar="OOF.jsonl",
                     help="cv: the encoder_prob signal on, fed these out-of-fold word probabilities "
                          "(scripts/bench_encoder.py --save-probs)")
+    ap.add_argument("--encoder-held-probs", default=None, metavar="LOO.jsonl",
+                    help="xling (with --encoder-probs): the held-out language's word probabilities from the encoder "
+                         "trained without it (scripts/bench_encoder_loo.py --save-probs)")
     ap.add_argument("--lang", default="en", help="response: the grounded/<lang>/iou artifact whose unit part is used")
     ap.add_argument("--version", default=None, help="response: pin that artifact's version (default: the best)")
     ap.add_argument("--head-l2", type=float, default=10.0, help="response: the heads' L2 penalty")
@@ -847,19 +859,30 @@ def main(argv=None):
                     help="length: the fit weight of one framed answer (an original answer weighs 1)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
+    if args.encoder_held_probs and not args.encoder_probs:
+        ap.error("--encoder-held-probs goes with --encoder-probs")
     if args.encoder_probs:
         global ENCODER_PROVIDER
-        if args.command != "cv":
-            ap.error("--encoder-probs goes with the cv command")
+        if args.command not in ("cv", "xling"):
+            ap.error("--encoder-probs goes with the cv or xling command")
+        if args.command == "xling" and not args.encoder_held_probs:
+            ap.error("xling --encoder-probs needs --encoder-held-probs (the held-out language's rows from the "
+                     "encoder that never saw it)")
         try:
             rows = read_oof(args.encoder_probs)
             data = {lang: load(args, lang) for lang in args.langs}
-            ENCODER_PROVIDER = oof_provider(rows, [ex for exs in data.values() for ex in exs])
+            examples = [ex for exs in data.values() for ex in exs]
+            ENCODER_PROVIDER = oof_provider(rows, examples)
+            if args.encoder_held_probs:
+                oof, held = ENCODER_PROVIDER, oof_provider(read_oof(args.encoder_held_probs), examples)
+
+                def ENCODER_PROVIDER(question, answer, context, lang):  # noqa: N807
+                    return (held if lang == HELD_LANG[0] else oof)(question, answer, context, lang)
         except (OSError, ValueError) as e:
             print(f"bench_grounded: --encoder-probs: {e}", file=sys.stderr)
             return 2
         args.O.append("encoder_prob=true")
-        for sd in args.seeds:
+        for sd in args.seeds if args.command == "cv" else ():
             same, total = split_agreement(rows, data, args.folds, sd)
             print(f"fold seed {sd}: {same} of {total} items are held out in the same fold as by the encoder"
                   + (" (the same split)" if same == total else ""), file=sys.stderr)
