@@ -257,7 +257,8 @@ def cmd_xling(args):
     print("| held-out language | items | grounded IoU / Corr / MaxIoU | mark-all IoU / Corr | threshold |")
     print("|---|---|---|---|---|")
     allg, allm = [], []
-    for lang, exs in data.items():
+    for lang in args.hold_out or data:
+        exs = data[lang]
         train = [ex for l2, e2 in data.items() if l2 != lang for ex in e2]
         module = make(opts)
         info = fit_grounded(module, train, args.metric)
@@ -815,6 +816,8 @@ def main(argv=None):
     ap.add_argument("--hc-dir", default=str(ROOT.parent / "shared" / "data" / "halluclean"))
     ap.add_argument("--context", default="native", choices=["native", "translated-en", "none", "native+translated-en"])
     ap.add_argument("--langs", nargs="+", default=list(VAL_LANGS))
+    ap.add_argument("--hold-out", nargs="+", default=None, metavar="LANG",
+                    help="xling: hold out only these languages (every language of --langs still trains the others)")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="fold-assignment seeds (cv)")
     ap.add_argument("--metric", default="iou")
@@ -859,6 +862,8 @@ def main(argv=None):
                     help="length: the fit weight of one framed answer (an original answer weighs 1)")
     args = ap.parse_args(argv)
     t = time.perf_counter()
+    if args.hold_out and (args.command != "xling" or not set(args.hold_out) <= set(args.langs)):
+        ap.error("--hold-out goes with xling and names languages of --langs")
     if args.encoder_held_probs and not args.encoder_probs:
         ap.error("--encoder-held-probs goes with --encoder-probs")
     if args.encoder_probs:
@@ -874,7 +879,8 @@ def main(argv=None):
             examples = [ex for exs in data.values() for ex in exs]
             ENCODER_PROVIDER = oof_provider(rows, examples)
             if args.encoder_held_probs:
-                oof, held = ENCODER_PROVIDER, oof_provider(read_oof(args.encoder_held_probs), examples)
+                held_exs = [ex for lang in args.hold_out or args.langs for ex in data[lang]]
+                oof, held = ENCODER_PROVIDER, oof_provider(read_oof(args.encoder_held_probs), held_exs)
 
                 def ENCODER_PROVIDER(question, answer, context, lang):  # noqa: N807
                     return (held if lang == HELD_LANG[0] else oof)(question, answer, context, lang)

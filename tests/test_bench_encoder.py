@@ -71,6 +71,37 @@ def test_save_probs_writes_every_held_out_item_from_the_model_that_did_not_see_i
     assert json.loads(out.read_text())["folds"] == 3
 
 
+def test_loo_save_probs_is_read_by_grounded_as_the_held_out_languages_rows(tmp_path, monkeypatch):
+    """scripts/bench_encoder_loo.py --save-probs: each held-out item's probabilities from the model trained
+    without its language, in a file that ``read_oof`` (bench_grounded xling --encoder-held-probs) reads."""
+    _need_extra()
+    loo = importlib.import_module("bench_encoder_loo")
+    from halluscope.programs.encoder.program import word_units
+    from halluscope.programs.grounded.signals.encoder_prob import read_oof
+
+    trained_on = []
+    real_fit = loo.fit_encoder
+
+    def fit(module, train, metric):
+        trained_on.append({ex.id for ex in train})
+        return real_fit(module, train, metric)
+
+    monkeypatch.setattr(loo, "fit_encoder", fit)
+    out, probs = tmp_path / "loo.jsonl", tmp_path / "loo_probs.jsonl"
+    rc = loo.main(["--data-dir", str(_root(tmp_path)), "--langs", "en", "de",
+                   "-O", "top_layers=1", "-O", "epochs=1", "-O", "max_len=32", "-O", "answer_tokens=16",
+                   "--out", str(out), "--save-probs", str(probs)])
+    assert rc in (0, None)
+    rows = read_oof(probs)
+    assert sorted(rows) == sorted(f"val-{lg}-{i}" for lg in ("en", "de") for i in range(3))
+    assert [{i.split("-")[1] for i in seen} for seen in trained_on] == [{"de"}, {"en"}]  # en held out, then de
+    for r in rows.values():
+        assert r["fold"] == r["lang"] == r["id"].split("-")[1]
+        assert not any(i.split("-")[1] == r["fold"] for i in trained_on[["en", "de"].index(r["fold"])])
+        assert [(a, b) for a, b, _ in r["probs"]] == word_units(r["answer"])
+    assert [json.loads(line)["held_out"] for line in out.read_text().splitlines()] == ["en", "de"]
+
+
 # -- scripts/bench_encoder_halluclean.py: the response score on HalluClean ---------------------------------------
 
 def test_halluclean_cv_keeps_twins_together_and_scores_a_perfect_score_perfectly(tmp_path):

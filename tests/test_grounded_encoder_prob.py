@@ -152,6 +152,13 @@ def test_the_oof_file_is_read_by_id_and_keyed_so_equal_answers_keep_their_own_pr
     (tmp_path / "bad.jsonl").write_text('{"id": "a", "fold": 0, "probs": [[0, 1, 0.5]]}\n{"id": "b"}\n')
     with pytest.raises(ValueError, match="bad.jsonl: line 2: not an out-of-fold row"):
         read_oof(tmp_path / "bad.jsonl")
+    (tmp_path / "nofold.jsonl").write_text('{"id": "a", "fold": [0], "probs": [[0, 1, 0.5]]}\n')
+    with pytest.raises(ValueError, match="nofold.jsonl: line 1: not an out-of-fold row"):
+        read_oof(tmp_path / "nofold.jsonl")
+    # a leave-one-language-out file (bench_encoder_loo.py --save-probs) names the held-out language as its fold
+    loo = read_oof(_rows(tmp_path / "loo.jsonl", [
+        {"id": "val-ar-0", "lang": "ar", "fold": "ar", "answer": "same answer", "probs": [[0, 4, 0.9]]}]))
+    assert loo["val-ar-0"]["fold"] == "ar" and loo["val-ar-0"]["probs"] == [[0, 4, 0.9]]
 
 
 def test_split_agreement_says_whether_the_grounded_folds_are_the_encoders():

@@ -52,7 +52,8 @@ def unit_max(units, word_probs) -> list[float]:
 
 def read_oof(path) -> dict[str, dict]:
     """The rows of an out-of-fold file (``scripts/bench_encoder.py --save-probs``: JSON lines ``{"id", "lang",
-    "fold", "answer", "probs": [[start, end, p], ...]}``) by item id. ``ValueError`` (one line) naming the file
+    "fold", "answer", "probs": [[start, end, p], ...]}``; ``fold`` is the fold's number, or the held-out language
+    in ``scripts/bench_encoder_loo.py --save-probs``) by item id. ``ValueError`` (one line) naming the file
     and line when it cannot be read, a row is malformed or an id repeats."""
     rows: dict[str, dict] = {}
     try:
@@ -64,7 +65,7 @@ def read_oof(path) -> dict[str, dict]:
             continue
         try:
             r = json.loads(line)
-            ok = isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("fold"), int) and \
+            ok = isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("fold"), (int, str)) and \
                 isinstance(r.get("answer", ""), str) and isinstance(r.get("lang", ""), str) and \
                 all(len(t) == 3 and all(isinstance(x, (int, float)) for x in t) for t in r["probs"])
         except (ValueError, TypeError, KeyError):
