@@ -257,7 +257,7 @@ def cmd_xling(args):
     print("| held-out language | items | grounded IoU / Corr / MaxIoU | mark-all IoU / Corr | threshold |")
     print("|---|---|---|---|---|")
     allg, allm = [], []
-    for lang in args.hold_out or data:
+    for lang in args.hold_out:
         exs = data[lang]
         train = [ex for l2, e2 in data.items() if l2 != lang for ex in e2]
         module = make(opts)
@@ -864,6 +864,7 @@ def main(argv=None):
     t = time.perf_counter()
     if args.hold_out and (args.command != "xling" or not set(args.hold_out) <= set(args.langs)):
         ap.error("--hold-out goes with xling and names languages of --langs")
+    args.hold_out = args.hold_out or args.langs
     if args.encoder_held_probs and not args.encoder_probs:
         ap.error("--encoder-held-probs goes with --encoder-probs")
     if args.encoder_probs:
@@ -879,7 +880,7 @@ def main(argv=None):
             examples = [ex for exs in data.values() for ex in exs]
             ENCODER_PROVIDER = oof_provider(rows, examples)
             if args.encoder_held_probs:
-                held_exs = [ex for lang in args.hold_out or args.langs for ex in data[lang]]
+                held_exs = [ex for lang in args.hold_out for ex in data[lang]]
                 oof, held = ENCODER_PROVIDER, oof_provider(read_oof(args.encoder_held_probs), held_exs)
 
                 def ENCODER_PROVIDER(question, answer, context, lang):  # noqa: N807
